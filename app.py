@@ -1,0 +1,21 @@
+"""SpecDemo's web app: `python app.py` serves it on GRADIO_SERVER_PORT (default 7860)."""
+
+import argparse
+
+from specdemo.models import EMBEDDED, load_model
+from specdemo.ui import build_app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    args = parser.parse_args()
+    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    build_app(target).queue().launch()  # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
+
+
+if __name__ == "__main__":
+    main()

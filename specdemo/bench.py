@@ -1,0 +1,206 @@
+"""`python -m specdemo.bench`: the one place SpecDemo measures speed.
+
+Every method decodes every prompt greedily; methods run interleaved per prompt after a
+warm-up, so drift of the machine hits them alike. Each generation is timed from the prompt's
+token ids to the last token (prefill included, the device synchronized first on CUDA).
+Speed is reported as a ratio against `ar` in the same run, and `matches_ar` checks that a
+method's tokens equal AR's token for token.
+
+    python -m specdemo.bench --methods ar,hf_generate --limit 3 --dtype float32 --json out.json
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .errors import SpecDemoError
+from .events import final_summary
+from .methods import METHODS, get_method
+from .models import EMBEDDED, LoadedModel, load_model
+
+DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Run:
+    """One method's answer to one prompt."""
+
+    tokens: list[int]
+    forward_passes: int  # target forward passes
+
+
+Runner = Callable[[LoadedModel, torch.Tensor, int], Run]
+
+
+def specdemo_runner(name: str) -> Runner:
+    """A runner for one of our step-event methods: its Summary gives tokens and passes."""
+
+    def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> Run:
+        method = get_method(name)
+        events = method(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)
+        summary = final_summary(events)
+        return Run(list(summary.tokens), summary.target_forwards)
+
+    return run
+
+
+def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> Run:
+    """transformers' own greedy `generate`: the peer our AR loop must keep up with."""
+    passes = []
+    hook = target.model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    try:
+        output = target.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=list(target.eos_token_ids),
+            pad_token_id=target.tokenizer.pad_token_id or target.eos_token_ids[0],
+        )
+    finally:
+        hook.remove()
+    return Run(output[0, input_ids.shape[1] :].tolist(), len(passes))
+
+
+RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {"hf_generate": hf_generate}
+
+
+def parse_methods(text: str) -> list[str]:
+    """The requested methods, `ar` first (every ratio is against it), each once."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RUNNERS]
+    if unknown:
+        raise SpecDemoError(f"unknown method(s) {', '.join(unknown)}: known methods are {', '.join(RUNNERS)}")
+    return list(dict.fromkeys(["ar", *names]))
+
+
+def read_prompts(path: Path, limit: int | None) -> list[dict]:
+    """Rows of a JSONL prompt file (MT-bench / Spec-Bench format); the first turn is the prompt."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as error:
+        raise SpecDemoError(f"cannot read prompts from {path}: {error}") from error
+    if not rows or not all({"question_id", "turns"} <= set(row) and row["turns"] for row in rows):
+        raise SpecDemoError(f"{path} must hold JSON lines with 'question_id' and a non-empty 'turns' list")
+    return rows[:limit] if limit else rows
+
+
+def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[Run, float]:
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run = runner(target, input_ids, max_new_tokens)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return run, time.perf_counter() - start
+
+
+def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int) -> dict:
+    """Run every method on every prompt; return the report (the `--json` schema)."""
+    encoded = [(row["question_id"], target.encode_chat(row["turns"][0])) for row in prompts]
+    for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
+        RUNNERS[name](target, encoded[0][1], WARMUP_TOKENS)
+    rows = []
+    with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
+        for index, (question_id, input_ids) in enumerate(encoded):
+            # rotate the order per prompt, so no method always runs first (or right after another)
+            order = methods[index % len(methods) :] + methods[: index % len(methods)]
+            runs = {}
+            for name in order:
+                runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens)
+                progress.update()
+            for name in methods:
+                run, wall_s = runs[name]
+                rows.append(
+                    {
+                        "question_id": question_id,
+                        "method": name,
+                        "tokens": len(run.tokens),
+                        "forward_passes": run.forward_passes,
+                        "wall_s": wall_s,
+                        "matches_ar": run.tokens == runs["ar"][0].tokens,
+                    }
+                )
+    return {
+        "model": target.spec,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "max_new_tokens": max_new_tokens,
+        "methods": aggregate(methods, rows),
+        "rows": rows,
+    }
+
+
+def aggregate(methods: list[str], rows: list[dict]) -> dict:
+    totals = {}
+    for name in methods:
+        mine = [row for row in rows if row["method"] == name]
+        tokens = sum(row["tokens"] for row in mine)
+        passes = sum(row["forward_passes"] for row in mine)
+        wall_s = sum(row["wall_s"] for row in mine)
+        totals[name] = {
+            "tokens": tokens,
+            "forward_passes": passes,
+            "wall_s": wall_s,
+            "tokens_per_s": tokens / wall_s if wall_s else 0.0,
+            "tokens_per_forward": tokens / passes if passes else 0.0,
+            "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
+        }
+    for stats in totals.values():
+        stats["speedup_vs_ar"] = stats["tokens_per_s"] / totals["ar"]["tokens_per_s"]
+    return totals
+
+
+def format_table(report: dict) -> str:
+    header = f"{'method':<14}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
+    lines = [f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}", header]
+    for name, s in report["methods"].items():
+        lines.append(
+            f"{name:<14}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
+            f"{s['tokens_per_forward']:>10.2f}{s['speedup_vs_ar']:>8.2f}x{s['matches_ar']:>12.2f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specdemo.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", default="ar,hf_generate", help=f"comma list from: {', '.join(RUNNERS)}")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL file (question_id, category, turns)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    methods = parse_methods(args.methods)
+    if args.limit is not None and args.limit < 1:
+        raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
+    prompts = read_prompts(args.prompts, args.limit)
+    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    report = benchmark(target, methods, prompts, args.max_new_tokens)
+    print(format_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SpecDemoError as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,32 @@
+"""The one exception SpecDemo raises for bad input, and the checks that raise it.
+
+Every request is checked here before any tensor work, so a person gets a sentence
+that says what to change instead of a shape error from deep inside a model.
+"""
+
+import torch
+
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+class SpecDemoError(ValueError):
+    """A request SpecDemo cannot serve: an empty prompt, an unknown method, a bad setting..."""
+
+
+def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None) -> int:
+    """Check a prompt of token ids [1, L] and a token budget; return the prompt length L."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise SpecDemoError("the prompt must be a tensor of token ids of shape [1, length] (one prompt at a time)")
+    prompt_length = input_ids.shape[1]
+    if prompt_length == 0:
+        raise SpecDemoError("the prompt is empty: type something for the model to answer")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise SpecDemoError(f"max_new_tokens must be a whole number, got {max_new_tokens!r}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise SpecDemoError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
+    if context_length is not None and prompt_length + max_new_tokens > context_length:
+        raise SpecDemoError(
+            f"the prompt ({prompt_length} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"context of {context_length} tokens: shorten the prompt or ask for fewer new tokens"
+        )
+    return prompt_length

@@ -1,0 +1,95 @@
+"""The step-event protocol: what every decoding method yields, once per target forward pass.
+
+A method is a generator. Each pass of the target model produces one `StepEvent`; when the
+method stops it yields one `Summary` and returns. The streaming UI, the step-through mode,
+the benchmark and the tests all read these objects and nothing else, so a method never has
+to be reached into.
+
+    for item in ar.generate(model, input_ids, max_new_tokens=64):
+        if isinstance(item, StepEvent): ...   # item.committed grew the answer by these tokens
+        else: summary = item                  # totals and finish_reason
+
+StepEvent fields
+    method           the method's name ("ar", "speculative", ...)
+    step             0-based index of the target forward pass (the prefill is step 0)
+    committed        token ids appended to the answer by this pass, in order (after the
+                     stop rules: cut after an EOS token and at max_new_tokens)
+    proposed         token ids offered to this pass for verification (a draft, a flattened
+                     tree, a Jacobi block); empty for plain autoregressive decoding
+    accepted         the proposed tokens the target accepted, in commit order; they are the
+                     first len(accepted) tokens of `committed`
+    rejected         the proposed tokens the target threw away
+    target_forwards  target forward passes so far, this one included
+    draft_forwards   draft-model forward passes so far (0 for methods without a draft)
+    elapsed_s        seconds since the method started (prompt ready) until this event
+    extra            method-specific data: a tree, a Jacobi state, a lookahead window, the
+                     p / q / acceptance numbers of speculative sampling...
+
+The committed tokens that are not accepted proposals come from the target itself (its
+correction or bonus token, or simply its next token in AR).
+
+Summary fields: method, tokens (the whole answer), finish_reason ("eos": an end-of-sequence
+token was committed; "length": max_new_tokens reached; "stopped": the caller's stop signal),
+steps, target_forwards, draft_forwards, proposed and accepted (totals), elapsed_s, extra.
+
+Later methods extend `extra`; they never fork these classes.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["eos", "length", "stopped"]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one target forward pass did (see the module docstring)."""
+
+    method: str
+    step: int
+    committed: tuple[int, ...]
+    proposed: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    rejected: tuple[int, ...] = ()
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    elapsed_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Totals of one generation, yielded last (see the module docstring)."""
+
+    method: str
+    tokens: tuple[int, ...]
+    finish_reason: FinishReason
+    steps: int
+    target_forwards: int
+    draft_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    elapsed_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Answer tokens per target forward pass: 1.0 for AR, more when proposals are accepted."""
+        return len(self.tokens) / max(self.target_forwards, 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of proposed tokens that the target accepted (0.0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def final_summary(events: Iterable[StepEvent | Summary]) -> Summary:
+    """Run a method's event stream to its end and return its Summary."""
+    summary = None
+    for item in events:
+        if isinstance(item, Summary):
+            summary = item
+    if summary is None:
+        raise RuntimeError("the event stream ended without a Summary")
+    return summary

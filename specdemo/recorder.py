@@ -1,0 +1,101 @@
+"""The bookkeeping every method shares: stop rules, pass counters, time, and event building.
+
+A method decides which tokens a target pass commits; `StepRecorder.step` turns that into a
+`StepEvent` after applying the stop rules in one place (an EOS token ends the answer, the
+answer never exceeds max_new_tokens, a set stop signal ends it before the next pass).
+"""
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .events import FinishReason, StepEvent, Summary
+
+
+class StepRecorder:
+    def __init__(
+        self,
+        method: str,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int],
+        stop: threading.Event | None = None,
+    ):
+        self.method = method
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stop = stop
+        self.tokens: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        self.target_forwards = 0
+        self.draft_forwards = 0
+        self.proposed = 0
+        self.accepted = 0
+        self.start = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        """True once the answer is finished; checked before each target pass."""
+        if self.finish_reason is None and self.stop is not None and self.stop.is_set():
+            self.finish_reason = "stopped"
+        return self.finish_reason is not None
+
+    @property
+    def room(self) -> int:
+        """How many more tokens the answer may take."""
+        return self.max_new_tokens - len(self.tokens)
+
+    def step(
+        self,
+        committed: Sequence[int],
+        proposed: Sequence[int] = (),
+        accepted: Sequence[int] = (),
+        rejected: Sequence[int] = (),
+        draft_forwards: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> StepEvent:
+        """Record one target pass that commits `committed` (accepted proposals first)."""
+        committed = self._apply_stop_rules(list(committed))
+        accepted = tuple(accepted)[: len(committed)]
+        self.tokens += committed
+        self.target_forwards += 1
+        self.draft_forwards += draft_forwards
+        self.proposed += len(proposed)
+        self.accepted += len(accepted)
+        return StepEvent(
+            method=self.method,
+            step=self.target_forwards - 1,
+            committed=tuple(committed),
+            proposed=tuple(proposed),
+            accepted=accepted,
+            rejected=tuple(rejected),
+            target_forwards=self.target_forwards,
+            draft_forwards=self.draft_forwards,
+            elapsed_s=time.perf_counter() - self.start,
+            extra=extra or {},
+        )
+
+    def _apply_stop_rules(self, committed: list[int]) -> list[int]:
+        for index, token in enumerate(committed):
+            if token in self.eos_token_ids:
+                committed = committed[: index + 1]
+                self.finish_reason = "eos"
+                break
+        if len(committed) >= self.room:
+            committed = committed[: self.room]
+            self.finish_reason = self.finish_reason or "length"
+        return committed
+
+    def summary(self, extra: dict[str, Any] | None = None) -> Summary:
+        return Summary(
+            method=self.method,
+            tokens=tuple(self.tokens),
+            finish_reason=self.finish_reason or "stopped",
+            steps=self.target_forwards,
+            target_forwards=self.target_forwards,
+            draft_forwards=self.draft_forwards,
+            proposed=self.proposed,
+            accepted=self.accepted,
+            elapsed_s=time.perf_counter() - self.start,
+            extra=extra or {},
+        )

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random-init models built here (fast, exact) and the embedded model."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdemo.models import load_model
+
+
+def make_tiny_model(seed: int = 0, vocab_size: int = 97, context: int = 256) -> LlamaForCausalLM:
+    """A 2-layer Llama with random weights, float32, on the CPU: small enough for many runs."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0  # quiets generate(); no padding is ever used
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LlamaForCausalLM:
+    return make_tiny_model()
+
+
+@pytest.fixture
+def prompt_ids() -> torch.Tensor:
+    return torch.tensor([[5, 17, 42, 8, 63, 21]])
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct in float32 (exactness tests run in float32)."""
+    return load_model("embedded", "float32", "cpu")

@@ -1,0 +1,49 @@
+"""The bench CLI: its JSON schema, its exactness check against AR, and its errors."""
+
+import json
+import subprocess
+import sys
+
+from specdemo import bench
+
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "methods", "rows"}
+METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar"}
+ROW_KEYS = {"question_id", "method", "tokens", "forward_passes", "wall_s", "matches_ar"}
+
+
+def test_bench_json_schema(embedded, tmp_path):
+    out = tmp_path / "out.json"
+    argv = ["--methods", "ar,hf_generate", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32"]
+    bench.main([*argv, "--device", "cpu", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert set(report) == TOP_KEYS
+    assert report["model"] == "embedded" and report["dtype"] == "float32" and report["max_new_tokens"] == 8
+    assert set(report["methods"]) == {"ar", "hf_generate"}
+    for stats in report["methods"].values():
+        assert set(stats) == METHOD_KEYS
+        assert stats["tokens"] > 0 and stats["wall_s"] > 0
+    assert report["methods"]["ar"]["speedup_vs_ar"] == 1.0
+    assert report["methods"]["hf_generate"]["matches_ar"] == 1.0
+    assert report["methods"]["hf_generate"]["forward_passes"] == report["methods"]["hf_generate"]["tokens"]
+    assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
+    assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2
+
+
+def test_default_prompt_file_covers_the_categories():
+    rows = bench.read_prompts(bench.DEFAULT_PROMPTS, None)
+    categories = {row["category"] for row in rows}
+    assert len(rows) >= 30
+    assert {"writing", "coding", "math", "qa", "summarization", "translation", "rag"} <= categories
+
+
+def test_ar_always_runs_first():
+    assert bench.parse_methods("hf_generate") == ["ar", "hf_generate"]
+    assert bench.parse_methods("hf_generate,ar,ar") == ["ar", "hf_generate"]
+
+
+def test_unknown_method_fails_with_the_known_ones():
+    result = subprocess.run(
+        [sys.executable, "-m", "specdemo.bench", "--methods", "ar,warp_drive"], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "warp_drive" in result.stderr and "hf_generate" in result.stderr and "Traceback" not in result.stderr

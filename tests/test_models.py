@@ -1,0 +1,29 @@
+"""Model loading: the embedded GGUF loads offline, once per process, with its chat template."""
+
+import torch
+
+from specdemo.models import EMBEDDED_GGUF, embedded_gguf_path, load_model
+
+
+def test_embedded_gguf_is_found_without_importing_its_package():
+    path = embedded_gguf_path()
+    assert path is not None and path.name == EMBEDDED_GGUF and path.stat().st_size > 50_000_000
+
+
+def test_embedded_model_loads_offline(embedded):
+    assert embedded.source == str(embedded_gguf_path())
+    assert embedded.dtype == torch.float32 and embedded.device == torch.device("cpu")
+    assert next(embedded.model.parameters()).dtype == torch.float32
+    assert embedded.model.config.vocab_size == 49152 and embedded.context_length == 8192
+    assert embedded.tokenizer.decode(list(embedded.eos_token_ids)) == "<|im_end|>"
+
+
+def test_loads_once_per_process(embedded):
+    assert load_model("embedded", torch.float32, "cpu") is embedded
+    assert load_model(spec="embedded", dtype="float32", device="cpu", trust_remote_code=False) is embedded
+
+
+def test_chat_template_wraps_the_prompt(embedded):
+    text = embedded.tokenizer.decode(embedded.encode_chat("What is 2+2?")[0])
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")

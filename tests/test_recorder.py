@@ -1,0 +1,27 @@
+"""The stop rules every method shares: EOS ends the answer, max_new_tokens caps it."""
+
+from specdemo.recorder import StepRecorder
+
+
+def test_eos_inside_a_multi_token_step_cuts_after_it():
+    recorder = StepRecorder("speculative", max_new_tokens=50, eos_token_ids=[2])
+    event = recorder.step(committed=[7, 8, 2, 9], proposed=[7, 8, 2, 9], accepted=[7, 8, 2])
+    assert event.committed == (7, 8, 2) and event.accepted == (7, 8, 2)
+    assert recorder.done and recorder.summary().finish_reason == "eos"
+
+
+def test_length_cap_cuts_a_multi_token_step():
+    recorder = StepRecorder("speculative", max_new_tokens=5, eos_token_ids=[2])
+    recorder.step(committed=[4, 4, 4])
+    event = recorder.step(committed=[5, 6, 7, 8], proposed=[5, 6, 7], accepted=[5, 6, 7], rejected=[])
+    assert event.committed == (5, 6) and event.accepted == (5, 6)
+    summary = recorder.summary()
+    assert summary.tokens == (4, 4, 4, 5, 6) and summary.finish_reason == "length"
+    assert summary.target_forwards == 2 and summary.proposed == 3 and summary.accepted == 2
+
+
+def test_eos_as_the_last_allowed_token_is_eos():
+    recorder = StepRecorder("ar", max_new_tokens=2, eos_token_ids=[2])
+    recorder.step(committed=[3])
+    recorder.step(committed=[2])
+    assert recorder.summary().finish_reason == "eos"
