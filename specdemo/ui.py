@@ -50,6 +50,5 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         generate = gr.Button("Generate", variant="primary", elem_id="generate")
         answer = gr.Textbox(label="Answer", elem_id="stream", lines=10, interactive=False)
         gr.Examples(EXAMPLES, inputs=prompt)
-        generate.click(on_generate, inputs=[prompt, max_new_tokens], outputs=answer)
-        prompt.submit(on_generate, inputs=[prompt, max_new_tokens], outputs=answer)
+        gr.on([generate.click, prompt.submit], on_generate, inputs=[prompt, max_new_tokens], outputs=answer, api_name="generate")
     return app
