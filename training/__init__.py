@@ -1,0 +1,1 @@
+"""Scripts that train what SpecDemo's methods load from assets/ (run on a CPU, seeded)."""

@@ -1,0 +1,94 @@
+"""Self-distillation data: the target's own answers to our training prompts.
+
+`python -m training.selfdistill --out build/selfdistill.pt` writes {"prompts", "sequences",
+"answer_starts"}: each sequence is the chat-formatted prompt followed by the target's answer,
+greedy (default) or sampled (`--temperature`), so a model trained on it learns to predict what
+the target would say next. Sampled answers are samples of the target's distribution, so
+cross-entropy on them estimates the cross-entropy to that whole distribution.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from specdemo.bench import DEFAULT_PROMPTS
+from specdemo.models import LoadedModel, load_model
+
+from .prompts import first_stage_prompts, passage_prompts, passage_requests, without_bench_prompts
+
+
+@torch.inference_mode()
+def target_answers(
+    target: LoadedModel, prompts: list[str], max_new_tokens: int, batch_size: int, temperature: float = 0.0
+) -> list[list[int]]:
+    """The target's answer tokens to each prompt, batched with left padding (longest first):
+    greedy, or sampled at `temperature` (seeded by the caller's torch.manual_seed)."""
+    encoded = [target.encode_chat(prompt)[0].tolist() for prompt in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    answers: list[list[int]] = [[] for _ in prompts]
+    start = time.time()
+    for first in range(0, len(order), batch_size):
+        batch = order[first : first + batch_size]
+        width = max(len(encoded[i]) for i in batch)
+        input_ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in batch])
+        attention_mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in batch])
+        output = target.model.generate(
+            input_ids.to(target.device),
+            attention_mask=attention_mask.to(target.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature or None,
+            top_k=None,
+            eos_token_id=list(target.eos_token_ids),
+            pad_token_id=pad,
+        )
+        for row, index in enumerate(batch):
+            answer = output[row, width:].tolist()
+            ends = [k for k, token in enumerate(answer) if token in target.eos_token_ids]
+            answers[index] = answer[: ends[0] + 1] if ends else answer
+        done = first + len(batch)
+        print(f"  {done}/{len(prompts)} answers, {time.time() - start:.0f}s", flush=True)
+    return answers
+
+
+def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, temperature: float) -> dict:
+    bench = {json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()}
+    requests = passage_requests()
+    passages = target_answers(target, requests, 200, batch_size)
+    topics = [request.split("about ")[-1].rstrip(".") for request in requests]
+    passage_text = {topic: target.decode(tokens) for topic, tokens in zip(topics, passages)}
+    prompts = without_bench_prompts(first_stage_prompts(seed) + passage_prompts(passage_text, seed), bench)
+    answers = target_answers(target, prompts, max_new_tokens, batch_size, temperature)
+    prompts, answers = requests + prompts, passages + answers
+    sequences, answer_starts = [], []
+    for prompt, answer in zip(prompts, answers):
+        prompt_ids = target.encode_chat(prompt)[0].tolist()
+        sequences.append(prompt_ids + answer)
+        answer_starts.append(len(prompt_ids))
+    return {"prompts": prompts, "sequences": sequences, "answer_starts": answer_starts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("build/selfdistill.pt"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers; above 0: sampled")
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    target = load_model("embedded", args.dtype, "cpu")
+    data = build(target, args.seed, args.max_new_tokens, args.batch_size, args.temperature)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, args.out)
+    tokens = sum(len(s) - a for s, a in zip(data["sequences"], data["answer_starts"]))
+    print(f"wrote {args.out}: {len(data['sequences'])} sequences, {tokens} answer tokens")
+
+
+if __name__ == "__main__":
+    main()
