@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .errors import SpecDemoError
 from .events import final_summary
-from .methods import METHODS, get_method
+from .methods import METHODS, get_method, method_options
 from .models import EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -37,23 +37,26 @@ class Run:
     forward_passes: int  # target forward passes
 
 
-Runner = Callable[[LoadedModel, torch.Tensor, int], Run]
+Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
 
 
 def specdemo_runner(name: str) -> Runner:
     """A runner for one of our step-event methods: its Summary gives tokens and passes."""
 
-    def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> Run:
-        method = get_method(name)
-        events = method(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)
+    def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
+        method, options = get_method(name), method_options(name, target)
+        events = method(
+            target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **settings
+        )
         summary = final_summary(events)
         return Run(list(summary.tokens), summary.target_forwards)
 
     return run
 
 
-def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> Run:
-    """transformers' own greedy `generate`: the peer our AR loop must keep up with."""
+def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **generate_options) -> Run:
+    """transformers' own greedy `generate`: the peer our AR loop must keep up with.
+    Target passes are counted by a hook on the target model, not assumed."""
     passes = []
     hook = target.model.register_forward_pre_hook(lambda module, args: passes.append(1))
     try:
@@ -65,13 +68,25 @@ def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: in
             num_beams=1,
             eos_token_id=list(target.eos_token_ids),
             pad_token_id=target.tokenizer.pad_token_id or target.eos_token_ids[0],
+            **generate_options,
         )
     finally:
         hook.remove()
     return Run(output[0, input_ids.shape[1] :].tolist(), len(passes))
 
 
-RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {"hf_generate": hf_generate}
+def hf_assisted(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **generate_options) -> Run:
+    """transformers' assisted generation with our speculative draft (its own defaults for the
+    number of draft tokens, unless set): the peer `speculative` must beat. transformers drafts
+    over the whole vocabulary; only our loop uses the draft's smaller head."""
+    draft = method_options("speculative", target)["draft"]
+    return hf_generate(target, input_ids, max_new_tokens, assistant_model=draft.model, **generate_options)
+
+
+RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
+    "hf_generate": hf_generate,
+    "hf_assisted": hf_assisted,
+}
 
 
 def parse_methods(text: str) -> list[str]:
@@ -94,21 +109,38 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[Run, float]:
+def parse_settings(items: list[str], methods: list[str]) -> dict[str, dict]:
+    """`--set lookahead.window=5` items as {method: {setting: value}} (values read as JSON when
+    they parse, e.g. 5, 0.5, true; else as text)."""
+    settings: dict[str, dict] = {name: {} for name in methods}
+    for item in items:
+        key, separator, text = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not separator or not dot or method not in settings:
+            raise SpecDemoError(f"--set {item!r}: write METHOD.SETTING=VALUE for one of the methods run ({', '.join(methods)})")
+        try:
+            settings[method][name] = json.loads(text)
+        except json.JSONDecodeError:
+            settings[method][name] = text
+    return settings
+
+
+def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, settings: dict) -> tuple[Run, float]:
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    run = runner(target, input_ids, max_new_tokens)
+    run = runner(target, input_ids, max_new_tokens, **settings)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     return run, time.perf_counter() - start
 
 
-def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int) -> dict:
+def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int, settings: dict | None = None) -> dict:
     """Run every method on every prompt; return the report (the `--json` schema)."""
+    settings = settings or {name: {} for name in methods}
     encoded = [(row["question_id"], target.encode_chat(row["turns"][0])) for row in prompts]
     for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
-        RUNNERS[name](target, encoded[0][1], WARMUP_TOKENS)
+        RUNNERS[name](target, encoded[0][1], WARMUP_TOKENS, **settings[name])
     rows = []
     with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
         for index, (question_id, input_ids) in enumerate(encoded):
@@ -116,7 +148,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
             runs = {}
             for name in order:
-                runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens)
+                runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens, settings[name])
                 progress.update()
             for name in methods:
                 run, wall_s = runs[name]
@@ -135,6 +167,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
+        "settings": settings,
         "methods": aggregate(methods, rows),
         "rows": rows,
     }
@@ -162,7 +195,9 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
 
 def format_table(report: dict) -> str:
     header = f"{'method':<14}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
-    lines = [f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}", header]
+    settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
+    title = f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}"
+    lines = [title + (f"; settings: {settings}" if settings else ""), header]
     for name, s in report["methods"].items():
         lines.append(
             f"{name:<14}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
@@ -181,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
+                        help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     return parser.parse_args(argv)
 
@@ -190,9 +227,10 @@ def main(argv: list[str] | None = None) -> dict:
     methods = parse_methods(args.methods)
     if args.limit is not None and args.limit < 1:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
+    settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit)
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
-    report = benchmark(target, methods, prompts, args.max_new_tokens)
+    report = benchmark(target, methods, prompts, args.max_new_tokens, settings)
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,16 +1,22 @@
 """The registry of decoding methods: a name to the generator function that runs it.
 
 Every entry takes (model, input_ids, *, max_new_tokens, sampling, eos_token_ids, stop, ...)
-and yields the step events of `specdemo.events`.
+and yields the step events of `specdemo.events`; `method_options` loads what a method needs
+beyond that (a draft, heads...) for a given target, once per process.
 """
 
+import functools
 from collections.abc import Callable
 from types import MappingProxyType
 
-from . import ar
+from . import ar, jacobi, lookahead, speculative
+from .draft import load_draft
 from .errors import SpecDemoError
+from .models import EMBEDDED, LoadedModel
 
-METHODS: MappingProxyType[str, Callable] = MappingProxyType({"ar": ar.generate})
+METHODS: MappingProxyType[str, Callable] = MappingProxyType(
+    {"ar": ar.generate, "speculative": speculative.generate, "lookahead": lookahead.generate, "jacobi": jacobi.generate}
+)
 
 
 def get_method(name: str) -> Callable:
@@ -18,3 +24,14 @@ def get_method(name: str) -> Callable:
     if name not in METHODS:
         raise SpecDemoError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}")
     return METHODS[name]
+
+
+@functools.cache
+def method_options(name: str, target: LoadedModel) -> MappingProxyType:
+    """The keyword arguments method `name` needs for `target` beyond the common ones."""
+    get_method(name)
+    if name == "speculative":
+        if target.spec != EMBEDDED:
+            raise SpecDemoError(f"speculative decoding of {target.spec} needs a draft of its vocabulary: pass draft=load_draft(...)")
+        return MappingProxyType({"draft": load_draft(EMBEDDED, target)})
+    return MappingProxyType({})

@@ -86,3 +86,13 @@ class TokenChooser:
             return self.scores(input_ids, logits).argmax(dim=-1, keepdim=True)
         probs = torch.softmax(self.scores(input_ids, logits), dim=-1)  # [1, V]
         return torch.multinomial(probs, num_samples=1, generator=self.generator)
+
+    def greedy_choices(self, sequence: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy choices [k] at the last k prefixes of a path: `logits` [k, V] row i scores the
+        token after sequence[:, : L - k + 1 + i] (`sequence` [1, L]). With a repetition penalty each
+        row is processed with its own prefix, exactly as one-token decoding would."""
+        if not self.processors:
+            return logits.argmax(dim=-1)
+        first = sequence.shape[1] - logits.shape[0] + 1
+        rows = [self.scores(sequence[:, : first + i], logits[i : i + 1]) for i in range(logits.shape[0])]
+        return torch.cat(rows).argmax(dim=-1)

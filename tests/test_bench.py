@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
-from specdemo import bench
+import pytest
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "methods", "rows"}
+from specdemo import SpecDemoError, bench
+
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar"}
 ROW_KEYS = {"question_id", "method", "tokens", "forward_passes", "wall_s", "matches_ar"}
 
@@ -47,3 +49,20 @@ def test_unknown_method_fails_with_the_known_ones():
     )
     assert result.returncode != 0
     assert "warp_drive" in result.stderr and "hf_generate" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_method_settings_reach_the_method(embedded, tmp_path):
+    out = tmp_path / "out.json"
+    argv = ["--methods", "jacobi", "--limit", "1", "--max-new-tokens", "6", "--dtype", "float32", "--device", "cpu"]
+    report = bench.main([*argv, "--set", "jacobi.block_size=3", "--json", str(out)])
+    assert report["settings"] == {"ar": {}, "jacobi": {"block_size": 3}}
+    assert report["methods"]["jacobi"]["matches_ar"] == 1.0
+    with pytest.raises(SpecDemoError, match="block_size"):  # the value reaches the method, which checks it
+        bench.main([*argv, "--set", "jacobi.block_size=0"])
+
+
+def test_bad_setting_is_refused():
+    with pytest.raises(SpecDemoError, match="METHOD.SETTING=VALUE"):
+        bench.parse_settings(["window=5"], ["ar", "lookahead"])
+    with pytest.raises(SpecDemoError, match="medusa.width"):
+        bench.parse_settings(["medusa.width=5"], ["ar", "lookahead"])

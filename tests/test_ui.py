@@ -18,3 +18,10 @@ def test_stream_answer_grows_to_the_full_answer(embedded):
 
 def test_build_app(embedded):
     assert isinstance(build_app(embedded), gr.Blocks)
+
+
+def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):
+    ar_text = list(stream_answer(embedded, "Name three colors.", max_new_tokens=16))[-1]
+    speculative_texts = list(stream_answer(embedded, "Name three colors.", max_new_tokens=16, method="speculative"))
+    assert speculative_texts[-1] == ar_text
+    assert len(speculative_texts) < 16  # several tokens per target pass

@@ -1,0 +1,135 @@
+"""Lookahead decoding: the attention layout against a brute-force reference, the n-gram pool,
+equality with greedy AR, and several tokens a pass where the window can find them."""
+
+import pytest
+import torch
+
+from specdemo import SpecDemoError, ar, lookahead
+from specdemo.attention import additive_mask, chain_positions
+from specdemo.events import StepEvent, final_summary
+from specdemo.lookahead import Layout, NgramPool
+from specdemo.sampling import SamplingConfig
+from test_jacobi import make_bigram_model
+
+
+def reference_sees(pending, candidates, length, window):
+    """Who sees whom, written out from the rules of the module docstring."""
+    names = [("pending", i) for i in range(pending)]
+    names += [("candidate", g, j) for g in range(candidates) for j in range(length)]
+    names += [("window", level, column) for level in range(length) for column in range(window)]
+
+    def visible(a, b):
+        if b[0] == "pending":
+            return a[0] != "pending" or b[1] <= a[1]
+        if a[0] == "candidate" and b[0] == "candidate":
+            return a[1] == b[1] and b[2] <= a[2]
+        if a[0] == "window" and b[0] == "window":
+            (_, level_a, column_a), (_, level_b, column_b) = a, b
+            return (level_b == 0 and column_b <= column_a) or (column_b == column_a and 0 < level_b <= level_a)
+        return False
+
+    return torch.tensor([[visible(a, b) for b in names] for a in names])
+
+
+@pytest.mark.parametrize("pending,candidates,length,window", [(1, 0, 1, 1), (1, 2, 3, 4), (3, 3, 2, 5), (2, 1, 4, 3)])
+def test_layout_matches_the_reference(pending, candidates, length, window):
+    layout = Layout(pending, candidates, length, window)
+    assert torch.equal(layout.sees, reference_sees(pending, candidates, length, window))
+    positions = chain_positions(layout.sees, 10)[0].tolist()
+    start = pending + candidates * length
+    for level in range(length):
+        for column in range(window):  # column c of level l sits c + l + 1 after the last pending token
+            assert positions[start + level * window + column] == 10 + pending + column + level
+    for g in range(candidates):
+        assert positions[pending + g * length : pending + (g + 1) * length] == list(range(10 + pending, 10 + pending + length))
+
+
+def test_additive_mask_shape_and_values():
+    sees = torch.tensor([[True, False], [True, True]])
+    mask = additive_mask(sees, 3, torch.float32)
+    assert mask.shape == (1, 1, 2, 5)
+    assert (mask[0, 0, :, :3] == 0).all() and mask[0, 0, 0, 4] == torch.finfo(torch.float32).min and mask[0, 0, 1, 4] == 0
+
+
+def test_ngram_pool_insert_lookup_and_bounds():
+    pool = NgramPool(n=3, per_key=2, max_keys=2)
+    pool.insert([1, 2, 3])
+    pool.insert([1, 4, 5])
+    pool.insert([1, 2, 3])  # a repeat moves to the front, not in twice
+    assert pool.lookup(1) == [(2, 3), (4, 5)]
+    pool.insert([1, 6, 7])  # at most 2 continuations a key: the oldest goes
+    assert pool.lookup(1) == [(6, 7), (2, 3)]
+    pool.insert([8, 9, 9])
+    pool.insert([5, 5, 5])  # at most 2 keys: the least recently touched (1) goes
+    assert pool.lookup(1) == [] and pool.lookup(8) == [(9, 9)] and len(pool) == 2
+    pool.insert_text([4, 4, 4, 4])
+    assert pool.lookup(4) == [(4, 4)]
+    with pytest.raises(ValueError):
+        pool.insert([1, 2])
+
+
+@pytest.mark.parametrize("window,ngram,candidates", [(1, 2, 1), (4, 3, 2), (5, 4, 5), (3, 5, 0)])
+def test_lookahead_equals_ar_on_tiny_model(tiny_model, prompt_ids, window, ngram, candidates):
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=48, eos_token_ids=())).tokens
+    summary = final_summary(
+        lookahead.generate(tiny_model, prompt_ids, max_new_tokens=48, window=window, ngram=ngram, candidates=candidates, eos_token_ids=())
+    )
+    assert summary.tokens == expected
+
+
+def test_lookahead_with_repetition_penalty_equals_ar(tiny_model, prompt_ids):
+    sampling = SamplingConfig(repetition_penalty=1.3)
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=())).tokens
+    assert final_summary(lookahead.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=())).tokens == expected
+
+
+def counting_events(prompt, text_ngrams, max_new_tokens=40):
+    model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
+    events = lookahead.generate(
+        model, torch.tensor([prompt]), max_new_tokens=max_new_tokens, window=4, ngram=4, candidates=2, text_ngrams=text_ngrams, eos_token_ids=()
+    )
+    return [e for e in events if isinstance(e, StepEvent)]
+
+
+def test_the_window_iterates_and_its_ngrams_get_accepted():
+    """A model that counts (t -> t+1). Each pass the window gains a level (the successor of its
+    last level) and drops its oldest; its columns are counting n-grams ahead of the answer (the
+    window starts from the prompt's 12), and once the answer reaches them a pass commits N = 4
+    tokens, although neither prompt nor answer text feeds the pool here."""
+    events = counting_events([12, 5], text_ngrams=False)
+    assert [t for e in events for t in e.committed] == list(range(6, 46))
+    for before, after in zip(events, events[1:]):
+        assert before.extra["new_level"] == [t + 1 for t in before.extra["window"][-1]]
+        assert after.extra["window"] == before.extra["window"][1:] + [before.extra["new_level"]]
+    assert max(len(e.committed) for e in events) == 4 and len(events) < 40
+    for e in events:
+        assert e.committed[: len(e.accepted)] == e.accepted
+        if e.extra["best_candidate"] is not None:
+            assert e.extra["accept_length"] == max(e.extra["candidate_accept_lengths"])
+
+
+def test_ngrams_of_the_prompt_are_verified_from_the_first_pass():
+    events = counting_events([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 5], text_ngrams=True, max_new_tokens=8)
+    assert events[0].committed == (6, 7, 8, 9) and events[0].accepted == (6, 7, 8)  # the prompt's 5 6 7 8, then 9 from the target
+    assert events[0].extra["candidates"][0] == [6, 7, 8]
+
+
+def test_eos_inside_an_accepted_ngram():
+    model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
+    summary = final_summary(lookahead.generate(model, torch.tensor([[1, 5]]), max_new_tokens=40, text_ngrams=False, eos_token_ids=[30]))
+    assert list(summary.tokens) == list(range(6, 31)) and summary.finish_reason == "eos"
+
+
+def test_bad_settings_are_refused(tiny_model, prompt_ids):
+    with pytest.raises(SpecDemoError, match="ngram"):
+        next(lookahead.generate(tiny_model, prompt_ids, ngram=1))
+    with pytest.raises(SpecDemoError, match="greedily"):
+        next(lookahead.generate(tiny_model, prompt_ids, sampling=SamplingConfig(do_sample=True)))
+
+
+@pytest.mark.parametrize("prompt", ["Summarize: The cat sat on the mat. The cat was happy.", "Write a short poem about rain."])
+def test_lookahead_equals_ar_on_embedded_model(embedded, prompt):
+    input_ids = embedded.encode_chat(prompt)
+    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
+    summary = final_summary(lookahead.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    assert summary.tokens == expected

@@ -1,0 +1,182 @@
+"""Speculative decoding: greedy equals AR exactly, sampling keeps the target's distribution,
+caches roll back after a rejection at any position, EOS ends an accepted run."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from conftest import make_tiny_model
+from specdemo import SpecDemoError, ar, speculative
+from specdemo.draft import Draft, load_draft
+from specdemo.events import StepEvent, final_summary
+from specdemo.sampling import SamplingConfig, logits_processors
+
+
+class ScriptedDraft(Draft):
+    """The target itself as a draft (always right), except that its proposal is replaced by
+    the runner-up token whenever the draft cache length is a multiple of `every`."""
+
+    def __init__(self, model, every: int):
+        super().__init__("scripted", model)
+        self.every = every
+
+    def logits(self, input_ids, cache, logits_to_keep=1):
+        logits = super().logits(input_ids, cache, logits_to_keep).clone()
+        if cache.get_seq_length() % self.every == 0:
+            logits[..., logits.argmax(-1)] = float("-inf")
+        return logits
+
+
+def answer(method, model, prompt_ids, **kwargs):
+    return final_summary(method.generate(model, prompt_ids, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def other_model():
+    return make_tiny_model(seed=1)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("draft_kind", ["always_right", "mostly_wrong", "vocab_subset"])
+def test_greedy_equals_ar(tiny_model, other_model, prompt_ids, gamma, draft_kind):
+    draft = {
+        "always_right": Draft("target", tiny_model),
+        "mostly_wrong": Draft("other", other_model),
+        "vocab_subset": Draft("subset", tiny_model, torch.arange(0, 97, 2)),
+    }[draft_kind]
+    expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma)
+    assert summary.tokens == expected and summary.finish_reason == "length"
+    if draft_kind == "always_right":  # every pass commits gamma + 1 tokens
+        assert summary.target_forwards == -(-40 // (gamma + 1))
+
+
+def test_adaptive_gamma_and_repetition_penalty_equal_ar(tiny_model, other_model, prompt_ids):
+    sampling = SamplingConfig(repetition_penalty=1.3)
+    expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling).tokens
+    for draft in [Draft("target", tiny_model), Draft("other", other_model)]:
+        summary = answer(
+            speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=2, adaptive_gamma=True, sampling=sampling
+        )
+        assert summary.tokens == expected
+
+
+@pytest.mark.parametrize("every", [2, 3, 5, 7])
+def test_rollback_after_a_rejection_at_every_position(tiny_model, prompt_ids, every):
+    gamma = 6
+    expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=60).tokens
+    events = list(speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=gamma))
+    assert events[-1].tokens == expected
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert any(e.rejected for e in steps)
+    for e in steps:
+        assert e.accepted + e.rejected == e.proposed
+        assert e.committed[: len(e.accepted)] == e.accepted
+
+
+def test_rejections_cover_every_draft_position(tiny_model, prompt_ids):
+    seen = set()
+    for every in [2, 3, 4, 5, 6, 7, 8]:
+        for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=6):
+            if isinstance(e, StepEvent) and e.rejected:
+                seen.add(e.extra["accept_length"])
+    assert seen == set(range(6))
+
+
+def test_eos_inside_an_accepted_run(tiny_model, prompt_ids):
+    greedy = list(answer(ar, tiny_model, prompt_ids, max_new_tokens=30).tokens)
+    eos = greedy[4]
+    expected = greedy[: greedy.index(eos) + 1]
+    events = list(
+        speculative.generate(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, eos_token_ids=[eos])
+    )
+    summary = events[-1]
+    assert list(summary.tokens) == expected and summary.finish_reason == "eos"
+    assert events[0].committed == tuple(expected) and events[0].accepted == tuple(expected)  # one pass, cut after EOS
+
+
+def test_summary_reports_acceptance_by_position(tiny_model, prompt_ids):
+    summary = answer(speculative, tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, 3), max_new_tokens=40, gamma=4)
+    by_position = summary.extra["acceptance_by_position"]
+    assert len(by_position) == 4 and all(0 <= a <= 1 for a in by_position)
+    assert by_position == sorted(by_position, reverse=True)  # position i+1 is accepted only after position i
+    assert summary.draft_forwards == summary.proposed
+
+
+def target_marginals(model, prompt_ids, sampling):
+    """Exact distributions of the first and second sampled tokens under `sampling`."""
+    processors = logits_processors(sampling)
+
+    def next_probs(ids):
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].float()
+        return torch.softmax(processors(ids, logits), dim=-1)[0]
+
+    first = next_probs(prompt_ids)
+    second = torch.zeros_like(first)
+    for token in first.nonzero()[:, 0]:
+        second += first[token] * next_probs(torch.cat([prompt_ids, token.view(1, 1)], dim=-1))
+    return first, second
+
+
+def chi_square_p(samples, probs):
+    counts = torch.bincount(torch.tensor(samples), minlength=probs.shape[0]).double()
+    support = probs > 1e-9
+    assert counts[~support].sum() == 0, "a token the target cannot produce was sampled"
+    expected = probs[support].double() * len(samples)
+    return chisquare(counts[support], expected / expected.sum() * counts[support].sum()).pvalue
+
+
+def test_sampling_keeps_the_target_distribution(tiny_model, other_model, prompt_ids):
+    """Chi-square of the first two tokens over many seeded runs against the exact target marginals;
+    the draft alone, sampled the same way, fails the same test (so the test has power)."""
+    settings = dict(do_sample=True, temperature=1.0, top_k=6)
+    first, second = target_marginals(tiny_model, prompt_ids, SamplingConfig(**settings))
+    runs = 1500
+    draft = Draft("other", other_model)
+    tokens = [
+        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=2, gamma=2, sampling=SamplingConfig(seed=seed, **settings)).tokens
+        for seed in range(runs)
+    ]
+    assert chi_square_p([t[0] for t in tokens], first) > 0.01
+    assert chi_square_p([t[1] for t in tokens], second) > 0.01
+    draft_only = [
+        answer(ar, other_model, prompt_ids, max_new_tokens=1, sampling=SamplingConfig(seed=seed, **settings)).tokens[0]
+        for seed in range(runs)
+    ]
+    with pytest.raises(AssertionError):
+        assert chi_square_p(draft_only, first) > 0.01
+
+
+def test_bad_gamma_is_refused(tiny_model, prompt_ids):
+    for gamma in [0, -1, 17, 2.5]:
+        with pytest.raises(SpecDemoError, match="gamma"):
+            next(speculative.generate(tiny_model, prompt_ids, draft=Draft("t", tiny_model), gamma=gamma))
+
+
+def test_draft_with_another_vocabulary_is_refused(embedded, tmp_path):
+    vocab = {f"w{i}": i for i in range(97)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")), unk_token="w0")
+    tokenizer.save_pretrained(tmp_path)
+    make_tiny_model().save_pretrained(tmp_path)
+    with pytest.raises(SpecDemoError, match="vocabulary"):
+        load_draft(str(tmp_path), embedded)
+
+
+@pytest.mark.parametrize("prompt", ["Write a haiku about the sea.", "Explain in two sentences why we sleep."])
+def test_greedy_equals_ar_on_embedded_model_with_trained_draft(embedded, prompt):
+    from specdemo.methods import method_options
+
+    draft = method_options("speculative", embedded)["draft"]
+    assert draft.vocab is not None and draft.model.config.num_hidden_layers == 2
+    assert draft.model.get_input_embeddings() is embedded.model.get_input_embeddings()  # shared, not copied
+    input_ids = embedded.encode_chat(prompt)
+    expected = answer(ar, embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids).tokens
+    summary = answer(
+        speculative, embedded.model, input_ids, draft=draft, max_new_tokens=48, gamma=5, eos_token_ids=embedded.eos_token_ids
+    )
+    assert summary.tokens == expected
+    assert summary.tokens_per_forward > 1.5  # the trained draft is right more often than not
