@@ -12,9 +12,13 @@ Lookahead Decoding" (Sec. 3, Fig. 3). One target pass feeds three groups of toke
 
 The target's argmax after the last level gives a new level; each column, read down the levels
 and into the new token, is an n-gram for the pool. The verification branch is checked like a
-greedy speculative draft (exact match), so the output equals greedy AR. The pool may also be
-seeded with the n-grams of the prompt and of the answer so far (as prompt-lookup decoding does),
-which helps most where answers quote their input.
+greedy speculative draft (exact match), so the output equals greedy AR.
+
+With `text_ngrams` the pool also holds the n-grams of the prompt and of the answer so far, and
+the first candidate is copied from the text itself: the tokens that followed the latest earlier
+occurrence of the text's last few tokens, up to `copy_length` of them (prompt lookup decoding,
+Saxena 2023). Answers that quote their input (summaries, answers from a passage, code edits)
+then commit several tokens a pass.
 """
 
 import threading
@@ -75,15 +79,17 @@ def generate(
     ngram: int = 3,
     candidates: int = 3,
     text_ngrams: bool = True,
+    copy_length: int = 6,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
-    and at most G=`candidates` verified n-grams a pass. The defaults are the fastest we measured
+    and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
+    them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
     on a 2-core CPU (README); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_greedy(sampling, "lookahead")
-    for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32)):
+    for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
@@ -98,8 +104,8 @@ def generate(
     while not recorder.done:
         cached = cache.get_seq_length()
         pending = sequence[0, cached:].tolist()  # committed tokens the cache has not seen
-        tried = pool.lookup(pending[-1])[:candidates]
-        layout = Layout(len(pending), len(tried), ngram - 1, window)
+        tried, sources = choose_candidates(pool, sequence[0].tolist(), candidates, copy_length if text_ngrams else 0)
+        layout = Layout(len(pending), [len(c) for c in tried], ngram - 1, window)
         fed = torch.tensor([pending + [t for c in tried for t in c] + [t for level in levels for t in level]], device=sequence.device)
         logits = model(
             fed,
@@ -109,14 +115,13 @@ def generate(
             use_cache=True,
             logits_to_keep=torch.tensor(layout.scored, device=fed.device),
         ).logits[0]  # rows: the last pending token, each candidate's tokens, the window's last level
-        verified = logits[: 1 + len(tried) * (ngram - 1)]
-        accept_lengths, choices = verify(choose, sequence, tried, verified)
+        accept_lengths, choices = verify(choose, sequence, tried, logits[: layout.window_start - len(pending) + 1])
         best = max(range(len(tried)), key=lambda g: accept_lengths[g]) if tried else 0
         accept_length = accept_lengths[best] if tried else 0
         accepted = list(tried[best][:accept_length]) if tried else []
         committed = [*accepted, choices[best][accept_length]]
         # the lookahead branch: a new level, and one n-gram down each column of the window
-        new_level = logits[1 + len(tried) * (ngram - 1) :].argmax(dim=-1).tolist()
+        new_level = logits[layout.window_start - len(pending) + 1 :].argmax(dim=-1).tolist()
         for column in range(window):
             pool.insert([level[column] for level in levels] + [new_level[column]])
         keep_positions(cache, cached + len(pending), layout.candidate_positions(best, accept_length, cached))
@@ -132,6 +137,7 @@ def generate(
                 "window": levels,
                 "new_level": new_level,
                 "candidates": [list(c) for c in tried],
+                "candidate_sources": sources,
                 "candidate_accept_lengths": accept_lengths,
                 "best_candidate": best if tried else None,
                 "accept_length": accept_length,
@@ -154,17 +160,18 @@ def initial_window(input_ids: torch.Tensor, window: int, levels: int) -> list[li
 class Layout:
     """Where each token of a lookahead pass sits, and what it sees.
 
-    Fed order: `pending` committed tokens, then `candidates` n-gram continuations of `length`
-    tokens each, then the window: `levels` rows of `window` tokens."""
+    Fed order: `pending` committed tokens, then the candidates (continuations of the last
+    pending token, `candidate_lengths` tokens each), then the window: `levels` rows of `window` tokens."""
 
-    def __init__(self, pending: int, candidates: int, length: int, window: int):
-        self.pending, self.candidates, self.length, self.window = pending, candidates, length, window
-        levels = length  # the window has N-1 levels, as many as a candidate has tokens
-        self.window_start = pending + candidates * length
+    def __init__(self, pending: int, candidate_lengths: list[int], levels: int, window: int):
+        self.pending, self.window = pending, window
+        self.candidate_starts = []  # index of each candidate's first token in the fed order
         parents = [i - 1 for i in range(pending)]  # -1: the cached prefix
-        for _ in range(candidates):
+        for length in candidate_lengths:
             start = len(parents)
+            self.candidate_starts.append(start)
             parents += [pending - 1 if j == 0 else start + j - 1 for j in range(length)]
+        self.window_start = len(parents)
         for level in range(levels):
             for column in range(window):
                 if level > 0:
@@ -177,20 +184,45 @@ class Layout:
 
     def candidate_positions(self, best: int, accept_length: int, cached: int) -> list[int]:
         """Cache positions of the accepted tokens of candidate `best`."""
-        start = cached + self.pending + best * self.length
+        start = cached + self.candidate_starts[best] if self.candidate_starts else cached
         return list(range(start, start + accept_length))
+
+
+def choose_candidates(pool: NgramPool, tokens: list[int], limit: int, copy_length: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Up to `limit` continuations of the text's last token to verify, and where each came from:
+    first a copy from the text (when `copy_length` > 0), then the pool's n-grams, newest first,
+    leaving out any that a longer candidate already starts with."""
+    found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
+    found += [(ngram, "pool") for ngram in pool.lookup(tokens[-1])]
+    chosen: list[tuple[tuple[int, ...], str]] = []
+    for candidate, source in found:
+        if candidate and not any(other[: len(candidate)] == candidate for other, _ in chosen):
+            chosen.append((candidate, source))
+    chosen = chosen[:limit]
+    return [c for c, _ in chosen], [s for _, s in chosen]
+
+
+def copy_from_text(tokens: list[int], length: int, longest_match: int = 3) -> tuple[int, ...]:
+    """Prompt lookup decoding (Saxena 2023): the up to `length` tokens that followed the latest
+    earlier occurrence of the text's last k tokens, trying k = `longest_match` down to 1."""
+    for k in range(min(longest_match, len(tokens) - 1), 0, -1):
+        suffix = tokens[-k:]
+        for start in range(len(tokens) - k - 1, -1, -1):
+            if tokens[start : start + k] == suffix:
+                return tuple(tokens[start + k : start + k + length])
+    return ()
 
 
 def verify(choose: TokenChooser, sequence: torch.Tensor, tried: list[tuple[int, ...]], logits: torch.Tensor):
     """Greedy exact-match verification of each candidate: its accept length, and the target's
     choices along it (choices[g][i]: the target's token after the candidate's first i tokens).
-    `logits` rows: the last committed token, then each candidate's tokens."""
+    `logits` rows: the last committed token, then each candidate's tokens in turn."""
     if not tried:
         return [], [choose.greedy_choices(sequence, logits[:1]).tolist()]
-    length = len(tried[0])
-    accept_lengths, choices = [], []
-    for g, candidate in enumerate(tried):
-        rows = torch.cat([logits[:1], logits[1 + g * length : 1 + (g + 1) * length]])  # [length + 1, V]
+    accept_lengths, choices, row = [], [], 1
+    for candidate in tried:
+        rows = torch.cat([logits[:1], logits[row : row + len(candidate)]])  # [len(candidate) + 1, V]
+        row += len(candidate)
         path = torch.cat([sequence, torch.tensor([candidate], device=sequence.device)], dim=-1)
         path_choices = choose.greedy_choices(path, rows).tolist()
         accept_lengths.append(leading_matches(list(candidate), path_choices))

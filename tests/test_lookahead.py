@@ -7,16 +7,16 @@ import torch
 from specdemo import SpecDemoError, ar, lookahead
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
-from specdemo.lookahead import Layout, NgramPool
+from specdemo.lookahead import Layout, NgramPool, choose_candidates, copy_from_text
 from specdemo.sampling import SamplingConfig
 from test_jacobi import make_bigram_model
 
 
-def reference_sees(pending, candidates, length, window):
+def reference_sees(pending, candidate_lengths, levels, window):
     """Who sees whom, written out from the rules of the module docstring."""
     names = [("pending", i) for i in range(pending)]
-    names += [("candidate", g, j) for g in range(candidates) for j in range(length)]
-    names += [("window", level, column) for level in range(length) for column in range(window)]
+    names += [("candidate", g, j) for g, length in enumerate(candidate_lengths) for j in range(length)]
+    names += [("window", level, column) for level in range(levels) for column in range(window)]
 
     def visible(a, b):
         if b[0] == "pending":
@@ -31,17 +31,19 @@ def reference_sees(pending, candidates, length, window):
     return torch.tensor([[visible(a, b) for b in names] for a in names])
 
 
-@pytest.mark.parametrize("pending,candidates,length,window", [(1, 0, 1, 1), (1, 2, 3, 4), (3, 3, 2, 5), (2, 1, 4, 3)])
-def test_layout_matches_the_reference(pending, candidates, length, window):
-    layout = Layout(pending, candidates, length, window)
-    assert torch.equal(layout.sees, reference_sees(pending, candidates, length, window))
+@pytest.mark.parametrize(
+    "pending,candidate_lengths,levels,window", [(1, [], 1, 1), (1, [3, 3], 3, 4), (3, [6, 2, 2], 2, 5), (2, [4], 4, 3), (1, [1, 5], 2, 2)]
+)
+def test_layout_matches_the_reference(pending, candidate_lengths, levels, window):
+    layout = Layout(pending, candidate_lengths, levels, window)
+    assert torch.equal(layout.sees, reference_sees(pending, candidate_lengths, levels, window))
     positions = chain_positions(layout.sees, 10)[0].tolist()
-    start = pending + candidates * length
-    for level in range(length):
+    start = pending + sum(candidate_lengths)
+    for level in range(levels):
         for column in range(window):  # column c of level l sits c + l + 1 after the last pending token
             assert positions[start + level * window + column] == 10 + pending + column + level
-    for g in range(candidates):
-        assert positions[pending + g * length : pending + (g + 1) * length] == list(range(10 + pending, 10 + pending + length))
+    for first, length in zip(layout.candidate_starts, candidate_lengths):
+        assert positions[first : first + length] == list(range(10 + pending, 10 + pending + length))
 
 
 def test_additive_mask_shape_and_values():
@@ -66,6 +68,24 @@ def test_ngram_pool_insert_lookup_and_bounds():
     assert pool.lookup(4) == [(4, 4)]
     with pytest.raises(ValueError):
         pool.insert([1, 2])
+
+
+def test_copy_from_text_takes_the_latest_longest_match():
+    text = [5, 1, 2, 3, 9, 9, 1, 2, 4, 8, 7, 1, 2]
+    assert copy_from_text(text, 3) == (4, 8, 7)  # "1 2" last seen before "4 8 7"
+    assert copy_from_text(text, 3, longest_match=1) == (4, 8, 7)
+    assert copy_from_text([5, 1, 2, 3, 9, 3, 1, 2], 2) == (3, 9)
+    assert copy_from_text([6, 1, 7, 2], 4) == ()  # 2 never occurred before
+    assert copy_from_text([1, 1, 1], 5) == (1,)  # the continuation runs into the text's own end
+
+
+def test_choose_candidates_puts_the_copy_first_and_drops_prefixes():
+    pool = NgramPool(n=3, per_key=3)
+    pool.insert_text([2, 4, 8, 2, 4, 6, 2, 5, 5])
+    tokens = [1, 2, 4, 8, 7, 3, 1, 2]
+    candidates, sources = choose_candidates(pool, tokens, limit=3, copy_length=3)
+    assert candidates == [(4, 8, 7), (5, 5), (4, 6)] and sources == ["copy", "pool", "pool"]  # (4, 8) is the copy's prefix
+    assert choose_candidates(pool, tokens, limit=2, copy_length=0) == ([(5, 5), (4, 6)], ["pool", "pool"])
 
 
 @pytest.mark.parametrize("window,ngram,candidates", [(1, 2, 1), (4, 3, 2), (5, 4, 5), (3, 5, 0)])
@@ -110,8 +130,9 @@ def test_the_window_iterates_and_its_ngrams_get_accepted():
 
 def test_ngrams_of_the_prompt_are_verified_from_the_first_pass():
     events = counting_events([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 5], text_ngrams=True, max_new_tokens=8)
-    assert events[0].committed == (6, 7, 8, 9) and events[0].accepted == (6, 7, 8)  # the prompt's 5 6 7 8, then 9 from the target
-    assert events[0].extra["candidates"][0] == [6, 7, 8]
+    # the copy: what followed the prompt's earlier 5, six tokens long; then 12 from the target
+    assert events[0].extra["candidates"][0] == [6, 7, 8, 9, 10, 11] and events[0].extra["candidate_sources"][0] == "copy"
+    assert events[0].committed == (6, 7, 8, 9, 10, 11, 12) and events[0].accepted == (6, 7, 8, 9, 10, 11)
 
 
 def test_eos_inside_an_accepted_ngram():
