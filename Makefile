@@ -6,12 +6,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: run test setup browser
 run: $(STAMP)
 	$(PY) app.py
 
-test: $(STAMP)
+test: $(STAMP) browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+# Without root or apt-get the browser tests are skipped, except under CI where they must run.
+browser:
+	@test -x $(CHROMIUM) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "no $(CHROMIUM) and no root apt-get here: the browser tests will be skipped"
 
 setup: $(STAMP)
 

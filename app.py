@@ -5,6 +5,8 @@ import argparse
 from specdemo.models import EMBEDDED, load_model
 from specdemo.ui import build_app
 
+QUEUE_SIZE = 16  # visitors waiting at most; one generation runs at a time (see specdemo.ui)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -14,7 +16,7 @@ def main() -> None:
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     args = parser.parse_args()
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
-    build_app(target).queue().launch()  # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
+    build_app(target).queue(max_size=QUEUE_SIZE).launch()  # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
 
 
 if __name__ == "__main__":

@@ -1,55 +1,262 @@
-"""The web page: layout and event wiring only. Decoding lives in the methods; this module
-turns their step events into what a person sees."""
+"""The web page: layout and event wiring only. Decoding lives in the methods, running them in
+`specdemo.live`, drawing in `specdemo.views`; this module connects them to Gradio components."""
 
+import json
+import tempfile
 import threading
 from collections.abc import Iterator
 
 import gradio as gr
 
+from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
-from .methods import METHODS, get_method, method_options
+from .live import MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, collect, first_difference, run, speedup, stats, timed_events
+from .methods import METHODS
 from .models import LoadedModel
+from .sampling import GREEDY, SamplingConfig
 
 EXAMPLES = [
     "Write a haiku about autumn leaves.",
     "Explain in two sentences why the sky is blue.",
     "Write a Python function that reverses a string.",
     "Translate to French: The library opens at nine in the morning.",
+    "What is 17 times 23? Show your steps.",
+    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
 ]
+
+HOW_IT_WORKS = {
+    "ar": "**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured against it.",
+    "speculative": "**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the target "
+    "scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its own. Sampling accepts a draft "
+    "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution.",
+    "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
+    "prediction given the guesses before it; repeat until nothing changes: the fixed point is exactly the greedy answer. On an ordinary "
+    "model about one token settles per pass, which the trajectory shows.",
+    "lookahead": "**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 levels), "
+    "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
+    "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
+}
+VIEW_NAMES = {"ar": "Tokens per pass", "speculative": "Step timeline", "jacobi": "Jacobi trajectory", "lookahead": "Lookahead window"}
+UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
+
+
+def sampling_config(do_sample: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float, seed: float | None) -> SamplingConfig:
+    if not do_sample and repetition_penalty == 1.0:
+        return GREEDY
+    seed = None if seed is None or seed < 0 else int(seed)
+    return SamplingConfig(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty), seed)
+
+
+def method_view(events: list[StepEvent], decode):
+    """The method's own pictures after its latest event: (main figure, second figure or None, html)."""
+    if not events:
+        return None, None, ""
+    event = events[-1]
+    if event.method in ("jacobi", "cllm"):
+        return views.trajectory_figure(views.jacobi_blocks(events)[-1], decode), views.step_timeline_figure(events), ""
+    if event.method == "lookahead":
+        return views.step_timeline_figure(events), views.pool_figure(events), views.lookahead_html(event, decode)
+    if event.method == "speculative":
+        return views.step_timeline_figure(events), views.acceptance_by_position_figure(views.acceptance_by_position(events)), ""
+    return views.step_timeline_figure(events), None, ""
+
+
+def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent]) -> str:
+    """The run's own numbers that explain its speed: time per pass against AR's, tokens per pass."""
+    if not run_stats["forward_passes"] or not baseline_stats["forward_passes"]:
+        return ""
+    pass_ms = 1000 * run_stats["wall_s"] / run_stats["forward_passes"]
+    ar_pass_ms = 1000 * baseline_stats["wall_s"] / baseline_stats["forward_passes"]
+    predicted = run_stats["tokens_per_forward"] * ar_pass_ms / pass_ms
+    measured = speedup(run_stats, baseline_stats)
+    fed = sum(len(e.proposed) for e in events) / max(len(events), 1)
+    return (
+        f"<p><b>Why is it {'faster' if (measured or 0) > 1 else 'not faster'}?</b> A step of this run took {pass_ms:.1f} ms "
+        f"(one target pass over about {1 + fed:.1f} tokens{', plus the draft' if run_stats['draft_forwards'] else ''}) "
+        f"against {ar_pass_ms:.1f} ms for AR's one-token pass, and committed {run_stats['tokens_per_forward']:.2f} tokens "
+        f"against 1. Those predict {run_stats['tokens_per_forward']:.2f} × {ar_pass_ms:.1f} / {pass_ms:.1f} = "
+        f"<b>{predicted:.2f}x</b>; measured: <b>{measured}x</b>.</p>"
+    )
+
+
+def export_events(events: list[StepEvent], summary) -> str:
+    """The run's events as a JSON file for download."""
+    payload = {"events": [vars(e) for e in events], "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-run-", delete=False) as handle:
+        json.dump(payload, handle, default=list)
+        return handle.name
+
+
+def build_app(target: LoadedModel) -> gr.Blocks:
+    """The page: controls, the streamed answer, the method's view, live speed, race and step-through."""
+    baselines = Baselines()
+    decode = lambda token: target.decode([token])  # noqa: E731
+    # One generation at a time on this model: every event that decodes shares one queue slot,
+    # so Gradio's queue tells each waiting visitor how many are ahead.
+    one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
+
+    def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, *knobs) -> Request:
+        values = dict(zip(("gamma", "adaptive_gamma", "block_size", "window", "ngram", "candidates"), knobs))
+        settings = {name: (bool(values[name]) if name == "adaptive_gamma" else int(values[name])) for name in METHOD_SETTINGS.get(method, ())}
+        sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed)
+        return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
+
+    def on_generate(*inputs):
+        try:
+            request = make_request(*inputs)
+            if not baselines.has(target, request):
+                waiting = "<p><i>Measuring the AR baseline on this prompt first (once per prompt and settings)...</i></p>"
+                yield waiting, *[gr.skip()] * 9
+            baseline_events, baseline_summary = baselines.get(target, request)
+            baseline_stats = stats(baseline_events, baseline_summary)
+            stop = threading.Event()
+            for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
+                run_stats = {**stats(events, summary), "speedup_vs_ar": None}
+                run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
+                yield (
+                    views.stream_html(events, decode),
+                    *method_view(events, decode),
+                    views.speed_figure(events, baseline_events),
+                    run_stats,
+                    why_html(run_stats, baseline_stats, events) if summary else "",
+                    (events, summary),
+                    export_events(events, summary) if summary else None,
+                    gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
+                )
+        except SpecDemoError as error:  # a sentence for the person, not a traceback
+            raise gr.Error(str(error)) from error
+
+    def on_step(history, step):
+        events, summary = history or ([], None)
+        if not events:
+            return "", None, "", "Generate an answer first, then walk through it step by step here."
+        step = max(0, min(int(step), len(events) - 1))
+        figure, _, html = method_view(events[: step + 1], decode)
+        return views.stream_html(events[: step + 1], decode), figure, html, views.explain_step(events[step], decode)
+
+    def on_race(prompt, methods, max_new_tokens):
+        try:
+            methods = [m for m in methods if m != "ar"]
+            base = Request(prompt or "", "ar", int(max_new_tokens))
+            baseline_events, baseline_summary = baselines.get(target, base)
+            rows, columns = [], []
+            for method in methods:
+                events, summary = collect(run(target, Request(base.prompt, method, base.max_new_tokens)))
+                run_stats = stats(events, summary)
+                differs = first_difference(summary.tokens, baseline_summary.tokens)
+                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode))
+                columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode)}</div>")
+            ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode)}</div>"
+            table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
+            grid = f'<div style="display:grid;grid-template-columns:repeat({len(columns) + 1},1fr);gap:12px">{ar_column}{"".join(columns)}</div>'
+            return table, grid
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+
+    with gr.Blocks(title="SpecDemo") as app:
+        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of `{target.spec}` on {target.device} ({target.dtype}).")
+        with gr.Tab("Generate"):
+            with gr.Row():
+                with gr.Column(scale=2):
+                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, placeholder="Ask something...")
+                    gr.Examples(EXAMPLES, inputs=prompt)
+                with gr.Column(scale=1):
+                    method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method")
+                    max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
+                    with gr.Row():
+                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                        stop = gr.Button("Stop", elem_id="stop")
+            with gr.Accordion("Sampling (ar and speculative; the others verify greedily)", open=False):
+                with gr.Row():
+                    do_sample = gr.Checkbox(False, label="Sample")
+                    temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
+                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
+                    repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
+                    seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
+            with gr.Accordion("Method settings", open=False):
+                with gr.Row():
+                    gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
+                    adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
+                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi: block size n")
+                    window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
+                    ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
+                    candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
+            how = gr.Markdown(HOW_IT_WORKS["ar"])
+            gr.HTML(views.legend_html())
+            stream = gr.HTML(elem_id="stream")
+            with gr.Row():
+                with gr.Column():
+                    view_plot = gr.Plot(label="The method at work", elem_id="method-plot")
+                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot")
+                    view_html = gr.HTML(elem_id="method-view")
+                with gr.Column():
+                    speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
+                    run_stats = gr.JSON(label="This run", elem_id="stats")
+                    why = gr.HTML(elem_id="why")
+            download = gr.File(label="This run's events (JSON)", elem_id="export")
+        with gr.Tab("Step through"):
+            gr.Markdown("Walk through the last generated answer one target pass at a time.")
+            step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step")
+            with gr.Row():
+                back = gr.Button("◀ Back")
+                forward = gr.Button("Next ▶")
+            explanation = gr.Markdown(elem_id="explanation")
+            step_stream = gr.HTML()
+            step_plot = gr.Plot()
+            step_html = gr.HTML()
+        with gr.Tab("Race"):
+            race_methods = gr.CheckboxGroup([m for m in METHODS if m != "ar"], value=[m for m in METHODS if m != "ar"], label="Methods against ar")
+            race_button = gr.Button("Race", variant="primary", elem_id="race")
+            race_table = gr.Markdown(elem_id="race-table")
+            race_streams = gr.HTML(elem_id="race-streams")
+        history = gr.State(None)
+
+        inputs = [prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                  gamma, adaptive_gamma, block_size, window, ngram, candidates]
+        outputs = [stream, view_plot, detail_plot, view_html, speed_plot, run_stats, why, history, download, step]
+        running = gr.on(
+            [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time
+        )
+        stop.click(None, cancels=[running])  # closing the generator ends the decoding loop between passes
+        method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private")
+        step_outputs = [step_stream, step_plot, step_html, explanation]
+        step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
+        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private")
+        forward.click(lambda s: s + 1, inputs=step, outputs=step, api_visibility="private")
+        race_button.click(
+            on_race, inputs=[prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
+        )
+        gr.api(api_generate_for(target), api_name="generate", **one_at_a_time)
+    return app
+
+
+def race_row(method, run_stats, baseline_stats, differs, summary, decode) -> str:
+    same = "yes" if differs is None else f"no: first differs at token {differs} ({decode(summary.tokens[differs])!r})" if differs < len(summary.tokens) else f"no: differs at token {differs}"
+    return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"
+
+
+def api_generate_for(target: LoadedModel):
+    def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1) -> tuple[str, dict]:
+        """Decode `prompt` with `method`; returns the answer and its stats."""
+        try:
+            request = Request(prompt or "", method, int(max_new_tokens), sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
+            events, summary = collect(run(target, request))
+            return target.decode(list(summary.tokens)), stats(events, summary)
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+
+    return generate
 
 
 def stream_answer(
     target: LoadedModel, prompt: str, max_new_tokens: int, method: str = "ar", stop: threading.Event | None = None
 ) -> Iterator[str]:
     """The answer's text after each target pass, growing as tokens are committed."""
-    input_ids = target.encode_chat(prompt)
-    generate, options = get_method(method), method_options(method, target)
     tokens: list[int] = []
-    for item in generate(
-        target.model, input_ids, max_new_tokens=int(max_new_tokens), eos_token_ids=target.eos_token_ids, stop=stop, **options
-    ):
+    for item in run(target, Request(prompt, method, int(max_new_tokens)), stop):
         if isinstance(item, StepEvent):
             tokens += item.committed
             yield target.decode(tokens)
-
-
-def build_app(target: LoadedModel) -> gr.Blocks:
-    """A page with a prompt box, a method picker and the answer streamed as it is decoded."""
-
-    def on_generate(prompt: str, method: str, max_new_tokens: int) -> Iterator[str]:
-        try:
-            yield from stream_answer(target, prompt, max_new_tokens, method)
-        except SpecDemoError as error:  # a sentence for the person, not a traceback
-            raise gr.Error(str(error)) from error
-
-    with gr.Blocks(title="SpecDemo") as app:
-        gr.Markdown(f"# SpecDemo\nDecoding `{target.spec}` on {target.device} ({target.dtype}).")
-        prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, placeholder="Ask something...")
-        method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method")
-        max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
-        generate = gr.Button("Generate", variant="primary", elem_id="generate")
-        answer = gr.Textbox(label="Answer", elem_id="stream", lines=10, interactive=False)
-        gr.Examples(EXAMPLES, inputs=prompt)
-        gr.on([generate.click, prompt.submit], on_generate, inputs=[prompt, method, max_new_tokens], outputs=answer, api_name="generate")
-    return app

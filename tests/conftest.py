@@ -3,6 +3,9 @@
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import socket
 
 import pytest
 import torch
@@ -46,3 +49,17 @@ def prompt_ids() -> torch.Tensor:
 def embedded():
     """The embedded SmolLM2-135M-Instruct in float32 (exactness tests run in float32)."""
     return load_model("embedded", "float32", "cpu")
+
+
+@pytest.fixture(scope="session")
+def served_app(embedded):
+    """The app on the embedded model, served on a free local port for the API and browser tests."""
+    from specdemo.ui import build_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = build_app(embedded)
+    app.queue(max_size=8).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield app
+    app.close()

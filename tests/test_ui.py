@@ -25,3 +25,25 @@ def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):
     speculative_texts = list(stream_answer(embedded, "Name three colors.", max_new_tokens=16, method="speculative"))
     assert speculative_texts[-1] == ar_text
     assert len(speculative_texts) < 16  # several tokens per target pass
+
+
+def test_method_views_follow_the_method(embedded):
+    from specdemo.live import Request, collect, run
+    from specdemo.ui import method_view
+
+    decode = lambda token: embedded.decode([token])  # noqa: E731
+    for method, kinds in [("jacobi", ("Heatmap", "Bar")), ("speculative", ("Bar", "Bar")), ("lookahead", ("Bar", "Bar"))]:
+        events, _ = collect(run(embedded, Request("Name three colors.", method, 12)))
+        main, detail, html = method_view(events, decode)
+        assert type(main.data[0]).__name__ == kinds[0]
+        assert (detail is None) if kinds[1] is None else type(detail.data[0]).__name__ == kinds[1]
+        assert ("Candidates verified" in html) == (method == "lookahead")
+
+
+def test_why_panel_predicts_from_the_runs_own_numbers():
+    from specdemo.ui import why_html
+
+    run_stats = {"forward_passes": 10, "wall_s": 0.5, "tokens_per_forward": 2.0, "draft_forwards": 20, "tokens_per_s": 40.0}
+    ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0, "tokens_per_s": 25.0}
+    text = why_html(run_stats, ar_stats, [])
+    assert "50.0 ms" in text and "40.0 ms" in text and "1.60x" in text and "faster" in text

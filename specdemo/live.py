@@ -1,0 +1,194 @@
+"""Running methods for the app: one request's settings checked, its events collected, the AR
+baseline measured on the same prompt, and the numbers a person sees. No decoding happens here:
+this module only calls a method's generator and reads its events.
+"""
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .errors import SpecDemoError
+from .events import StepEvent, Summary
+from .methods import METHODS, get_method, method_options
+from .models import LoadedModel
+from .sampling import GREEDY, SamplingConfig
+
+# Per-request limits of the app, so one visitor cannot hold the model for long.
+MAX_PROMPT_CHARS = 4000
+MAX_NEW_TOKENS = 512
+MAX_WALL_S = 120.0
+
+SAMPLING_METHODS = frozenset({"ar", "speculative"})  # the others verify greedily by construction
+METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
+    "ar": (),
+    "speculative": ("gamma", "adaptive_gamma"),
+    "jacobi": ("block_size",),
+    "lookahead": ("window", "ngram", "candidates"),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a person asked for: a prompt, a method and its settings."""
+
+    prompt: str
+    method: str = "ar"
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = GREEDY
+    settings: dict = field(default_factory=dict)  # only the method's own knobs (METHOD_SETTINGS)
+
+    def __post_init__(self):
+        check_request(self)
+
+
+def check_request(request: Request) -> None:
+    """Refuse, with a sentence, what the app does not serve (the methods check the rest)."""
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise SpecDemoError("the prompt is empty: type something for the model to answer")
+    if len(request.prompt) > MAX_PROMPT_CHARS:
+        raise SpecDemoError(f"the prompt is {len(request.prompt)} characters long; this app takes at most {MAX_PROMPT_CHARS}")
+    if request.method not in METHODS:
+        raise SpecDemoError(f"unknown method {request.method!r}: choose one of {', '.join(METHODS)}")
+    tokens = request.max_new_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
+        raise SpecDemoError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS} here, got {tokens!r}")
+    if request.sampling.do_sample and request.method not in SAMPLING_METHODS:
+        raise SpecDemoError(
+            f"{request.method} decodes greedily (it verifies against the target's argmax), so it does not sample: "
+            f"turn sampling off, or choose {' or '.join(sorted(SAMPLING_METHODS))}"
+        )
+    unknown = set(request.settings) - set(METHOD_SETTINGS.get(request.method, ()))
+    if unknown:
+        raise SpecDemoError(f"{request.method} has no setting {', '.join(sorted(unknown))}")
+
+
+def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
+    """The method's events for this request; stops itself after MAX_WALL_S seconds."""
+    stop = stop or threading.Event()
+    timer = threading.Timer(MAX_WALL_S, stop.set)
+    timer.daemon = True
+    timer.start()
+    try:
+        generate, options = get_method(request.method), method_options(request.method, target)
+        sampling = {"sampling": request.sampling} if request.method in SAMPLING_METHODS else {}
+        yield from generate(
+            target.model,
+            target.encode_chat(request.prompt),
+            max_new_tokens=request.max_new_tokens,
+            eos_token_ids=target.eos_token_ids,
+            stop=stop,
+            **sampling,
+            **options,
+            **request.settings,
+        )
+    finally:
+        timer.cancel()
+
+
+def collect(events: Iterator[StepEvent | Summary]) -> tuple[list[StepEvent], Summary]:
+    steps, summary = [], None
+    for item in events:
+        if isinstance(item, StepEvent):
+            steps.append(item)
+        else:
+            summary = item
+    return steps, summary
+
+
+class Baselines:
+    """AR runs of the target, measured on the same prompt and settings as the run they are
+    compared with, kept per (prompt, max_new_tokens, sampling) so a person waits for each once."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self.runs: dict[tuple, tuple[list[StepEvent], Summary]] = {}
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def key(target: LoadedModel, request: Request) -> tuple:
+        return (target.spec, request.prompt, request.max_new_tokens, request.sampling)
+
+    def has(self, target: LoadedModel, request: Request) -> bool:
+        return self.key(target, request) in self.runs
+
+    def get(self, target: LoadedModel, request: Request) -> tuple[list[StepEvent], Summary]:
+        key = self.key(target, request)
+        with self.lock:
+            if key not in self.runs:
+                if len(self.runs) >= self.size:
+                    self.runs.pop(next(iter(self.runs)))
+                ar_request = Request(request.prompt, "ar", request.max_new_tokens, request.sampling)
+                self.runs[key] = collect(run(target, ar_request))
+            return self.runs[key]
+
+
+def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
+    """What a person reads off a run: tokens, passes, time, and the rates that follow."""
+    tokens = sum(len(e.committed) for e in events)
+    passes = events[-1].target_forwards if events else 0
+    wall_s = summary.elapsed_s if summary else (events[-1].elapsed_s if events else 0.0)
+    proposed = sum(len(e.proposed) for e in events)
+    return {
+        "method": events[0].method if events else (summary.method if summary else None),
+        "tokens": tokens,
+        "forward_passes": passes,
+        "draft_forwards": events[-1].draft_forwards if events else 0,
+        "wall_s": round(wall_s, 3),
+        "tokens_per_s": round(tokens / wall_s, 2) if wall_s else 0.0,
+        "tokens_per_forward": round(tokens / passes, 3) if passes else 0.0,
+        "acceptance_rate": round(sum(len(e.accepted) for e in events) / proposed, 3) if proposed else None,
+        "finish_reason": summary.finish_reason if summary else None,
+    }
+
+
+def speedup(run_stats: dict, baseline_stats: dict) -> float | None:
+    """Tokens/s over the AR baseline's tokens/s on the same prompt."""
+    if not run_stats["tokens_per_s"] or not baseline_stats["tokens_per_s"]:
+        return None
+    return round(run_stats["tokens_per_s"] / baseline_stats["tokens_per_s"], 3)
+
+
+def first_difference(tokens: tuple[int, ...] | list[int], reference: tuple[int, ...] | list[int]) -> int | None:
+    """The index of the first token where two answers differ (None: identical)."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def timed_events(
+    events: Iterator[StepEvent | Summary], every_s: float, stop: threading.Event
+) -> Iterator[tuple[list[StepEvent], Summary | None]]:
+    """The events so far, every `every_s` seconds while they come and once at the end.
+
+    The method runs in a worker thread, so drawing a page update never pauses decoding (its
+    timings stay those of the method alone). Closing this generator (the Stop button) sets
+    `stop`, which the method checks before each target pass."""
+    steps: list[StepEvent] = []
+    outcome: dict = {}
+
+    def drain() -> None:
+        try:
+            for item in events:
+                if isinstance(item, Summary):
+                    outcome["summary"] = item
+                else:
+                    steps.append(item)
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=drain, daemon=True)
+    worker.start()
+    try:
+        shown = 0
+        while worker.is_alive():
+            worker.join(every_s)
+            if worker.is_alive() and len(steps) > shown:
+                shown = len(steps)
+                yield steps[:shown], None
+        if "error" in outcome:
+            raise outcome["error"]
+        yield list(steps), outcome.get("summary")
+    finally:
+        stop.set()
+        worker.join()

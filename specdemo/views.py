@@ -1,0 +1,278 @@
+"""Visual builders: pure functions from step events to HTML (and figures), testable without a browser.
+
+The streamed answer is one `<span class="tok" data-origin="...">` per token:
+    ar        the target's next token in plain autoregressive decoding
+    accepted  a proposed token (draft, tree, n-gram, Jacobi guess) the target confirmed
+    target    the target's own token in a verification pass (its correction or bonus)
+    rejected  a proposed token the pass threw away, struck through where it was rejected
+Each token's tooltip names its step (target pass), and for speculative sampling the numbers of
+the acceptance rule: p, q, min(1, p/q) and the uniform draw.
+"""
+
+import html
+from collections.abc import Callable, Iterable
+
+import plotly.graph_objects as go
+
+from .events import StepEvent
+
+ORIGINS = {
+    "ar": "autoregressive: the target's next token",
+    "accepted": "proposed, and accepted by the target",
+    "target": "the target's own token after verification (correction or bonus)",
+    "rejected": "proposed, then rejected by the target",
+}
+
+# Jacobi guesses every position of a block each pass, lookahead verifies several n-grams:
+# inline, only the guess the target's token replaced is struck through, so the text stays
+# readable; the whole block or every candidate is in the method's own view.
+INLINE_REJECTED_LIMIT = {"jacobi": 1, "cllm": 1, "lookahead": 1}
+
+STYLE = """
+<style>
+.specdemo-stream { font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.7; }
+.tok { border-radius: 3px; padding: 0 1px; }
+.tok[data-origin="ar"] { background: #eef0f3; }
+.tok[data-origin="accepted"] { background: #c7f0d2; }
+.tok[data-origin="target"] { background: #c9dcff; }
+.tok[data-origin="rejected"] { color: #b3261e; text-decoration: line-through; opacity: 0.65; font-size: 0.85em; }
+.specdemo-legend .tok { margin-right: 0.8em; }
+</style>
+"""
+
+
+def token_origins(event: StepEvent) -> list[tuple[int, str, str]]:
+    """(token, origin, tooltip) for one step, in display order: the accepted proposals, the
+    rejected ones (where they were rejected), then the target's own tokens."""
+    step = f"step {event.step + 1}"
+    accepted = len(event.accepted)
+    shown_rejected = event.rejected[: INLINE_REJECTED_LIMIT.get(event.method, len(event.rejected))]
+    numbers = sampling_numbers(event)
+    out = [(t, "accepted", step + numbers.get(i, "")) for i, t in enumerate(event.committed[:accepted])]
+    out += [(t, "rejected", step + numbers.get(accepted + i, "")) for i, t in enumerate(shown_rejected)]
+    own = "ar" if event.method == "ar" else "target"
+    out += [(t, own, step) for t in event.committed[accepted:]]
+    return out
+
+
+def sampling_numbers(event: StepEvent) -> dict[int, str]:
+    """Per draft position, the acceptance rule's numbers (speculative sampling only)."""
+    extra = event.extra
+    if "acceptance" not in extra:
+        return {}
+    return {
+        i: f": p={p:.3f}, q={q:.3f}, min(1, p/q)={a:.3f}, draw={r:.3f}"
+        for i, (p, q, a, r) in enumerate(zip(extra["p"], extra["q"], extra["acceptance"], extra["draws"]))
+    }
+
+
+def stream_html(events: Iterable[StepEvent], decode: Callable[[int], str]) -> str:
+    """The answer so far, every token a span coloured by its origin."""
+    spans = []
+    for event in events:
+        for token, origin, tooltip in token_origins(event):
+            text = html.escape(decode(token))
+            spans.append(f'<span class="tok" data-origin="{origin}" title="{html.escape(tooltip)}">{text}</span>')
+    return f'{STYLE}<div class="specdemo-stream">{"".join(spans)}</div>'
+
+
+def legend_html() -> str:
+    items = "".join(f'<span class="tok" data-origin="{origin}" title="{html.escape(text)}">{origin}</span>' for origin, text in ORIGINS.items())
+    return f'{STYLE}<div class="specdemo-legend">{items}</div>'
+
+
+# Colours shared by the figures, matching the stream's origins.
+COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed"}
+
+
+def step_counts(event: StepEvent) -> dict[str, int]:
+    """How many tokens of each origin one step produced (rejected: all the pass threw away)."""
+    own = "ar" if event.method == "ar" else "target"
+    return {"accepted": len(event.accepted), own: len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
+
+
+def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
+    """Per target pass, the tokens it accepted and supplied (up) and the proposals it threw away (down)."""
+    figure = go.Figure()
+    steps = [e.step + 1 for e in events]
+    for origin in ("accepted", "target", "ar", "rejected"):
+        counts = [step_counts(e).get(origin, 0) for e in events]
+        if any(counts):
+            sign = -1 if origin == "rejected" else 1
+            figure.add_bar(x=steps, y=[sign * c for c in counts], name=origin, marker_color=COLOURS[origin])
+    figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)", yaxis_title="tokens")
+    return compact(figure)
+
+
+def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Figure:
+    """The share of steps in which draft position i was accepted: where a longer draft stops paying."""
+    positions = list(range(1, len(acceptance_by_position) + 1))
+    figure = go.Figure(go.Bar(x=positions, y=acceptance_by_position, marker_color=COLOURS["accepted"]))
+    figure.update_layout(title="Acceptance by draft position", xaxis_title="draft position", yaxis_title="accepted share", yaxis_range=[0, 1])
+    return compact(figure)
+
+
+TRAJECTORY_STATES = ["not yet correct", "correct", "fast-forwarded", "fixed while its left neighbour was wrong"]
+
+
+def trajectory_cells(block_events: list[StepEvent]) -> list[list[int]]:
+    """For one Jacobi block, the state (an index into TRAJECTORY_STATES) of each position at
+    each iteration, from the flags of the block's last event."""
+    last = block_events[-1].extra
+    correct_since = last["correct_since"]
+    fast = {p for e in block_events for p in e.extra["fast_forwarded"]}
+    early = {p for e in block_events for p in e.extra["fixed_early"]}
+    cells = []
+    for event in block_events:
+        iteration, row = event.extra["iteration"], []
+        for position, since in enumerate(correct_since):
+            if since is None or since > iteration:
+                row.append(0)
+            else:
+                row.append(3 if position in early else 2 if position in fast else 1)
+        cells.append(row)
+    return cells
+
+
+def jacobi_blocks(events: list[StepEvent]) -> list[list[StepEvent]]:
+    """The events grouped by Jacobi block, in order."""
+    blocks: dict[int, list[StepEvent]] = {}
+    for event in events:
+        blocks.setdefault(event.extra["block_start"], []).append(event)
+    return list(blocks.values())
+
+
+def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
+    """The Jacobi trajectory of one block as an iterations x positions grid (the CLLM blog's
+    figure): each cell the token guessed there, coloured by whether it is already final."""
+    cells = trajectory_cells(block_events)
+    text = [[decode(t) for t in e.extra["state"]] for e in block_events]
+    colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
+    scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
+    figure = go.Figure(
+        go.Heatmap(
+            z=cells, text=text, texttemplate="%{text}", textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale, showscale=False,
+            customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
+            hovertemplate="iteration %{y}, position %{x}: %{text} (%{customdata})<extra></extra>",
+        )
+    )
+    start = block_events[0].extra["block_start"]
+    key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}" for colour, state in zip(colours, TRAJECTORY_STATES))
+    figure.update_layout(
+        title=f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens<br><sup>{key}</sup>",
+        xaxis_title="position in block", yaxis_title="iteration", yaxis_autorange="reversed",
+    )
+    return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
+
+
+def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
+    """One lookahead pass: the window (levels x columns), the candidates tried and what each matched."""
+    extra = event.extra
+    rows = "".join(
+        "<tr><th>level %d</th>%s</tr>" % (level, "".join(f"<td>{html.escape(decode(t))}</td>" for t in tokens))
+        for level, tokens in enumerate([*extra["window"], extra["new_level"]])
+    )
+    tried = []
+    for index, (candidate, length) in enumerate(zip(extra["candidates"], extra["candidate_accept_lengths"])):
+        source = extra.get("candidate_sources", ["pool"] * len(extra["candidates"]))[index]
+        spans = "".join(
+            f'<span class="tok" data-origin="{"accepted" if i < length else "rejected"}">{html.escape(decode(t))}</span>'
+            for i, t in enumerate(candidate)
+        )
+        best = " (committed)" if index == extra["best_candidate"] and length else ""
+        tried.append(f"<li>{source}: {spans} &rarr; {length} matched{best}</li>")
+    candidates = f"<ol>{''.join(tried)}</ol>" if tried else "<p>no n-gram in the pool starts with the last token</p>"
+    return (
+        f'{STYLE}<div class="specdemo-lookahead"><p>Step {event.step + 1}: the window '
+        f"(the last row is this pass's new level; each column read downwards is an n-gram for the pool)</p>"
+        f"<table>{rows}</table><p>Candidates verified in the same pass (pool size {extra['pool_size']}):</p>{candidates}</div>"
+    )
+
+
+def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = None) -> go.Figure:
+    """Tokens committed against time for this run, and for the AR baseline on the same prompt."""
+    figure = go.Figure()
+    for name, run in ((events[0].method if events else "run", events), ("ar baseline", baseline or [])):
+        if run:
+            times, totals = cumulative_tokens(run)
+            figure.add_scatter(x=times, y=totals, mode="lines", name=name, line_shape="hv")
+    figure.update_layout(title="Tokens over time", xaxis_title="seconds", yaxis_title="tokens committed")
+    return compact(figure)
+
+
+def cumulative_tokens(events: list[StepEvent]) -> tuple[list[float], list[int]]:
+    times, totals, total = [0.0], [0], 0
+    for event in events:
+        total += len(event.committed)
+        times.append(event.elapsed_s)
+        totals.append(total)
+    return times, totals
+
+
+def compact(figure: go.Figure) -> go.Figure:
+    figure.update_layout(height=320, margin=dict(l=50, r=20, t=50, b=45), template="plotly_white")
+    return figure
+
+
+def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
+    """One or two sentences that say what a step did, for the step-through mode."""
+    quoted = lambda tokens: " ".join(repr(decode(t)) for t in tokens)  # noqa: E731
+    committed, accepted = len(event.committed), len(event.accepted)
+    pass_ = f"Step {event.step + 1}: "
+    done = f"{committed} token{'s' if committed != 1 else ''} committed in one target pass."
+    own = quoted(event.committed[accepted:])
+    if event.method == "ar":
+        return pass_ + f"the target's next token is {own}: one token a pass, the baseline."
+    if event.method == "speculative":
+        proposed = len(event.proposed)
+        if accepted == proposed:
+            verdict = f"the target accepted all {proposed} and added {own} of its own"
+        else:
+            verdict = f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} ({quoted(event.rejected[:1])}) with {own}"
+        return pass_ + f"the draft proposed {proposed} tokens ({quoted(event.proposed)}); {verdict}. {done}"
+    if event.method in ("jacobi", "cllm"):
+        extra = event.extra
+        return pass_ + (
+            f"iteration {extra['iteration']} of the block at token {extra['block_start']}: {len(event.proposed)} guesses refined "
+            f"at once; the first {accepted} were already what the target predicts, so they are final, and the target's "
+            f"token after them ({own}) too. {done}"
+        )
+    if event.method == "lookahead":
+        extra = event.extra
+        tried = len(extra["candidates"])
+        best = f"the best matched {extra['accept_length']} token(s) ({quoted(event.accepted)})" if tried else "none to try"
+        return pass_ + (
+            f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
+            f"{best}, then the target added {own}. {done} The pool now holds {extra['pool_size']} n-grams."
+        )
+    return pass_ + done
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def acceptance_by_position(events: list[StepEvent]) -> list[float]:
+    """Per draft position i, the share of the steps that proposed it in which it was accepted."""
+    proposed, accepted = [], []
+    for event in events:
+        for i in range(len(event.proposed)):
+            if i == len(proposed):
+                proposed.append(0)
+                accepted.append(0)
+            proposed[i] += 1
+            accepted[i] += i < len(event.accepted)
+    return [a / p for a, p in zip(accepted, proposed)]
+
+
+def pool_figure(events: list[StepEvent]) -> go.Figure:
+    """Lookahead's n-gram pool over the run: its size, and how many tokens each pass took from it."""
+    steps = [e.step + 1 for e in events]
+    figure = go.Figure()
+    figure.add_bar(x=steps, y=[e.extra["accept_length"] for e in events], name="tokens accepted from a candidate", marker_color=COLOURS["accepted"])
+    figure.add_scatter(x=steps, y=[e.extra["pool_size"] for e in events], name="n-grams in the pool", yaxis="y2", mode="lines")
+    figure.update_layout(
+        title="The n-gram pool", xaxis_title="step (target pass)", yaxis_title="accepted tokens",
+        yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
+    )
+    return compact(figure)

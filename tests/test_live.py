@@ -1,0 +1,96 @@
+"""Running methods for the app: request checks, stats, the AR baseline cache, the wall-time stop."""
+
+import threading
+
+import pytest
+
+from specdemo import SpecDemoError, live
+from specdemo.events import StepEvent, Summary
+from specdemo.live import Baselines, Request, first_difference, speedup, stats, timed_events
+from specdemo.sampling import SamplingConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(prompt="   "), "empty"),
+        (dict(prompt="x" * (live.MAX_PROMPT_CHARS + 1)), "at most"),
+        (dict(prompt="hi", method="beam9"), "unknown method"),
+        (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
+        (dict(prompt="hi", max_new_tokens=live.MAX_NEW_TOKENS + 1), "max_new_tokens"),
+        (dict(prompt="hi", method="jacobi", sampling=SamplingConfig(do_sample=True)), "greedily"),
+        (dict(prompt="hi", method="jacobi", settings={"gamma": 3}), "no setting gamma"),
+    ],
+)
+def test_bad_requests_are_refused_with_a_sentence(kwargs, message):
+    with pytest.raises(SpecDemoError, match=message):
+        Request(**kwargs)
+
+
+def events_of(method, sizes, accepted_sizes, step_s=0.1):
+    return [
+        StepEvent(method, step=i, committed=tuple(range(n)), proposed=(0,) * 2, accepted=tuple(range(a)), target_forwards=i + 1, elapsed_s=step_s * (i + 1))
+        for i, (n, a) in enumerate(zip(sizes, accepted_sizes))
+    ]
+
+
+def test_stats_and_speedup():
+    run = events_of("speculative", [3, 1, 2], [2, 0, 1])
+    summary = Summary("speculative", tokens=(0,) * 6, finish_reason="length", steps=3, target_forwards=3, elapsed_s=0.3)
+    numbers = stats(run, summary)
+    assert numbers["tokens"] == 6 and numbers["forward_passes"] == 3 and numbers["tokens_per_forward"] == 2.0
+    assert numbers["tokens_per_s"] == 20.0 and numbers["acceptance_rate"] == 0.5 and numbers["finish_reason"] == "length"
+    baseline = stats(events_of("ar", [1] * 6, [0] * 6))
+    assert baseline["tokens_per_s"] == 10.0 and speedup(numbers, baseline) == 2.0
+
+
+def test_first_difference():
+    assert first_difference((1, 2, 3), (1, 2, 3)) is None
+    assert first_difference((1, 5, 3), (1, 2, 3)) == 1
+    assert first_difference((1, 2), (1, 2, 3)) == 2
+
+
+def test_timed_events_ends_with_every_event_and_the_summary():
+    summary = Summary("ar", tokens=(0,), finish_reason="eos", steps=1, target_forwards=1)
+    stop = threading.Event()
+    updates = list(timed_events(iter([*events_of("ar", [1, 1], [0, 0]), summary]), 0.01, stop))
+    assert updates[-1][1] is summary and len(updates[-1][0]) == 2 and stop.is_set()
+
+
+def test_timed_events_hands_on_the_methods_error():
+    def failing():
+        yield from events_of("ar", [1], [0])
+        raise SpecDemoError("bad setting")
+
+    with pytest.raises(SpecDemoError, match="bad setting"):
+        list(timed_events(failing(), 0.01, threading.Event()))
+
+
+def test_closing_the_updates_stops_the_decoding(embedded):
+    stop = threading.Event()
+    updates = timed_events(live.run(embedded, Request("Count to a hundred.", "ar", 200), stop), 0.01, stop)
+    first_events, _ = next(updates)
+    updates.close()  # what Gradio does when Stop cancels the handler
+    assert stop.is_set() and len(first_events) < 200
+
+
+def test_run_stops_at_the_wall_time_limit(embedded, monkeypatch):
+    monkeypatch.setattr(live, "MAX_WALL_S", 0.0)
+    events, summary = live.collect(live.run(embedded, Request("Count to a hundred.", "ar", 64)))
+    assert summary.finish_reason == "stopped" and len(events) < 64
+
+
+def test_baselines_measure_ar_once_per_prompt(embedded):
+    baselines = Baselines()
+    request = Request("Say yes.", "lookahead", 8)
+    first = baselines.get(embedded, request)
+    assert first[1].method == "ar" and len(first[1].tokens) <= 8
+    assert baselines.get(embedded, Request("Say yes.", "jacobi", 8)) is first  # same prompt and settings: cached
+    assert baselines.get(embedded, Request("Say no.", "jacobi", 8)) is not first
+
+
+def test_stop_signal_ends_the_run(embedded):
+    stop = threading.Event()
+    stop.set()
+    events, summary = live.collect(live.run(embedded, Request("Hello", "speculative", 16), stop))
+    assert events == [] and summary.finish_reason == "stopped"

@@ -1,0 +1,130 @@
+"""Visual builders on hand-made events: what the page shows, checked without a browser."""
+
+import re
+
+from specdemo.events import StepEvent
+from specdemo.views import (
+    acceptance_by_position_figure,
+    explain_step,
+    jacobi_blocks,
+    legend_html,
+    pool_figure,
+    lookahead_html,
+    speed_figure,
+    step_timeline_figure,
+    stream_html,
+    trajectory_cells,
+    trajectory_figure,
+)
+
+WORDS = {1: "The", 2: " cat", 3: " sat", 4: " dog", 5: " on", 6: " mat", 7: " ran", 8: " the"}
+decode = WORDS.__getitem__
+
+
+def speculative_step():
+    """The draft proposed ' cat sat on dog'; the target kept ' cat sat' and put ' the' for ' on'."""
+    return StepEvent("speculative", step=2, committed=(2, 3, 8), proposed=(2, 3, 5, 4), accepted=(2, 3), rejected=(5, 4), target_forwards=3)
+
+
+def spans(page):
+    return re.findall(r'<span class="tok" data-origin="(\w+)" title="([^"]*)">([^<]*)</span>', page)
+
+
+def test_a_speculative_step_renders_accepted_rejected_and_target_spans():
+    shown = spans(stream_html([speculative_step()], decode))
+    assert [(origin, text) for origin, _, text in shown] == [
+        ("accepted", " cat"), ("accepted", " sat"), ("rejected", " on"), ("rejected", " dog"), ("target", " the")
+    ]
+    assert all(title.startswith("step 3") for _, title, _ in shown)
+
+
+def test_ar_tokens_and_html_escaping():
+    shown = spans(stream_html([StepEvent("ar", step=0, committed=(9,))], {9: "<b>&"}.__getitem__))
+    assert shown == [("ar", "step 1", "&lt;b&gt;&amp;")]
+
+
+def test_sampling_numbers_go_into_the_tooltip():
+    event = StepEvent(
+        "speculative", step=0, committed=(2, 7), proposed=(2, 4), accepted=(2,), rejected=(4,),
+        extra={"p": [0.5, 0.1], "q": [0.4, 0.6], "acceptance": [1.0, 0.1667], "draws": [0.3, 0.9]},
+    )
+    titles = [title for _, title, _ in spans(stream_html([event], decode))]
+    assert "min(1, p/q)=1.000" in titles[0] and "p=0.100, q=0.600" in titles[1] and "draw=0.900" in titles[1]
+
+
+def test_jacobi_shows_only_the_replaced_guess_inline():
+    event = StepEvent("jacobi", step=0, committed=(1, 2), proposed=(1, 5, 6, 7), accepted=(1,), rejected=(5, 6, 7))
+    assert [origin for origin, _, _ in spans(stream_html([event], decode))] == ["accepted", "rejected", "target"]
+
+
+def test_legend_names_every_origin():
+    assert [origin for origin, _, _ in spans(legend_html())] == ["ar", "accepted", "target", "rejected"]
+
+
+def test_step_timeline_counts_per_origin():
+    figure = step_timeline_figure([speculative_step(), StepEvent("speculative", step=3, committed=(6,), proposed=(4,), rejected=(4,))])
+    bars = {bar.name: list(bar.y) for bar in figure.data}
+    assert bars == {"accepted": [2, 0], "target": [1, 1], "rejected": [-2, -1]}
+
+
+def test_acceptance_by_position_figure():
+    figure = acceptance_by_position_figure([0.8, 0.5, 0.25])
+    assert list(figure.data[0].x) == [1, 2, 3] and list(figure.data[0].y) == [0.8, 0.5, 0.25]
+
+
+def jacobi_event(step, iteration, state, committed, accepted, correct_since, fast=(), early=(), block_start=0):
+    extra = {"block_start": block_start, "iteration": iteration, "state": state, "correct_since": correct_since,
+             "fast_forwarded": list(fast), "fixed_early": list(early)}
+    return StepEvent("jacobi", step=step, committed=committed, accepted=accepted, extra=extra)
+
+
+def test_jacobi_trajectory_colours():
+    """A 4-token block after the prompt's ' the' (the first guess repeats it). Pass 0: only
+    position 0 becomes right ('The', the target's token), but position 2 already holds its final
+    ' sat' (fixed while its left neighbour is wrong). Pass 1: ' cat' and ' sat' are confirmed,
+    ' cat' becoming right in the same iteration as 'The' (fast-forwarded); ' on' is the target's
+    token, right only from iteration 2, which the block never needs."""
+    events = [
+        jacobi_event(0, 0, [8, 8, 3, 3], (1,), (), [1, None, None, None]),
+        jacobi_event(1, 1, [1, 2, 3, 4], (2, 3, 5), (2, 3), [1, 1, 0, 2], fast=[1], early=[2]),
+    ]
+    assert trajectory_cells(events) == [[0, 0, 3, 0], [1, 2, 3, 0]]
+    figure = trajectory_figure(events, decode)
+    assert [list(row) for row in figure.data[0].text] == [[" the", " the", " sat", " sat"], ["The", " cat", " sat", " dog"]]
+    assert "2 passes for 4 tokens" in figure.layout.title.text
+    assert [len(b) for b in jacobi_blocks(events + [jacobi_event(2, 0, [6], (6,), (), [1], block_start=4)])] == [2, 1]
+
+
+def test_lookahead_view_lists_window_and_candidates():
+    event = StepEvent(
+        "lookahead", step=4, committed=(2, 3, 8), proposed=(2, 3, 5, 4, 7), accepted=(2, 3), rejected=(5,),
+        extra={"window": [[1, 2], [3, 5]], "new_level": [5, 6], "candidates": [[2, 3, 5], [4, 7]],
+               "candidate_sources": ["copy", "pool"], "candidate_accept_lengths": [2, 0], "best_candidate": 0,
+               "accept_length": 2, "pool_size": 17},
+    )
+    page = lookahead_html(event, decode)
+    assert page.count("<tr>") == 3 and "pool size 17" in page
+    assert "copy:" in page and "2 matched (committed)" in page and "pool:" in page and "0 matched" in page
+    assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == ["accepted", "accepted", "rejected", "rejected", "rejected"]
+
+
+def test_pool_figure():
+    events = [StepEvent("lookahead", step=i, committed=(1,), extra={"accept_length": i, "pool_size": 10 * i}) for i in range(3)]
+    bars, line = pool_figure(events).data
+    assert list(bars.y) == [0, 1, 2] and list(line.y) == [0, 10, 20]
+
+
+def test_speed_figure_has_both_runs():
+    run = [StepEvent("lookahead", step=0, committed=(1, 2, 3), elapsed_s=0.1), StepEvent("lookahead", step=1, committed=(4,), elapsed_s=0.2)]
+    baseline = [StepEvent("ar", step=i, committed=(i,), elapsed_s=0.1 * (i + 1)) for i in range(4)]
+    figure = speed_figure(run, baseline)
+    assert [trace.name for trace in figure.data] == ["lookahead", "ar baseline"]
+    assert list(figure.data[0].y) == [0, 3, 4] and list(figure.data[1].x)[-1] == 0.4
+
+
+def test_explanations_say_what_happened():
+    text = explain_step(speculative_step(), decode)
+    assert "proposed 4 tokens" in text and "first 2" in text and "3rd (' on')" in text and "' the'" in text and "3 tokens committed" in text
+    all_accepted = StepEvent("speculative", step=0, committed=(2, 3), proposed=(2,), accepted=(2,))
+    assert "accepted all 1 and added ' sat'" in explain_step(all_accepted, decode)
+    assert "one token a pass" in explain_step(StepEvent("ar", step=0, committed=(1,)), decode)
