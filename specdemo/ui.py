@@ -38,6 +38,13 @@ HOW_IT_WORKS = {
     "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
 }
 VIEW_NAMES = {"ar": "Tokens per pass", "speculative": "Step timeline", "jacobi": "Jacobi trajectory", "lookahead": "Lookahead window"}
+try:  # Hugging Face ZeroGPU attaches a GPU only inside functions marked with spaces.GPU
+    import spaces
+
+    on_gpu = spaces.GPU
+except ImportError:
+    on_gpu = lambda function: function  # noqa: E731
+
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
 
 
@@ -102,6 +109,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed)
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
 
+    @on_gpu
     def on_generate(*inputs):
         try:
             request = make_request(*inputs)
@@ -135,6 +143,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         figure, _, html = method_view(events[: step + 1], decode)
         return views.stream_html(events[: step + 1], decode), figure, html, views.explain_step(events[step], decode)
 
+    @on_gpu
     def on_race(prompt, methods, max_new_tokens):
         try:
             methods = [m for m in methods if m != "ar"]
@@ -238,6 +247,7 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode) -> str
 
 
 def api_generate_for(target: LoadedModel):
+    @on_gpu
     def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1) -> tuple[str, dict]:
         """Decode `prompt` with `method`; returns the answer and its stats."""
