@@ -1,0 +1,235 @@
+"""Medusa: extra decoding heads propose a tree of candidates; the target verifies it in one pass.
+
+Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+Heads". Head k (k = 0..K-1) reads the target's last hidden state h_t and predicts the token
+k + 2 places ahead (the target's own LM head predicts the next one): `num_layers` residual
+blocks x + SiLU(W x + b), then an LM head (Sec. 2.1.1).
+
+The candidate tree (Sec. 2.1.2) is a list of paths of top-k indices, the `medusa_choices` form:
+path (2, 0) is head 0's third-best token followed by head 1's best. One target pass feeds the
+last committed token (the root) and every node, each node seeing only its ancestors; greedy
+verification keeps the longest root-to-leaf path whose every token is the target's argmax after
+its parent, then the target's own token after it. Only that path's KV entries are kept.
+"""
+
+import json
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from .attention import additive_mask, chain_positions, sees_from_parents
+from .errors import SpecDemoError, check_request
+from .events import StepEvent, Summary
+from .jacobi import check_greedy, leading_matches
+from .kvcache import keep_positions
+from .models import eos_token_ids as model_eos_token_ids
+from .recorder import StepRecorder
+from .sampling import GREEDY, SamplingConfig, TokenChooser
+
+HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
+PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), W initialised to zero so a new head starts as the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads on the target's last hidden state. With `shared_lm_head` (the target's own) the
+    heads store only their residual blocks, a few MB instead of an LM head each."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, shared_lm_head: nn.Module | None = None):
+        super().__init__()
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
+        self.lm_heads = None if shared_lm_head is not None else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+        self._shared = (shared_lm_head,)  # a tuple, so the target's head is not saved with ours
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [K, ..., V] of every head for hidden states [..., H]."""
+        heads = self.lm_heads if self.lm_heads is not None else [self._shared[0]] * self.num_heads
+        return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, heads)])
+
+    def save(self, folder: Path, **metadata) -> None:
+        """Our format: the residual blocks (the LM head is the target's) and a small config."""
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.blocks.state_dict().items()}, folder / HEADS_FILE)
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, **metadata}
+        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
+    """Heads from `folder`: ours (medusa_heads.safetensors, sharing the target's LM head) or the
+    published Medusa format (medusa_lm_head.pt with a config giving medusa_num_heads and
+    medusa_num_layers; each head has its own LM head)."""
+    folder = Path(folder)
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    if (folder / HEADS_FILE).exists():
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings())
+        heads.blocks.load_state_dict(load_file(folder / HEADS_FILE))
+    elif (folder / PUBLISHED_FILE).exists():
+        config = json.loads((folder / PUBLISHED_CONFIG).read_text())
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"])
+        heads.load_state_dict(published_to_ours(torch.load(folder / PUBLISHED_FILE, map_location="cpu", weights_only=True), heads.num_layers))
+    else:
+        raise SpecDemoError(f"no Medusa heads in {folder}: expected {HEADS_FILE} or {PUBLISHED_FILE}")
+    if any(p.shape[-1] != hidden for p in heads.blocks.parameters() if p.dim() == 2):
+        raise SpecDemoError(f"the heads in {folder} were trained for another model (hidden size differs from {hidden})")
+    parameter = next(target.parameters())
+    return heads.to(device=parameter.device, dtype=parameter.dtype).eval()
+
+
+def published_to_ours(state: dict, num_layers: int) -> dict:
+    """Keys of the published format, `{head}.{layer}.linear.*` and `{head}.{num_layers}.weight`
+    (one nn.Sequential per head), renamed to ours."""
+    renamed = {}
+    for key, value in state.items():
+        head, layer, *rest = key.split(".")
+        if int(layer) == num_layers:
+            renamed[f"lm_heads.{head}.{'.'.join(rest)}"] = value
+        else:
+            renamed[f"blocks.{head}.{layer}.{'.'.join(rest)}"] = value
+    return renamed
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A candidate tree. Node 0 is the root (the last committed token); node i > 0 follows
+    `paths[i - 1]`. Nodes are ordered by depth, so a parent always comes before its children."""
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]  # parent node of each node; -1 for the root
+    sees: torch.Tensor  # [n, n] bool: node i sees node j (its ancestors and itself)
+    candidates: tuple[tuple[int, ...], ...]  # node indices from the root to each leaf
+    top_k: tuple[int, ...]  # how many top tokens each head must supply
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    def depth(self, node: int) -> int:
+        return len(self.paths[node - 1]) if node else 0
+
+
+def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
+    """The tree for `choices` (the medusa_choices form); the mask and depths are built once
+    here and reused every pass."""
+    paths = sorted({tuple(int(i) for i in path) for path in choices}, key=lambda path: (len(path), path))
+    if not paths or any(not path or min(path) < 0 for path in paths):
+        raise SpecDemoError("a Medusa tree is a non-empty list of non-empty paths of top-k indices (0 = the best)")
+    index = {(): 0, **{path: i + 1 for i, path in enumerate(paths)}}
+    missing = [path for path in paths if path[:-1] not in index]
+    if missing:
+        raise SpecDemoError(f"the tree path {missing[0]} has no parent {missing[0][:-1]}: list every prefix too")
+    parents = (-1, *(index[path[:-1]] for path in paths))
+    has_child = set(parents)
+    candidates = tuple((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths if index[path] not in has_child)
+    depth = max(len(path) for path in paths)
+    top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(depth))
+    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), candidates, top_k)
+
+
+def chain(depth: int) -> Tree:
+    """The top-1 chain: each head's best token only."""
+    return build_tree([(0,) * d for d in range(1, depth + 1)])
+
+
+@torch.inference_mode()
+def generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    heads: MedusaHeads,
+    tree: Tree | None = None,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig = GREEDY,
+    eos_token_ids: Iterable[int] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[StepEvent | Summary]:
+    """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass."""
+    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
+    check_greedy(sampling, "medusa")
+    tree = tree or chain(heads.num_heads)
+    if len(tree.top_k) > heads.num_heads:
+        raise SpecDemoError(f"the tree is {len(tree.top_k)} deep but there are only {heads.num_heads} heads")
+    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
+    recorder = StepRecorder("medusa", max_new_tokens, eos, stop)
+    choose = TokenChooser(sampling, input_ids.device)
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    cache = DynamicCache(config=model.config)
+    # The prefill: the prompt's last hidden state gives the first token and the first proposals.
+    hidden = decoder(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
+    root = int(choose(input_ids, lm_head(hidden)[None]))
+    sequence = torch.cat([input_ids, input_ids.new_tensor([[root]])], dim=-1)
+    yield recorder.step(committed=[root], extra={"accept_length": 0})
+    while not recorder.done:
+        tokens = tree_tokens(tree, root, heads(hidden))
+        cached = cache.get_seq_length()
+        fed = torch.tensor([tokens], device=sequence.device)
+        hidden_states = decoder(
+            input_ids=fed,
+            attention_mask=additive_mask(tree.sees.to(fed.device), cached, model.dtype),
+            position_ids=chain_positions(tree.sees, cached).to(fed.device),
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state[0]  # [n, H]
+        best, accept_length, choices = verify(choose, sequence, tree, tokens, lm_head(hidden_states))
+        path = tree.candidates[best]
+        accepted_nodes = list(path[1 : 1 + accept_length])
+        accepted = [tokens[node] for node in accepted_nodes]
+        committed = [*accepted, choices[accept_length]]
+        keep_positions(cache, cached + 1, [cached + node for node in accepted_nodes])  # the root, then the accepted path
+        hidden = hidden_states[path[accept_length]]
+        root = committed[-1]
+        sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
+        yield recorder.step(
+            committed=committed,
+            proposed=tokens[1:],
+            accepted=accepted,
+            rejected=[tokens[node] for node in path[1 + accept_length :]],
+            extra={
+                "tree_tokens": tokens,
+                "tree_parents": list(tree.parents),
+                "tree_depths": [tree.depth(node) for node in range(tree.size)],
+                "accepted_path": [0, *accepted_nodes],
+                "best_candidate": list(path),
+                "accept_length": accept_length,
+            },
+        )
+    yield recorder.summary()
+
+
+def tree_tokens(tree: Tree, root: int, head_logits: torch.Tensor) -> list[int]:
+    """The token at every node: the root, then for path p head len(p)-1's p[-1]-th best token."""
+    top = [head_logits[depth].topk(k).indices.tolist() for depth, k in enumerate(tree.top_k)]
+    return [root, *(top[len(path) - 1][path[-1]] for path in tree.paths)]
+
+
+def verify(choose: TokenChooser, sequence: torch.Tensor, tree: Tree, tokens: list[int], logits: torch.Tensor):
+    """Greedy verification of every root-to-leaf candidate (Cai et al. 2024, Sec. 2.1.2): the
+    best candidate (longest accepted prefix, the first on ties), its accept length, and the
+    target's choices along it. `logits` [n, V]: row i scores the token after node i."""
+    best, best_length, best_choices = 0, -1, []
+    for index, path in enumerate(tree.candidates):
+        path_tokens = [tokens[node] for node in path[1:]]
+        choices = choose.greedy_choices(torch.cat([sequence, sequence.new_tensor([path_tokens])], dim=-1), logits[list(path)]).tolist()
+        length = leading_matches(path_tokens, choices)
+        if length > best_length:
+            best, best_length, best_choices = index, length, choices
+    return best, best_length, best_choices

@@ -1,0 +1,123 @@
+"""Medusa: the tree mask against a brute-force reference, a tree pass against separate paths,
+KV compaction, greedy equality with AR, and the published heads format."""
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specdemo import SpecDemoError, ar, medusa
+from specdemo.attention import additive_mask, chain_positions
+from specdemo.events import StepEvent, final_summary
+from specdemo.kvcache import keep_positions
+from specdemo.medusa import MedusaHeads, build_tree, chain, load_heads
+
+CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
+
+
+def test_tree_mask_and_positions_match_the_reference():
+    tree = build_tree(CHOICES)
+    nodes = [()] + list(tree.paths)  # node 0: the root
+    reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])  # each node sees exactly its ancestors
+    assert torch.equal(tree.sees, reference)
+    assert chain_positions(tree.sees, 10)[0].tolist() == [10 + len(path) for path in nodes]
+    assert tree.top_k == (3, 2, 1)
+    assert sorted(tuple(nodes[n] for n in c)[-1] for c in tree.candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
+
+
+def test_bad_trees_are_refused():
+    with pytest.raises(SpecDemoError, match="no parent"):
+        build_tree([(0, 0)])
+    with pytest.raises(SpecDemoError, match="non-empty"):
+        build_tree([])
+
+
+def test_a_tree_pass_gives_the_logits_of_each_path_run_alone(tiny_model, prompt_ids):
+    tree = build_tree(CHOICES)
+    tokens = [int(t) for t in torch.randint(97, (tree.size,), generator=torch.Generator().manual_seed(1))]
+    cache = DynamicCache(config=tiny_model.config)
+    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)
+    length = prompt_ids.shape[1]
+    fed = torch.tensor([tokens])
+    tree_logits = tiny_model(
+        fed, attention_mask=additive_mask(tree.sees, length, torch.float32), position_ids=chain_positions(tree.sees, length),
+        past_key_values=cache, use_cache=True,
+    ).logits[0]
+    for path in tree.candidates:
+        alone = tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1)).logits[0, length:]
+        torch.testing.assert_close(tree_logits[list(path)], alone, atol=1e-5, rtol=1e-4)
+
+
+def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
+    tree = build_tree(CHOICES)
+    tokens = list(range(10, 10 + tree.size))
+    length = prompt_ids.shape[1]
+    cache = DynamicCache(config=tiny_model.config)
+    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)
+    tiny_model(
+        torch.tensor([tokens]), attention_mask=additive_mask(tree.sees, length, torch.float32),
+        position_ids=chain_positions(tree.sees, length), past_key_values=cache, use_cache=True,
+    )
+    path = max(tree.candidates, key=len)  # root, (0,), (0, 0), (0, 0, 0): not contiguous in fed order
+    keep_positions(cache, length + 1, [length + node for node in path[1:]])
+    direct = DynamicCache(config=tiny_model.config)
+    tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1), past_key_values=direct, use_cache=True)
+    for kept, expected in zip(cache.layers, direct.layers):
+        torch.testing.assert_close(kept.keys, expected.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=1e-4)
+
+
+def random_heads(model, num_heads=3, seed=0):
+    torch.manual_seed(seed)
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings())
+    for block in heads.blocks:
+        for layer in block:
+            torch.nn.init.normal_(layer.linear.weight, std=0.2)
+    return heads.eval()
+
+
+@pytest.mark.parametrize("choices", [CHOICES, [(0,), (0, 0)], None])
+def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, choices):
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
+    tree = build_tree(choices) if choices else None
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=tree, max_new_tokens=40, eos_token_ids=()))
+    assert events[-1].tokens == expected
+    for event in events[1:-1]:
+        assert event.committed[: len(event.accepted)] == event.accepted
+        assert len(event.extra["tree_tokens"]) == len(event.extra["tree_parents"]) == len(event.extra["tree_depths"])
+
+
+def test_heads_that_know_the_model_get_accepted():
+    """A model that counts (t -> t+1) and heads whose LM head maps a hidden state to t + k + 2:
+    every proposal is right, so each pass commits the chain's 3 tokens plus the target's."""
+    from test_jacobi import make_bigram_model
+
+    model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 3)
+    lm_head = model.get_output_embeddings().weight  # [V, H]
+    for k, head in enumerate(heads.lm_heads):  # the row for token t+k+2 where the model's head has t+1
+        head.weight.data = torch.roll(lm_head, shifts=k + 1, dims=0)
+    events = [e for e in medusa.generate(model, torch.tensor([[3, 5]]), heads=heads, max_new_tokens=21, eos_token_ids=()) if isinstance(e, StepEvent)]
+    assert [t for e in events for t in e.committed] == list(range(6, 27))
+    assert [len(e.committed) for e in events] == [1, 4, 4, 4, 4, 4]
+
+
+def test_heads_round_trip_in_both_formats(tiny_model, tmp_path):
+    heads = random_heads(tiny_model)
+    heads.save(tmp_path / "ours", trained_on="nothing")
+    loaded = load_heads(tmp_path / "ours", tiny_model)
+    hidden = torch.randn(4, tiny_model.config.hidden_size)
+    torch.testing.assert_close(loaded(hidden), heads(hidden))
+    # the published format: one Sequential(ResBlock..., Linear) per head, saved whole
+    published = torch.nn.ModuleList(
+        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size, bias=False)) for block in heads.blocks
+    )
+    (tmp_path / "published").mkdir()
+    torch.save(published.state_dict(), tmp_path / "published" / "medusa_lm_head.pt")
+    (tmp_path / "published" / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1}))
+    loaded = load_heads(tmp_path / "published", tiny_model)
+    expected = torch.stack([sequential(hidden) for sequential in published])
+    torch.testing.assert_close(loaded(hidden), expected)
+    with pytest.raises(SpecDemoError, match="no Medusa heads"):
+        load_heads(tmp_path, tiny_model)
