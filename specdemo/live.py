@@ -22,6 +22,7 @@ SAMPLING_METHODS = frozenset({"ar", "speculative"})  # the others verify greedil
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
     "speculative": ("gamma", "adaptive_gamma"),
+    "medusa": ("tree", "tree_size"),
     "jacobi": ("block_size",),
     "lookahead": ("window", "ngram", "candidates"),
 }

@@ -12,6 +12,7 @@ verification keeps the longest root-to-leaf path whose every token is the target
 its parent, then the target's own token after it. Only that path's KV entries are kept.
 """
 
+import functools
 import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,7 +33,10 @@ from .models import eos_token_ids as model_eos_token_ids
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
+from .draft import ASSETS
+
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
+EMBEDDED_HEADS = ASSETS / "smollm2-135m-medusa"
 PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
 
 
@@ -59,6 +63,7 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
         self.lm_heads = None if shared_lm_head is not None else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
         self._shared = (shared_lm_head,)  # a tuple, so the target's head is not saved with ours
+        self.choices: list[list[int]] | None = None  # the default tree that came with the heads
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [K, ..., V] of every head for hidden states [..., H]."""
@@ -83,6 +88,7 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
         config = json.loads((folder / CONFIG_FILE).read_text())
         heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings())
         heads.blocks.load_state_dict(load_file(folder / HEADS_FILE))
+        heads.choices = config.get("medusa_choices")
     elif (folder / PUBLISHED_FILE).exists():
         config = json.loads((folder / PUBLISHED_CONFIG).read_text())
         heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"])
@@ -127,9 +133,14 @@ class Tree:
         return len(self.paths[node - 1]) if node else 0
 
 
+@functools.lru_cache(maxsize=32)
+def cached_tree(choices: tuple[tuple[int, ...], ...]) -> Tree:
+    """`build_tree`, once per distinct tree: its mask and depths are reused by every pass and run."""
+    return build_tree(choices)
+
+
 def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
-    """The tree for `choices` (the medusa_choices form); the mask and depths are built once
-    here and reused every pass."""
+    """The tree for `choices` (the medusa_choices form)."""
     paths = sorted({tuple(int(i) for i in path) for path in choices}, key=lambda path: (len(path), path))
     if not paths or any(not path or min(path) < 0 for path in paths):
         raise SpecDemoError("a Medusa tree is a non-empty list of non-empty paths of top-k indices (0 = the best)")
@@ -145,27 +156,26 @@ def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
     return Tree(tuple(paths), parents, sees_from_parents(list(parents)), candidates, top_k)
 
 
-def chain(depth: int) -> Tree:
-    """The top-1 chain: each head's best token only."""
-    return build_tree([(0,) * d for d in range(1, depth + 1)])
-
-
 @torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
     heads: MedusaHeads,
-    tree: Tree | None = None,
+    tree: str | Iterable[Sequence[int]] = "default",
+    tree_size: int | None = None,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass."""
+    """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
+    `tree`: "default" (the tree that came with the heads, else the chain), "chain" (each head's
+    best token only), or paths in the medusa_choices form; `tree_size` keeps its first paths
+    (a tree grown by estimated acceptance lists parents first, so any prefix is a tree)."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_greedy(sampling, "medusa")
-    tree = tree or chain(heads.num_heads)
+    tree = resolve_tree(heads, tree, tree_size)
     if len(tree.top_k) > heads.num_heads:
         raise SpecDemoError(f"the tree is {len(tree.top_k)} deep but there are only {heads.num_heads} heads")
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
@@ -213,6 +223,23 @@ def generate(
             },
         )
     yield recorder.summary()
+
+
+def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Tree:
+    chain_paths = [[0] * depth for depth in range(1, heads.num_heads + 1)]
+    if tree == "default":
+        paths = heads.choices or chain_paths
+    elif tree == "chain":
+        paths = chain_paths
+    elif isinstance(tree, str):
+        raise SpecDemoError(f"tree must be 'default', 'chain' or a list of paths, got {tree!r}")
+    else:
+        paths = list(tree)
+    if tree_size is not None:
+        if isinstance(tree_size, bool) or not isinstance(tree_size, int) or not 1 <= tree_size <= len(paths):
+            raise SpecDemoError(f"tree_size must be a whole number from 1 to {len(paths)} (this tree's size), got {tree_size!r}")
+        paths = paths[:tree_size]
+    return cached_tree(tuple(tuple(path) for path in paths))
 
 
 def tree_tokens(tree: Tree, root: int, head_logits: torch.Tensor) -> list[int]:

@@ -9,13 +9,19 @@ import functools
 from collections.abc import Callable
 from types import MappingProxyType
 
-from . import ar, jacobi, lookahead, speculative
+from . import ar, jacobi, lookahead, medusa, speculative
 from .draft import load_draft
 from .errors import SpecDemoError
 from .models import EMBEDDED, LoadedModel
 
 METHODS: MappingProxyType[str, Callable] = MappingProxyType(
-    {"ar": ar.generate, "speculative": speculative.generate, "lookahead": lookahead.generate, "jacobi": jacobi.generate}
+    {
+        "ar": ar.generate,
+        "speculative": speculative.generate,
+        "medusa": medusa.generate,
+        "lookahead": lookahead.generate,
+        "jacobi": jacobi.generate,
+    }
 )
 
 
@@ -34,4 +40,8 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         if target.spec != EMBEDDED:
             raise SpecDemoError(f"speculative decoding of {target.spec} needs a draft of its vocabulary: pass draft=load_draft(...)")
         return MappingProxyType({"draft": load_draft(EMBEDDED, target)})
+    if name == "medusa":
+        if target.spec != EMBEDDED:
+            raise SpecDemoError(f"Medusa decoding of {target.spec} needs heads trained for it: pass heads=medusa.load_heads(FOLDER, model)")
+        return MappingProxyType({"heads": medusa.load_heads(medusa.EMBEDDED_HEADS, target.model)})
     return MappingProxyType({})

@@ -30,6 +30,9 @@ HOW_IT_WORKS = {
     "speculative": "**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the target "
     "scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its own. Sampling accepts a draft "
     "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution.",
+    "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
+    "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
+    "The longest path the target agrees with is kept, plus the target's own next token. Greedy: the output equals AR's.",
     "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
     "prediction given the guesses before it; repeat until nothing changes: the fixed point is exactly the greedy answer. On an ordinary "
     "model about one token settles per pass, which the trajectory shows.",
@@ -37,7 +40,6 @@ HOW_IT_WORKS = {
     "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
     "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
 }
-VIEW_NAMES = {"ar": "Tokens per pass", "speculative": "Step timeline", "jacobi": "Jacobi trajectory", "lookahead": "Lookahead window"}
 try:  # Hugging Face ZeroGPU attaches a GPU only inside functions marked with spaces.GPU
     import spaces
 
@@ -55,18 +57,31 @@ def sampling_config(do_sample: bool, temperature: float, top_k: int, top_p: floa
     return SamplingConfig(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty), seed)
 
 
-def method_view(events: list[StepEvent], decode):
-    """The method's own pictures after its latest event: (main figure, second figure or None, html)."""
+def method_view(events: list[StepEvent], decode) -> dict:
+    """The method's own pictures after its latest event: a figure (or None) per plot of the page,
+    and the HTML view."""
+    view = {"timeline": None, "detail": None, "trajectory": None, "tree": None, "html": ""}
     if not events:
-        return None, None, ""
+        return view
     event = events[-1]
+    view["timeline"] = views.step_timeline_figure(events)
     if event.method in ("jacobi", "cllm"):
-        return views.trajectory_figure(views.jacobi_blocks(events)[-1], decode), views.step_timeline_figure(events), ""
-    if event.method == "lookahead":
-        return views.step_timeline_figure(events), views.pool_figure(events), views.lookahead_html(event, decode)
-    if event.method == "speculative":
-        return views.step_timeline_figure(events), views.acceptance_by_position_figure(views.acceptance_by_position(events)), ""
-    return views.step_timeline_figure(events), None, ""
+        view["trajectory"] = views.trajectory_figure(views.jacobi_blocks(events)[-1], decode)
+    elif event.method == "lookahead":
+        view["detail"], view["html"] = views.pool_figure(events), views.lookahead_html(event, decode)
+    elif event.method == "speculative":
+        view["detail"] = views.acceptance_by_position_figure(views.acceptance_by_position(events))
+    elif event.method == "medusa" and "tree_tokens" in event.extra:
+        view["tree"], view["detail"] = views.tree_figure(event, decode), views.tree_mask_figure(event, decode)
+    return view
+
+
+PLOTS = ("timeline", "detail", "trajectory", "tree")
+
+
+def view_updates(view: dict) -> list:
+    """Gradio updates for the method's plots (hidden when the method has none of that kind) and its HTML."""
+    return [gr.Plot(value=view[name], visible=view[name] is not None) for name in PLOTS] + [view["html"]]
 
 
 def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent]) -> str:
@@ -104,8 +119,11 @@ def build_app(target: LoadedModel) -> gr.Blocks:
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
 
     def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, *knobs) -> Request:
-        values = dict(zip(("gamma", "adaptive_gamma", "block_size", "window", "ngram", "candidates"), knobs))
-        settings = {name: (bool(values[name]) if name == "adaptive_gamma" else int(values[name])) for name in METHOD_SETTINGS.get(method, ())}
+        values = dict(zip(("gamma", "adaptive_gamma", "tree", "tree_size", "block_size", "window", "ngram", "candidates"), knobs))
+        convert = {"adaptive_gamma": bool, "tree": str}
+        if not values["tree_size"]:
+            values["tree_size"] = None  # 0 on the slider: the whole tree
+        settings = {name: convert.get(name, int)(values[name]) for name in METHOD_SETTINGS.get(method, ()) if values[name] is not None}
         sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed)
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
 
@@ -115,7 +133,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
             request = make_request(*inputs)
             if not baselines.has(target, request):
                 waiting = "<p><i>Measuring the AR baseline on this prompt first (once per prompt and settings)...</i></p>"
-                yield waiting, *[gr.skip()] * 9
+                yield waiting, *[gr.skip()] * 11
             baseline_events, baseline_summary = baselines.get(target, request)
             baseline_stats = stats(baseline_events, baseline_summary)
             stop = threading.Event()
@@ -124,7 +142,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                 run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
                 yield (
                     views.stream_html(events, decode),
-                    *method_view(events, decode),
+                    *view_updates(method_view(events, decode)),
                     views.speed_figure(events, baseline_events),
                     run_stats,
                     why_html(run_stats, baseline_stats, events) if summary else "",
@@ -138,10 +156,10 @@ def build_app(target: LoadedModel) -> gr.Blocks:
     def on_step(history, step):
         events, summary = history or ([], None)
         if not events:
-            return "", None, "", "Generate an answer first, then walk through it step by step here."
+            return "", *view_updates(method_view([], decode)), "Generate an answer first, then walk through it step by step here."
         step = max(0, min(int(step), len(events) - 1))
-        figure, _, html = method_view(events[: step + 1], decode)
-        return views.stream_html(events[: step + 1], decode), figure, html, views.explain_step(events[step], decode)
+        shown = view_updates(method_view(events[: step + 1], decode))
+        return views.stream_html(events[: step + 1], decode), *shown, views.explain_step(events[step], decode)
 
     @on_gpu
     def on_race(prompt, methods, max_new_tokens):
@@ -188,6 +206,8 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                 with gr.Row():
                     gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
                     adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
+                    tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: grown from the heads' accuracy; chain: top-1 only)")
+                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree size (0: the whole tree)")
                     block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi: block size n")
                     window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
                     ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
@@ -197,8 +217,10 @@ def build_app(target: LoadedModel) -> gr.Blocks:
             stream = gr.HTML(elem_id="stream")
             with gr.Row():
                 with gr.Column():
-                    view_plot = gr.Plot(label="The method at work", elem_id="method-plot")
-                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot")
+                    view_plot = gr.Plot(label="Tokens per pass", elem_id="method-plot")
+                    trajectory_plot = gr.Plot(label="Jacobi trajectory", elem_id="trajectory-plot", visible=False)
+                    tree_plot = gr.Plot(label="Medusa tree", elem_id="tree-plot", visible=False)
+                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot", visible=False)
                     view_html = gr.HTML(elem_id="method-view")
                 with gr.Column():
                     speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
@@ -213,7 +235,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                 forward = gr.Button("Next ▶")
             explanation = gr.Markdown(elem_id="explanation")
             step_stream = gr.HTML()
-            step_plot = gr.Plot()
+            step_plots = [gr.Plot(visible=False) for _ in PLOTS]
             step_html = gr.HTML()
         with gr.Tab("Race"):
             race_methods = gr.CheckboxGroup([m for m in METHODS if m != "ar"], value=[m for m in METHODS if m != "ar"], label="Methods against ar")
@@ -223,14 +245,14 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         history = gr.State(None)
 
         inputs = [prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                  gamma, adaptive_gamma, block_size, window, ngram, candidates]
-        outputs = [stream, view_plot, detail_plot, view_html, speed_plot, run_stats, why, history, download, step]
+                  gamma, adaptive_gamma, tree, tree_size, block_size, window, ngram, candidates]
+        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(
             [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time
         )
         stop.click(None, cancels=[running])  # closing the generator ends the decoding loop between passes
         method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private")
-        step_outputs = [step_stream, step_plot, step_html, explanation]
+        step_outputs = [step_stream, *step_plots, step_html, explanation]
         step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private")
         forward.click(lambda s: s + 1, inputs=step, outputs=step, api_visibility="private")

@@ -276,3 +276,53 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
         yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
     )
     return compact(figure)
+
+
+def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+    """One Medusa step's candidate tree: a node per token (depth left to right), edges to parents,
+    the accepted path in green and the rest of the best candidate in red."""
+    extra = event.extra
+    tokens, parents, depths = extra["tree_tokens"], extra["tree_parents"], extra["tree_depths"]
+    accepted = set(extra["accepted_path"])
+    rejected = set(extra["best_candidate"]) - accepted
+    rows: dict[int, int] = {}
+    y = []
+    for depth in depths:  # nodes come ordered by depth: stack each depth's nodes downwards
+        y.append(-rows.get(depth, 0))
+        rows[depth] = rows.get(depth, 0) + 1
+    figure = go.Figure()
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            on_path = node in accepted
+            figure.add_scatter(
+                x=[depths[parent], depths[node]], y=[y[parent], y[node]], mode="lines", showlegend=False, hoverinfo="skip",
+                line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
+            )
+    colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
+    figure.add_scatter(
+        x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
+        marker=dict(size=14, color=colour, line=dict(color="#5f6368", width=1)),
+        hovertemplate="%{text}<extra></extra>",
+    )
+    figure.update_layout(
+        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes), {extra['accept_length']} accepted",
+        xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
+    )
+    return compact(figure)
+
+
+def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+    """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
+    or one of its ancestors (Cai et al. 2024, Fig. 2)."""
+    parents = event.extra["tree_parents"]
+    sees = [[False] * len(parents) for _ in parents]
+    for node, parent in enumerate(parents):
+        sees[node][node] = True
+        if parent >= 0:
+            sees[node] = [a or b for a, b in zip(sees[node], sees[parent])]
+            sees[node][node] = True
+    labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.extra["tree_tokens"])]
+    figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
+                                  colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
+    figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
+    return compact(figure)

@@ -11,7 +11,7 @@ from specdemo import SpecDemoError, ar, medusa
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
 from specdemo.kvcache import keep_positions
-from specdemo.medusa import MedusaHeads, build_tree, chain, load_heads
+from specdemo.medusa import MedusaHeads, build_tree, load_heads
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
@@ -24,6 +24,19 @@ def test_tree_mask_and_positions_match_the_reference():
     assert chain_positions(tree.sees, 10)[0].tolist() == [10 + len(path) for path in nodes]
     assert tree.top_k == (3, 2, 1)
     assert sorted(tuple(nodes[n] for n in c)[-1] for c in tree.candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
+
+
+def test_tree_presets_and_size(tiny_model, prompt_ids):
+    heads = random_heads(tiny_model)
+    heads.choices = [list(p) for p in CHOICES]
+    run = lambda **kw: next(e for e in medusa.generate(tiny_model, prompt_ids, heads=heads, eos_token_ids=(), **kw) if e.step == 1)  # noqa: E731
+    assert len(run().extra["tree_tokens"]) == 1 + len(CHOICES)
+    assert run(tree="chain").extra["tree_depths"] == [0, 1, 2, 3]
+    assert len(run(tree_size=3).extra["tree_tokens"]) == 4
+    with pytest.raises(SpecDemoError, match="tree_size"):
+        run(tree_size=99)
+    with pytest.raises(SpecDemoError, match="no parent"):
+        run(tree=[(1, 1)])
 
 
 def test_bad_trees_are_refused():
@@ -80,8 +93,7 @@ def random_heads(model, num_heads=3, seed=0):
 @pytest.mark.parametrize("choices", [CHOICES, [(0,), (0, 0)], None])
 def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, choices):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
-    tree = build_tree(choices) if choices else None
-    events = list(medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=tree, max_new_tokens=40, eos_token_ids=()))
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=choices or "chain", max_new_tokens=40, eos_token_ids=()))
     assert events[-1].tokens == expected
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
@@ -121,3 +133,15 @@ def test_heads_round_trip_in_both_formats(tiny_model, tmp_path):
     torch.testing.assert_close(loaded(hidden), expected)
     with pytest.raises(SpecDemoError, match="no Medusa heads"):
         load_heads(tmp_path, tiny_model)
+
+
+@pytest.mark.parametrize("tree", ["default", "chain"])
+def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
+    from specdemo.methods import method_options
+
+    input_ids = embedded.encode_chat("Explain in two sentences why the sky is blue.")
+    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
+    heads = method_options("medusa", embedded)["heads"]
+    summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    assert summary.tokens == expected
+    assert summary.tokens_per_forward > (1.2 if tree == "default" else 1.0)  # the trained heads do get accepted

@@ -4,6 +4,9 @@ import re
 
 from specdemo.events import StepEvent
 from specdemo.views import (
+    COLOURS,
+    tree_figure,
+    tree_mask_figure,
     acceptance_by_position_figure,
     explain_step,
     jacobi_blocks,
@@ -128,3 +131,28 @@ def test_explanations_say_what_happened():
     all_accepted = StepEvent("speculative", step=0, committed=(2, 3), proposed=(2,), accepted=(2,))
     assert "accepted all 1 and added ' sat'" in explain_step(all_accepted, decode)
     assert "one token a pass" in explain_step(StepEvent("ar", step=0, committed=(1,)), decode)
+
+
+def medusa_step():
+    """Root ' cat' (node 0); nodes 1 ' sat' and 2 ' ran' at depth 1, node 3 ' on' under 1:
+    the target accepted ' sat' and rejected ' on'."""
+    return StepEvent(
+        "medusa", step=1, committed=(3, 8), proposed=(3, 7, 5), accepted=(3,), rejected=(5,),
+        extra={"tree_tokens": [2, 3, 7, 5], "tree_parents": [-1, 0, 0, 1], "tree_depths": [0, 1, 1, 2],
+               "accepted_path": [0, 1], "best_candidate": [0, 1, 3], "accept_length": 1},
+    )
+
+
+def test_tree_plot_highlights_the_accepted_path():
+    figure = tree_figure(medusa_step(), decode)
+    nodes = figure.data[-1]
+    assert list(nodes.text) == [" cat", " sat", " ran", " on"] and list(nodes.x) == [0, 1, 1, 2]
+    colours = list(nodes.marker.color)
+    assert colours[0] == colours[1] == COLOURS["accepted"] and colours[3] == COLOURS["rejected"] and colours[2] == COLOURS["waiting"]
+    edges = figure.data[:-1]
+    assert [e.line.color for e in edges] == [COLOURS["accepted"], "#c4c7cc", "#c4c7cc"]  # edges into nodes 1, 2, 3
+
+
+def test_tree_mask_is_ancestors_only():
+    z = [list(row) for row in tree_mask_figure(medusa_step(), decode).data[0].z]
+    assert z == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
