@@ -23,10 +23,10 @@ def keep_positions(cache: DynamicCache, length: int, positions: Sequence[int]) -
     """Keep the first `length` positions, then the entries at `positions` (ascending, all at or
     past `length`) moved right after them: the accepted branch of a pass that fed several
     branches at once (a Medusa tree, a lookahead window beside its candidates)."""
-    if list(positions) == list(range(length, length + len(positions))):
-        keep_prefix(cache, length + len(positions))  # already in place: a crop, no copy
-        return
-    index = torch.tensor([*range(length), *positions], device=cache.layers[0].keys.device)
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+    positions = list(positions)
+    if positions != list(range(length, length + len(positions))):
+        index = torch.tensor(positions, device=cache.layers[0].keys.device)
+        for layer in cache.layers:  # copy only the kept entries into place; the crop drops the rest
+            layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
+            layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, index)
+    keep_prefix(cache, length + len(positions))

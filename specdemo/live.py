@@ -18,11 +18,11 @@ MAX_PROMPT_CHARS = 4000
 MAX_NEW_TOKENS = 512
 MAX_WALL_S = 120.0
 
-SAMPLING_METHODS = frozenset({"ar", "speculative"})  # the others verify greedily by construction
+SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the others verify greedily by construction
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
     "speculative": ("gamma", "adaptive_gamma"),
-    "medusa": ("tree", "tree_size"),
+    "medusa": ("tree", "tree_size", "typical_acceptance"),
     "jacobi": ("block_size",),
     "lookahead": ("window", "ngram", "candidates"),
 }
@@ -53,7 +53,7 @@ def check_request(request: Request) -> None:
     tokens = request.max_new_tokens
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
         raise SpecDemoError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS} here, got {tokens!r}")
-    if request.sampling.do_sample and request.method not in SAMPLING_METHODS:
+    if request.sampling.do_sample and not samples(request):
         raise SpecDemoError(
             f"{request.method} decodes greedily (it verifies against the target's argmax), so it does not sample: "
             f"turn sampling off, or choose {' or '.join(sorted(SAMPLING_METHODS))}"
@@ -61,6 +61,12 @@ def check_request(request: Request) -> None:
     unknown = set(request.settings) - set(METHOD_SETTINGS.get(request.method, ()))
     if unknown:
         raise SpecDemoError(f"{request.method} has no setting {', '.join(sorted(unknown))}")
+
+
+def samples(request: Request) -> bool:
+    """Whether the method takes sampling settings: exactly (ar, speculative), or Medusa with its
+    typical acceptance, an explicit opt-in because it does not keep the target's distribution."""
+    return request.method in SAMPLING_METHODS or bool(request.settings.get("typical_acceptance"))
 
 
 def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
@@ -71,7 +77,7 @@ def run(target: LoadedModel, request: Request, stop: threading.Event | None = No
     timer.start()
     try:
         generate, options = get_method(request.method), method_options(request.method, target)
-        sampling = {"sampling": request.sampling} if request.method in SAMPLING_METHODS else {}
+        sampling = {"sampling": request.sampling} if samples(request) else {}
         yield from generate(
             target.model,
             target.encode_chat(request.prompt),

@@ -14,6 +14,7 @@ its parent, then the target's own token after it. Only that path's KV entries ar
 
 import functools
 import json
+import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,17 +26,16 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from .attention import additive_mask, chain_positions, sees_from_parents
+from .draft import ASSETS
 from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
-from .jacobi import check_greedy, leading_matches
 from .kvcache import keep_positions
 from .models import eos_token_ids as model_eos_token_ids
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
-from .draft import ASSETS
-
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
+VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from
 EMBEDDED_HEADS = ASSETS / "smollm2-135m-medusa"
 PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
 
@@ -55,25 +55,53 @@ class ResBlock(nn.Module):
 
 class MedusaHeads(nn.Module):
     """K heads on the target's last hidden state. With `shared_lm_head` (the target's own) the
-    heads store only their residual blocks, a few MB instead of an LM head each."""
+    heads store only their residual blocks, a few MB instead of an LM head each, and may propose
+    from a `vocab` subset (token ids): its rows of the LM head cost a sixth of the full head per
+    call, and verification by the target stays exact whatever the heads propose."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, shared_lm_head: nn.Module | None = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        num_heads: int,
+        num_layers: int = 1,
+        shared_lm_head: nn.Module | None = None,
+        vocab: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.num_heads, self.num_layers = num_heads, num_layers
         self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
         self.lm_heads = None if shared_lm_head is not None else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
-        self._shared = (shared_lm_head,)  # a tuple, so the target's head is not saved with ours
-        self.choices: list[list[int]] | None = None  # the default tree that came with the heads
+        self.vocab = vocab
+        if shared_lm_head is not None:  # a buffer, so .to() moves it, but never saved with the blocks
+            weight = shared_lm_head.weight.detach()
+            self.register_buffer("proposal_weight", weight if vocab is None else weight[vocab], persistent=False)
+        self.choices: list[list[int]] | None = None  # tree paths that came with the heads, best first
+        self.default_tree_size: int | None = None  # how many of them make the default tree
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [K, ..., V] of every head for hidden states [..., H]."""
-        heads = self.lm_heads if self.lm_heads is not None else [self._shared[0]] * self.num_heads
-        return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, heads)])
+        """Logits [K, ..., S] of every head for hidden states [..., H], over `vocab` (S tokens)
+        when the heads have one, else over the whole vocabulary."""
+        if self.lm_heads is not None:
+            return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, self.lm_heads)])
+        return torch.stack([block(hidden) for block in self.blocks]) @ self.proposal_weight.T  # one matmul for all heads
+
+    def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int]) -> list[list[int]]:
+        """Head k's top_k[k] token ids, best first, for one hidden state [H]."""
+        logits = self(hidden)  # [K, S]
+        ranked = logits[: len(top_k)].topk(max(top_k), dim=-1).indices  # [depth, max k]
+        if self.vocab is not None:
+            ranked = self.vocab.to(ranked.device)[ranked]
+        return [row[:k] for row, k in zip(ranked.tolist(), top_k)]
 
     def save(self, folder: Path, **metadata) -> None:
-        """Our format: the residual blocks (the LM head is the target's) and a small config."""
+        """Our format: the residual blocks (the LM head is the target's), the proposal vocabulary
+        if any, and a small config."""
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.blocks.state_dict().items()}, folder / HEADS_FILE)
+        tensors = {k: v.contiguous() for k, v in self.blocks.state_dict().items()}
+        if self.vocab is not None:
+            tensors[VOCAB_KEY] = self.vocab.cpu()
+        save_file(tensors, folder / HEADS_FILE)
         config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, **metadata}
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
@@ -86,9 +114,11 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
     hidden, vocab = target.config.hidden_size, target.config.vocab_size
     if (folder / HEADS_FILE).exists():
         config = json.loads((folder / CONFIG_FILE).read_text())
-        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings())
-        heads.blocks.load_state_dict(load_file(folder / HEADS_FILE))
-        heads.choices = config.get("medusa_choices")
+        tensors = load_file(folder / HEADS_FILE)
+        proposal_vocab = tensors.pop(VOCAB_KEY, None)
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab)
+        heads.blocks.load_state_dict(tensors)
+        heads.choices, heads.default_tree_size = config.get("medusa_choices"), config.get("default_tree_size")
     elif (folder / PUBLISHED_FILE).exists():
         config = json.loads((folder / PUBLISHED_CONFIG).read_text())
         heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"])
@@ -122,7 +152,8 @@ class Tree:
     paths: tuple[tuple[int, ...], ...]
     parents: tuple[int, ...]  # parent node of each node; -1 for the root
     sees: torch.Tensor  # [n, n] bool: node i sees node j (its ancestors and itself)
-    candidates: tuple[tuple[int, ...], ...]  # node indices from the root to each leaf
+    ancestry: tuple[tuple[int, ...], ...]  # node indices from the root to each node, itself included
+    candidates: tuple[tuple[int, ...], ...]  # the ancestry of each leaf
     top_k: tuple[int, ...]  # how many top tokens each head must supply
 
     @property
@@ -130,7 +161,7 @@ class Tree:
         return len(self.parents)
 
     def depth(self, node: int) -> int:
-        return len(self.paths[node - 1]) if node else 0
+        return len(self.ancestry[node]) - 1
 
 
 @functools.lru_cache(maxsize=32)
@@ -149,11 +180,12 @@ def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
     if missing:
         raise SpecDemoError(f"the tree path {missing[0]} has no parent {missing[0][:-1]}: list every prefix too")
     parents = (-1, *(index[path[:-1]] for path in paths))
+    ancestry = ((0,), *((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths))
     has_child = set(parents)
-    candidates = tuple((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths if index[path] not in has_child)
+    candidates = tuple(nodes for node, nodes in enumerate(ancestry) if node not in has_child)
     depth = max(len(path) for path in paths)
     top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(depth))
-    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), candidates, top_k)
+    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), ancestry, candidates, top_k)
 
 
 @torch.inference_mode()
@@ -166,15 +198,21 @@ def generate(
     tree_size: int | None = None,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
+    typical_acceptance: bool = False,
+    typical_epsilon: float = 0.09,
+    typical_alpha: float = 0.3,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
     `tree`: "default" (the tree that came with the heads, else the chain), "chain" (each head's
     best token only), or paths in the medusa_choices form; `tree_size` keeps its first paths
-    (a tree grown by estimated acceptance lists parents first, so any prefix is a tree)."""
+    (a tree grown by estimated acceptance lists parents first, so any prefix is a tree).
+    Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
+    Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
+    distribution (see `typical_verdicts`)."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
-    check_greedy(sampling, "medusa")
+    check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     tree = resolve_tree(heads, tree, tree_size)
     if len(tree.top_k) > heads.num_heads:
         raise SpecDemoError(f"the tree is {len(tree.top_k)} deep but there are only {heads.num_heads} heads")
@@ -189,7 +227,10 @@ def generate(
     sequence = torch.cat([input_ids, input_ids.new_tensor([[root]])], dim=-1)
     yield recorder.step(committed=[root], extra={"accept_length": 0})
     while not recorder.done:
-        tokens = tree_tokens(tree, root, heads(hidden))
+        # 1. Propose: the heads read the hidden state of the last committed token's parent
+        #    position and fill the tree with their top tokens.
+        tokens = tree_tokens(tree, root, heads.top_tokens(hidden, tree.top_k))
+        # 2. Verify: one target pass over the root and every node, each node seeing only its ancestors.
         cached = cache.get_seq_length()
         fed = torch.tensor([tokens], device=sequence.device)
         hidden_states = decoder(
@@ -199,27 +240,41 @@ def generate(
             past_key_values=cache,
             use_cache=True,
         ).last_hidden_state[0]  # [n, H]
-        best, accept_length, choices = verify(choose, sequence, tree, tokens, lm_head(hidden_states))
-        path = tree.candidates[best]
-        accepted_nodes = list(path[1 : 1 + accept_length])
-        accepted = [tokens[node] for node in accepted_nodes]
-        committed = [*accepted, choices[accept_length]]
-        keep_positions(cache, cached + 1, [cached + node for node in accepted_nodes])  # the root, then the accepted path
-        hidden = hidden_states[path[accept_length]]
-        root = committed[-1]
+        scores = node_scores(choose, sequence, tree, tokens, lm_head(hidden_states))  # [n, V]
+        if typical_acceptance:
+            probs = torch.softmax(scores.float(), dim=-1)
+            verdicts, thresholds = typical_verdicts(tree, tokens, probs, typical_epsilon, typical_alpha)
+            token_probs = [1.0, *(float(probs[tree.parents[i], tokens[i]]) for i in range(1, tree.size))]
+            node = deepest_accepted(tree, verdicts, token_probs)
+            target_token = int(torch.multinomial(probs[node], 1, generator=choose.generator))
+            typical = {"token_probs": token_probs, "thresholds": thresholds}
+        else:
+            choices = scores.argmax(dim=-1).tolist()
+            node = deepest_accepted(tree, greedy_verdicts(tree, tokens, choices))
+            target_token, typical = choices[node], {}
+        # 3. Accept: the path to that node and the target's own token after it; only the path's
+        #    KV entries stay in the cache (the root's, then the accepted nodes' moved after it).
+        accepted_nodes = list(tree.ancestry[node][1:])
+        accepted = [tokens[i] for i in accepted_nodes]
+        committed = [*accepted, target_token]
+        keep_positions(cache, cached + 1, [cached + i for i in accepted_nodes])
+        hidden, root = hidden_states[node], committed[-1]
         sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
+        best = next(c for c in tree.candidates if c[: len(accepted_nodes) + 1] == tree.ancestry[node])
         yield recorder.step(
             committed=committed,
             proposed=tokens[1:],
             accepted=accepted,
-            rejected=[tokens[node] for node in path[1 + accept_length :]],
+            rejected=[tokens[i] for i in best[len(accepted_nodes) + 1 :]],
             extra={
                 "tree_tokens": tokens,
                 "tree_parents": list(tree.parents),
-                "tree_depths": [tree.depth(node) for node in range(tree.size)],
+                "tree_depths": [tree.depth(i) for i in range(tree.size)],
                 "accepted_path": [0, *accepted_nodes],
-                "best_candidate": list(path),
-                "accept_length": accept_length,
+                "best_candidate": list(best),
+                "accept_length": len(accepted_nodes),
+                "acceptance": "typical" if typical_acceptance else "greedy",
+                **typical,
             },
         )
     yield recorder.summary()
@@ -229,6 +284,7 @@ def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_s
     chain_paths = [[0] * depth for depth in range(1, heads.num_heads + 1)]
     if tree == "default":
         paths = heads.choices or chain_paths
+        tree_size = tree_size or heads.default_tree_size
     elif tree == "chain":
         paths = chain_paths
     elif isinstance(tree, str):
@@ -242,21 +298,64 @@ def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_s
     return cached_tree(tuple(tuple(path) for path in paths))
 
 
-def tree_tokens(tree: Tree, root: int, head_logits: torch.Tensor) -> list[int]:
+def tree_tokens(tree: Tree, root: int, top: list[list[int]]) -> list[int]:
     """The token at every node: the root, then for path p head len(p)-1's p[-1]-th best token."""
-    top = [head_logits[depth].topk(k).indices.tolist() for depth, k in enumerate(tree.top_k)]
     return [root, *(top[len(path) - 1][path[-1]] for path in tree.paths)]
 
 
-def verify(choose: TokenChooser, sequence: torch.Tensor, tree: Tree, tokens: list[int], logits: torch.Tensor):
-    """Greedy verification of every root-to-leaf candidate (Cai et al. 2024, Sec. 2.1.2): the
-    best candidate (longest accepted prefix, the first on ties), its accept length, and the
-    target's choices along it. `logits` [n, V]: row i scores the token after node i."""
-    best, best_length, best_choices = 0, -1, []
-    for index, path in enumerate(tree.candidates):
-        path_tokens = [tokens[node] for node in path[1:]]
-        choices = choose.greedy_choices(torch.cat([sequence, sequence.new_tensor([path_tokens])], dim=-1), logits[list(path)]).tolist()
-        length = leading_matches(path_tokens, choices)
-        if length > best_length:
-            best, best_length, best_choices = index, length, choices
-    return best, best_length, best_choices
+def check_acceptance(sampling: SamplingConfig, typical_acceptance: bool, epsilon: float, alpha: float) -> None:
+    if sampling.do_sample and not typical_acceptance:
+        raise SpecDemoError(
+            "medusa verifies greedily unless you opt in to typical acceptance (typical_acceptance=True), "
+            "which samples but does not keep the target's distribution; or choose ar or speculative to sample exactly"
+        )
+    if typical_acceptance and not sampling.do_sample:
+        raise SpecDemoError("typical acceptance is Medusa's rule for sampling: turn sampling on, or turn it off for greedy verification")
+    if not (0 < epsilon <= 1 and 0 < alpha <= 1):
+        raise SpecDemoError(f"typical acceptance needs 0 < epsilon <= 1 and 0 < alpha <= 1, got {epsilon} and {alpha}")
+
+
+def node_scores(choose: TokenChooser, sequence: torch.Tensor, tree: Tree, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
+    """The target's processed scores [n, V] for the token after each node: `logits` [n, V] row i
+    scores the token after node i, `sequence` [1, L] ends with the root. A repetition penalty
+    depends on the tokens before, so each row is then processed after its own path, as one-token
+    decoding would; with no processor the logits are the scores."""
+    if not choose.processors:
+        return logits
+    rows = []
+    for node, ancestry in enumerate(tree.ancestry):
+        path = sequence.new_tensor([[tokens[i] for i in ancestry[1:]]])  # the root is already in `sequence`
+        rows.append(choose.scores(torch.cat([sequence, path], dim=-1), logits[node : node + 1]))
+    return torch.cat(rows)
+
+
+def greedy_verdicts(tree: Tree, tokens: list[int], choices: list[int]) -> list[bool]:
+    """Greedy verification (Cai et al. 2024, Sec. 2.1.2): a node passes when its token is the
+    target's argmax after its parent (`choices`), which keeps AR's answer exactly."""
+    return [True, *(tokens[node] == choices[tree.parents[node]] for node in range(1, tree.size))]
+
+
+def typical_verdicts(tree: Tree, tokens: list[int], probs: torch.Tensor, epsilon: float, alpha: float) -> tuple[list[bool], list[float]]:
+    """Typical acceptance (Cai et al. 2024, Sec. 2.3.1): a node passes when the target gives its
+    token, after its parent, a probability above min(ε, α exp(-H(p))), H the entropy of the
+    target's distribution p there. It accepts plausible tokens, more of them where the target is
+    unsure; it is NOT distribution-preserving (unlike speculative sampling's rejection rule).
+    Returns the verdicts and each node's threshold (for the token after it)."""
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [n]
+    thresholds = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy)).tolist()
+    return [True, *(float(probs[tree.parents[node], tokens[node]]) > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
+
+
+def deepest_accepted(tree: Tree, verdicts: list[bool], token_probs: list[float] | None = None) -> int:
+    """The deepest node whose whole path passes (0, the root, when none does): its path is the
+    longest accepted candidate. Greedy: siblings hold different tokens, so at most one node per
+    depth is accepted. Typical: on ties the path of highest likelihood wins (`token_probs`, each
+    node's probability after its parent), as in Medusa."""
+    accepted, log_likelihood, best = [True], [0.0], 0
+    for node in range(1, tree.size):
+        parent = tree.parents[node]
+        accepted.append(accepted[parent] and verdicts[node])
+        log_likelihood.append(log_likelihood[parent] + (math.log(max(token_probs[node], 1e-30)) if token_probs else 0.0))
+        if accepted[node] and (tree.depth(node), log_likelihood[node]) > (tree.depth(best), log_likelihood[best]):
+            best = node
+    return best

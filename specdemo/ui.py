@@ -32,7 +32,10 @@ HOW_IT_WORKS = {
     "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution.",
     "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
     "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
-    "The longest path the target agrees with is kept, plus the target's own next token. Greedy: the output equals AR's.",
+    "A node is accepted when its token is the target's argmax after its parent; the deepest accepted node's path is kept, plus the "
+    "target's own next token, and only that path's KV entries stay in the cache. Greedy: the output equals AR's. To sample, Medusa's "
+    "typical acceptance keeps a node when p(x) > min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where "
+    "the target is unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.",
     "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
     "prediction given the guesses before it; repeat until nothing changes: the fixed point is exactly the greedy answer. On an ordinary "
     "model about one token settles per pass, which the trajectory shows.",
@@ -77,6 +80,7 @@ def method_view(events: list[StepEvent], decode) -> dict:
 
 
 PLOTS = ("timeline", "detail", "trajectory", "tree")
+KNOBS = ("gamma", "adaptive_gamma", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates")  # in the order of the page's inputs
 
 
 def view_updates(view: dict) -> list:
@@ -119,10 +123,10 @@ def build_app(target: LoadedModel) -> gr.Blocks:
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
 
     def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, *knobs) -> Request:
-        values = dict(zip(("gamma", "adaptive_gamma", "tree", "tree_size", "block_size", "window", "ngram", "candidates"), knobs))
-        convert = {"adaptive_gamma": bool, "tree": str}
+        values = dict(zip(KNOBS, knobs))
+        convert = {"adaptive_gamma": bool, "tree": str, "typical_acceptance": bool}
         if not values["tree_size"]:
-            values["tree_size"] = None  # 0 on the slider: the whole tree
+            values["tree_size"] = None  # 0 on the slider: the tree's own size
         settings = {name: convert.get(name, int)(values[name]) for name in METHOD_SETTINGS.get(method, ()) if values[name] is not None}
         sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed)
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
@@ -194,7 +198,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion("Sampling (ar and speculative; the others verify greedily)", open=False):
+            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; the others verify greedily)", open=False):
                 with gr.Row():
                     do_sample = gr.Checkbox(False, label="Sample")
                     temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
@@ -206,8 +210,11 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                 with gr.Row():
                     gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
                     adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
-                    tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: grown from the heads' accuracy; chain: top-1 only)")
-                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree size (0: the whole tree)")
+                    tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: the paths most often right on held-out answers; chain: top-1 only)")
+                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree nodes (0: the default size; more: the next best paths)")
+                    typical_acceptance = gr.Checkbox(
+                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
+                    )
                     block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi: block size n")
                     window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
                     ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
@@ -245,7 +252,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         history = gr.State(None)
 
         inputs = [prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                  gamma, adaptive_gamma, tree, tree_size, block_size, window, ngram, candidates]
+                  gamma, adaptive_gamma, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(
             [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time

@@ -11,7 +11,8 @@ from specdemo import SpecDemoError, ar, medusa
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
 from specdemo.kvcache import keep_positions
-from specdemo.medusa import MedusaHeads, build_tree, load_heads
+from specdemo.medusa import MedusaHeads, build_tree, deepest_accepted, greedy_verdicts, load_heads, typical_verdicts
+from specdemo.sampling import SamplingConfig
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
@@ -37,6 +38,50 @@ def test_tree_presets_and_size(tiny_model, prompt_ids):
         run(tree_size=99)
     with pytest.raises(SpecDemoError, match="no parent"):
         run(tree=[(1, 1)])
+
+
+def test_verification_keeps_the_deepest_accepted_node():
+    tree = build_tree(CHOICES)  # nodes: 0 root; 1 (0,) 2 (1,) 3 (2,); 4 (0,0) 5 (0,1) 6 (1,0); 7 (0,0,0)
+    tokens = [50, 11, 12, 13, 21, 22, 23, 31]
+    # the target follows the root with 12 (node 2), then 23 (node 6): node 6, not the deeper node 7
+    # whose parent (node 4) the target never reaches
+    choices = [12, 21, 23, 0, 31, 0, 99, 0]
+    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, choices)) == 6
+    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, [0] * 8)) == 0  # nothing accepted: the root
+    choices[0] = 11  # now (0,) -> (0,0) -> (0,0,0) holds all the way down
+    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, choices)) == 7
+
+
+def test_typical_acceptance_threshold_and_ties():
+    """p(x) > min(ε, α exp(-H)): a sure target (low entropy) keeps the ε bar, an unsure one lowers it."""
+    tree = build_tree([(0,), (1,)])  # root, then two siblings
+    sure = torch.tensor([0.9, 0.05, 0.05, 0.0])  # H = 0.394: α e^-H = 0.202 > ε, so the bar is ε = 0.09
+    verdicts, thresholds = typical_verdicts(tree, [3, 0, 1], torch.stack([sure, sure, sure]), epsilon=0.09, alpha=0.3)
+    assert verdicts == [True, True, False] and thresholds[0] == pytest.approx(0.09)
+    flat = torch.full((4,), 0.25)  # H = ln 4: the bar is α / 4 = 0.075, so both siblings (0.25) pass
+    verdicts, thresholds = typical_verdicts(tree, [3, 0, 1], torch.stack([flat, flat, flat]), epsilon=0.09, alpha=0.3)
+    assert verdicts == [True, True, True] and thresholds[0] == pytest.approx(0.075)
+    assert deepest_accepted(tree, verdicts, [1.0, 0.2, 0.3]) == 2  # same depth: the likelier path
+
+
+def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, prompt_ids):
+    heads = random_heads(tiny_model)
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, seed=3)
+    with pytest.raises(SpecDemoError, match="typical acceptance"):
+        list(medusa.generate(tiny_model, prompt_ids, heads=heads, sampling=sampling))
+    with pytest.raises(SpecDemoError, match="turn sampling on"):
+        list(medusa.generate(tiny_model, prompt_ids, heads=heads, typical_acceptance=True))
+    run = lambda: list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, sampling=sampling, typical_acceptance=True, max_new_tokens=30, eos_token_ids=()))  # noqa: E731
+    events = run()
+    assert events[-1].tokens == run()[-1].tokens  # seeded
+    assert len(events[-1].tokens) == 30
+    steps = [e for e in events[1:-1]]
+    for event in steps:
+        extra = event.extra
+        for node in extra["accepted_path"][1:]:  # every accepted node cleared its parent's bar
+            parent = extra["tree_parents"][node]
+            assert extra["token_probs"][node] > extra["thresholds"][parent]
+    assert any(event.accepted for event in steps)
 
 
 def test_bad_trees_are_refused():
@@ -81,9 +126,9 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
         torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=1e-4)
 
 
-def random_heads(model, num_heads=3, seed=0):
+def random_heads(model, num_heads=3, seed=0, vocab=None):
     torch.manual_seed(seed)
-    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings())
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab)
     for block in heads.blocks:
         for layer in block:
             torch.nn.init.normal_(layer.linear.weight, std=0.2)
@@ -98,6 +143,17 @@ def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, choices):
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
         assert len(event.extra["tree_tokens"]) == len(event.extra["tree_parents"]) == len(event.extra["tree_depths"])
+
+
+def test_medusa_with_a_proposal_vocabulary_and_a_repetition_penalty_equals_ar(tiny_model, prompt_ids):
+    """Heads that propose from 40 of the 97 tokens, and greedy decoding with a repetition
+    penalty: each tree node is then scored after its own path, exactly as AR scores it."""
+    sampling = SamplingConfig(repetition_penalty=1.3)
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling, eos_token_ids=())).tokens
+    heads = random_heads(tiny_model, vocab=torch.arange(0, 80, 2))
+    summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, max_new_tokens=40, sampling=sampling, eos_token_ids=()))
+    assert summary.tokens == expected
+    assert {t for t in heads.top_tokens(torch.randn(tiny_model.config.hidden_size), (3, 2, 1)) for t in t} <= set(range(0, 80, 2))
 
 
 def test_heads_that_know_the_model_get_accepted():
@@ -116,11 +172,13 @@ def test_heads_that_know_the_model_get_accepted():
 
 
 def test_heads_round_trip_in_both_formats(tiny_model, tmp_path):
-    heads = random_heads(tiny_model)
-    heads.save(tmp_path / "ours", trained_on="nothing")
-    loaded = load_heads(tmp_path / "ours", tiny_model)
     hidden = torch.randn(4, tiny_model.config.hidden_size)
-    torch.testing.assert_close(loaded(hidden), heads(hidden))
+    for vocab in (None, torch.tensor([1, 5, 9, 30])):
+        heads = random_heads(tiny_model, vocab=vocab)
+        heads.save(tmp_path / "ours", trained_on="nothing")
+        loaded = load_heads(tmp_path / "ours", tiny_model)
+        torch.testing.assert_close(loaded(hidden), heads(hidden))
+        assert loaded.top_tokens(hidden[0], (2, 1, 1)) == heads.top_tokens(hidden[0], (2, 1, 1))
     # the published format: one Sequential(ResBlock..., Linear) per head, saved whole
     published = torch.nn.ModuleList(
         torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size, bias=False)) for block in heads.blocks

@@ -9,6 +9,9 @@ cross-entropy on them estimates the cross-entropy to that whole distribution.
 
 import argparse
 import json
+import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,6 +73,39 @@ def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, 
         sequences.append(prompt_ids + answer)
         answer_starts.append(len(prompt_ids))
     return {"prompts": prompts, "sequences": sequences, "answer_starts": answer_starts}
+
+
+def load_data(path: Path, selfdistill_args: list[str]) -> dict:
+    """Self-distillation data from `path`, generated first when missing (this module's main)."""
+    if not path.exists():
+        command = [sys.executable, "-m", "training.selfdistill", "--out", str(path), *selfdistill_args]
+        subprocess.run(command, check=True)
+    return torch.load(path)
+
+
+def load_split(greedy_path: Path, sampled_path: Path | None, temperature: float, held_out: int, seed: int, rng: random.Random):
+    """The greedy answers, and the sampled ones unless `sampled_path` is None, with which of them
+    train and which evaluate: (data, train_ids, held_out_ids). Held out are whole prompts, so no
+    answer to them (greedy or sampled) is trained on; they are evaluated on their greedy answers,
+    as greedy decoding runs."""
+    greedy = load_data(greedy_path, ["--seed", str(seed)])
+    sampled = load_data(sampled_path, ["--seed", str(seed + 1), "--temperature", str(temperature)]) if sampled_path else {}
+    prompts = sorted(set(greedy["prompts"]))
+    rng.shuffle(prompts)
+    held_out_prompts = set(prompts[:held_out])
+    data = {key: greedy[key] + sampled.get(key, []) for key in ("prompts", "sequences", "answer_starts")}
+    held_out_ids = [i for i, prompt in enumerate(greedy["prompts"]) if prompt in held_out_prompts]
+    train_ids = [i for i, prompt in enumerate(data["prompts"]) if prompt not in held_out_prompts]
+    return data, train_ids, held_out_ids
+
+
+def draft_vocabulary(sequences, answer_starts, size: int, always: list[int]) -> torch.Tensor:
+    """The `size` token ids most frequent in the answers (plus `always`, e.g. EOS), ascending."""
+    counts = torch.zeros(49152, dtype=torch.long)
+    for sequence, start in zip(sequences, answer_starts):
+        counts += torch.bincount(torch.tensor(sequence[start:]), minlength=49152)
+    counts[always] = counts.max() + 1
+    return counts.topk(size).indices.sort().values
 
 
 def main() -> None:

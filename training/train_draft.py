@@ -15,8 +15,6 @@ import argparse
 import json
 import math
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,14 +23,7 @@ import torch
 from specdemo.draft import EMBEDDED_DRAFT, build_shared_draft, save_shared_draft
 from specdemo.models import load_model
 
-
-def draft_vocabulary(sequences, answer_starts, size: int, always: list[int]) -> torch.Tensor:
-    """The `size` token ids most frequent in the answers (plus `always`, e.g. EOS), ascending."""
-    counts = torch.zeros(49152, dtype=torch.long)
-    for sequence, start in zip(sequences, answer_starts):
-        counts += torch.bincount(torch.tensor(sequence[start:]), minlength=49152)
-    counts[always] = counts.max() + 1
-    return counts.topk(size).indices.sort().values
+from .selfdistill import draft_vocabulary, load_split
 
 
 def batches(sequences, answer_starts, indices, tokens_per_batch: int, rng: random.Random):
@@ -109,18 +100,10 @@ def evaluate(draft, head, data, indices, to_subset, gammas=(3, 4, 5, 6, 8)) -> d
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    greedy = load_data(args.data, ["--seed", str(args.seed)])
-    sampled = load_data(args.sampled_data, ["--seed", str(args.seed + 1), "--temperature", str(args.temperature)])
+    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng)
     target = load_model("embedded", "float32", "cpu")
     for parameter in target.model.parameters():
         parameter.requires_grad_(False)
-    # held out: whole prompts, so no answer to them (greedy or sampled) is trained on
-    prompts = sorted(set(greedy["prompts"]))
-    rng.shuffle(prompts)
-    held_out_prompts = set(prompts[: args.held_out])
-    data = {key: greedy[key] + sampled[key] for key in ("prompts", "sequences", "answer_starts")}
-    held_out = [i for i, prompt in enumerate(greedy["prompts"]) if prompt in held_out_prompts]
-    train_ids = [i for i, prompt in enumerate(data["prompts"]) if prompt not in held_out_prompts]
     vocab = draft_vocabulary(
         [data["sequences"][i] for i in train_ids], [data["answer_starts"][i] for i in train_ids], args.vocab_size, list(target.eos_token_ids)
     )
@@ -161,14 +144,6 @@ def train(args) -> dict:
     return {"history": history, "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
             "train_answer_tokens": sum(len(data["sequences"][i]) - data["answer_starts"][i] for i in train_ids),
             "vocab_coverage_held_out": coverage, "minutes": (time.time() - start) / 60}
-
-
-def load_data(path: Path, selfdistill_args: list[str]) -> dict:
-    """Self-distillation data from `path`, generated first when missing (training/selfdistill.py)."""
-    if not path.exists():
-        command = [sys.executable, "-m", "training.selfdistill", "--out", str(path), *selfdistill_args]
-        subprocess.run(command, check=True)
-    return torch.load(path)
 
 
 def vocab_coverage(data, indices, to_subset) -> float:

@@ -1,15 +1,18 @@
 """Train Medusa heads for the embedded SmolLM2-135M-Instruct by self-distillation, on this CPU.
 
-    python -m training.train_medusa          # data (cached in build/), hidden states, training, assets/
+    python -m training.train_medusa      # data (shared with the draft, in build/), training, tree, assets/
 
-The target stays frozen. Its greedy answers to our own prompts (training/prompts.py, never the
-bench prompts) are the data; the target's last hidden state at each answer position is computed
-once (in bfloat16, as the app and the bench run it) and head k learns the token k + 2 places
-ahead (Cai et al. 2024, Medusa-1). Each head is one residual block in front of the target's own
-LM head, so only the blocks are stored. The softmax of the training loss runs over the draft's
-8,192-token vocabulary (the tokens our answers use most) to fit the CPU; the heads are measured
-with the full LM head, exactly as decoding uses them. The default tree is grown from those
-measured accuracies. Seeded; writes assets/smollm2-135m-medusa/ and its MANIFEST.md.
+The target stays frozen. The data are its own greedy answers to our training prompts
+(training/selfdistill.py, the draft's greedy data; never the bench prompts), as greedy Medusa
+decoding will see them. Its last hidden
+state at each answer position is computed once, in bfloat16 as the app and the bench run it,
+with the target's own next-token distribution there. Head k at position t learns the target's
+distribution for the token t + k + 2 (Cai et al. 2024: Medusa-1 heads, trained by
+self-distillation with the teacher's soft labels, Sec. 2.3.2). Each head is residual blocks in
+front of the target's own LM head, restricted to the 8,192 tokens the answers use most: the
+heads propose only from those, which makes proposing cheap, and the target still verifies
+exactly. The default tree is the set of rank paths most often right on held-out answers.
+Seeded; writes assets/smollm2-135m-medusa/ and its MANIFEST.md.
 """
 
 import argparse
@@ -17,184 +20,200 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
-from specdemo.bench import DEFAULT_PROMPTS
-from specdemo.draft import EMBEDDED_DRAFT
 from specdemo.medusa import EMBEDDED_HEADS, MedusaHeads
 from specdemo.models import load_model
 
-from .prompts import first_stage_prompts, without_bench_prompts
-from .selfdistill import target_answers
+from .selfdistill import draft_vocabulary, load_split
+
+TEACHER_TOP = 32  # soft labels keep the teacher's 32 most likely tokens (renormalised)
+MAX_RANK = 10  # ranks measured per head, and so the widest a tree may branch
 
 
-def build_data(target, args) -> dict:
-    """Greedy answers to `args.prompts` of our prompts, and the target's hidden states on them."""
-    bench = {json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()}
-    prompts = without_bench_prompts(first_stage_prompts(args.seed), bench)[: args.prompts]
-    torch.manual_seed(args.seed)
-    answers = target_answers(target, prompts, args.max_new_tokens, args.batch_size)
-    hidden, tokens = [], []
+@torch.inference_mode()
+def answer_states(target, data: dict, ids: list[int], proposal_weight: torch.Tensor) -> dict:
+    """For every answer position of the sequences `ids`: the target's last hidden state [N, H]
+    (bfloat16), the token that follows it, the teacher's top tokens and probabilities over the
+    proposal vocabulary, and `rest`, how many more positions its sequence has after it."""
     decoder = target.model.get_decoder()
-    with torch.inference_mode():
-        for prompt, answer in zip(prompts, answers):
-            prompt_ids = target.encode_chat(prompt)[0].tolist()
-            sequence = prompt_ids + answer
-            states = decoder(input_ids=torch.tensor([sequence])).last_hidden_state[0].float()
-            first = len(prompt_ids) - 1  # the hidden state that predicts the answer's first token
-            hidden.append(states[first:])
-            tokens.append(torch.tensor(sequence[first:]))
-    return {"prompts": prompts, "hidden": hidden, "tokens": tokens}
+    hidden, next_tokens, teacher_ids, teacher_probs, rest = [], [], [], [], []
+    start = time.time()
+    for count, i in enumerate(ids):
+        sequence, first = data["sequences"][i], data["answer_starts"][i] - 1  # position `first` predicts the answer's first token
+        states = decoder(input_ids=torch.tensor([sequence])).last_hidden_state[0, first:-1]  # [n, H]
+        probs = torch.softmax(states.float() @ proposal_weight.T, dim=-1).topk(TEACHER_TOP)
+        hidden.append(states)
+        next_tokens.append(torch.tensor(sequence[first + 1 :]))
+        teacher_ids.append(probs.indices.short())
+        teacher_probs.append((probs.values / probs.values.sum(-1, keepdim=True)).half())
+        rest.append(torch.arange(len(states) - 1, -1, -1))
+        if count % 200 == 0:
+            print(f"  hidden states: {count}/{len(ids)} sequences, {time.time() - start:.0f}s", flush=True)
+    cat = torch.cat
+    return {"hidden": cat(hidden), "next": cat(next_tokens), "teacher_ids": cat(teacher_ids), "teacher_probs": cat(teacher_probs), "rest": cat(rest)}
 
 
-def head_targets(tokens: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[n, K] labels: at position t, head k's label is token t + k + 2 (-100 past the end)."""
-    n = tokens.shape[0]
-    labels = torch.full((n, num_heads), -100, dtype=torch.long)
-    for k in range(num_heads):
-        shift = k + 2
-        if n > shift:
-            labels[: n - shift, k] = tokens[shift:]
-    return labels
+def soft_loss(heads: MedusaHeads, states: dict, batch: torch.Tensor) -> torch.Tensor:
+    """Sum over heads of 0.8^k x the cross-entropy of head k at position t against the teacher's
+    distribution at position t + k + 1 (that of token t + k + 2); positions whose sequence ends
+    sooner do not count. Later heads weigh less, as their targets are harder (Medusa-1)."""
+    logits = heads(states["hidden"][batch].float())  # [K, B, S]
+    loss = 0.0
+    for k in range(heads.num_heads):
+        valid = states["rest"][batch] >= k + 1
+        source = batch[valid] + k + 1
+        log_probs = torch.log_softmax(logits[k][valid], dim=-1).gather(-1, states["teacher_ids"][source].long())
+        loss = loss + 0.8**k * -(states["teacher_probs"][source].float() * log_probs).sum(-1).mean()
+    return loss
 
 
 @torch.no_grad()
-def measure(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, top_k: int = 10) -> dict:
-    """Per head: top-1 accuracy, top-5 accuracy, and the share correct at each rank < top_k,
-    all with the full LM head (as decoding uses it)."""
-    rank_hits = torch.zeros(heads.num_heads, top_k)
-    counts = torch.zeros(heads.num_heads)
-    for start in range(0, hidden.shape[0], 1024):
-        logits = heads(hidden[start : start + 1024])  # [K, b, V]
-        top = logits.topk(top_k, dim=-1).indices  # [K, b, top_k]
-        gold = labels[start : start + 1024].T  # [K, b]
-        valid = gold >= 0
-        hits = (top == gold[..., None]) & valid[..., None]
-        rank_hits += hits.sum(dim=1).float()
-        counts += valid.sum(dim=1).float()
-    by_rank = rank_hits / counts[:, None]
-    return {"top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist(), "by_rank": by_rank.tolist()}
+def rank_paths(heads: MedusaHeads, states: dict, proposal_vocab: torch.Tensor) -> tuple[torch.Tensor, Counter, int]:
+    """On answers the target wrote greedily: the share of positions where head k's rank-r token
+    is the true token t + k + 2 ([K, MAX_RANK]), and how often each path of ranks (r_0, ..., r_d)
+    is right at every depth, i.e. accepted by greedy verification (Counter), over `positions`."""
+    num_heads = heads.num_heads
+    to_subset = torch.full((max(int(proposal_vocab.max()), int(states["next"].max())) + 1,), -1, dtype=torch.long)
+    to_subset[proposal_vocab] = torch.arange(len(proposal_vocab))
+    ranks = []
+    for first in range(0, len(states["next"]), 2048):
+        batch = torch.arange(first, min(first + 2048, len(states["next"])))
+        top = heads(states["hidden"][batch].float()).topk(MAX_RANK, dim=-1).indices  # [K, b, R]
+        row = torch.full((len(batch), num_heads), MAX_RANK)  # MAX_RANK: not among the top
+        for k in range(num_heads):
+            valid = states["rest"][batch] >= k + 1
+            truth = torch.full((len(batch),), -2)
+            truth[valid] = to_subset[states["next"][batch[valid] + k + 1]]  # -1 (never hit): outside the proposal vocabulary
+            hit = top[k] == truth[:, None]
+            row[hit.any(-1), k] = hit.float().argmax(-1)[hit.any(-1)]
+        ranks.append(row)
+    ranks = torch.cat(ranks)  # [N, K]
+    by_rank = torch.stack([torch.bincount(ranks[:, k], minlength=MAX_RANK + 1)[:MAX_RANK] for k in range(num_heads)]) / len(ranks)
+    paths = Counter()
+    for row in ranks.tolist():
+        for depth in range(num_heads):
+            if row[depth] == MAX_RANK:
+                break
+            paths[tuple(row[: depth + 1])] += 1
+    return by_rank, paths, len(ranks)
 
 
-def grow_tree(by_rank: list[list[float]], size: int) -> list[list[int]]:
-    """The `size` paths of highest estimated acceptance: a path's estimate is the product of its
-    nodes' measured accuracies at their rank (Medusa's tree construction, Sec. 2.1.2 / 3.3)."""
-    chosen: list[tuple[int, ...]] = []
-    frontier = {(rank,): by_rank[0][rank] for rank in range(len(by_rank[0]))}
-    while len(chosen) < size and frontier:
-        path = max(frontier, key=frontier.get)
-        score = frontier.pop(path)
-        chosen.append(path)
-        if len(path) < len(by_rank):
-            for rank in range(len(by_rank[len(path)])):
-                frontier[path + (rank,)] = score * by_rank[len(path)][rank]
-    return [list(path) for path in chosen]
+def best_tree(paths: Counter, size: int) -> list[list[int]]:
+    """The `size` rank paths accepted most often: the tree of that size with the longest expected
+    accepted length (each node adds its path's acceptance rate; a path is never more often right
+    than its prefix, so parents come first)."""
+    ranked = sorted(paths.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    return [list(path) for path, _ in ranked[:size]]
+
+
+def expected_accept_length(paths: Counter, positions: int, tree: list[list[int]]) -> float:
+    return sum(paths[tuple(path)] for path in tree) / positions
 
 
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data_path = Path(args.data)
-    if data_path.exists():
-        data = torch.load(data_path)
-    else:
-        target = load_model("embedded", "bfloat16", "cpu")
-        start = time.time()
-        data = build_data(target, args)
-        data["minutes"] = (time.time() - start) / 60
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(data, data_path)
-    target = load_model("embedded", "float32", "cpu")
+    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng)
+    target = load_model("embedded", "bfloat16", "cpu")
     lm_head = target.model.get_output_embeddings()
-    lm_head.weight.requires_grad_(False)
-    order = list(range(len(data["prompts"])))
-    rng.shuffle(order)
-    held_out, train_ids = order[: args.held_out], order[args.held_out :]
-    stack = lambda ids, key: torch.cat([data[key][i] for i in ids])  # noqa: E731
-    labels_of = lambda ids: torch.cat([head_targets(data["tokens"][i], args.heads) for i in ids])  # noqa: E731
-    train_hidden, train_labels = stack(train_ids, "hidden"), labels_of(train_ids)
-    eval_hidden, eval_labels = stack(held_out, "hidden"), labels_of(held_out)
-    vocab = torch.tensor(json.loads((EMBEDDED_DRAFT / "draft_vocab.json").read_text()))
-    to_subset = torch.full((lm_head.weight.shape[0],), -100, dtype=torch.long)
-    to_subset[vocab] = torch.arange(len(vocab))
-    subset_head = lm_head.weight[vocab]  # [S, H], frozen
-    heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, 1, lm_head)
+    proposal_vocab = draft_vocabulary(
+        [data["sequences"][i] for i in train_ids], [data["answer_starts"][i] for i in train_ids], args.vocab_size, list(target.eos_token_ids)
+    )
+    start = time.time()
+    proposal_weight = lm_head.weight[proposal_vocab].float()
+    train_states = answer_states(target, data, train_ids, proposal_weight)
+    eval_states = answer_states(target, data, held_out, proposal_weight)
+    states_minutes = (time.time() - start) / 60
+    lm_head.float()  # the heads train in float32 on the bfloat16 hidden states
+    heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, args.layers, lm_head, proposal_vocab)
     optimizer = torch.optim.AdamW(heads.blocks.parameters(), lr=args.lr, weight_decay=0.0)
-    steps_per_epoch = math.ceil(train_hidden.shape[0] / args.batch)
-    total = steps_per_epoch * args.epochs
-    history = [{"epoch": 0, **measure(heads, eval_hidden, eval_labels)}]
-    print(json.dumps({k: history[-1][k] for k in ("top1", "top5")}), flush=True)
+    positions = len(train_states["next"])
+    total = math.ceil(positions / args.batch) * args.epochs
+    by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
+    history = [{"epoch": 0, "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()}]
     step, start = 0, time.time()
     for epoch in range(args.epochs):
-        permutation = torch.randperm(train_hidden.shape[0])
         losses = []
-        for first in range(0, len(permutation), args.batch):
-            batch = permutation[first : first + args.batch]
-            lr = args.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / total))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            hidden, labels = train_hidden[batch], to_subset[train_labels[batch].clamp(min=0)]
-            labels[train_labels[batch] < 0] = -100
-            loss = sum(
-                # later heads weigh less, as their labels are harder (Medusa-1 uses 0.8^k)
-                0.8**k * torch.nn.functional.cross_entropy(block(hidden) @ subset_head.T, labels[:, k], ignore_index=-100)
-                for k, block in enumerate(heads.blocks)
-            )
+        for batch in torch.randperm(positions).split(args.batch):
+            for group in optimizer.param_groups:  # warm-up, then cosine decay
+                group["lr"] = args.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / total))
+            loss = soft_loss(heads, train_states, batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
             step += 1
-        history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), **measure(heads, eval_hidden, eval_labels)})
-        print(json.dumps({k: history[-1][k] for k in ("epoch", "train_loss", "top1", "top5")}), f"{time.time() - start:.0f}s", flush=True)
-    tree = grow_tree(history[-1]["by_rank"], args.tree_size)
-    heads.save(EMBEDDED_HEADS, medusa_choices=tree, base_model="embedded SmolLM2-135M-Instruct")
+        by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
+        history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()})
+        print(json.dumps(history[-1]), f"{time.time() - start:.0f}s", flush=True)
+    by_rank, paths, eval_positions = rank_paths(heads, eval_states, proposal_vocab)
+    choices = best_tree(paths, args.tree_nodes)
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+    heads.save(args.out, medusa_choices=choices, default_tree_size=args.tree_size, base_model="embedded SmolLM2-135M-Instruct")
     return {
-        "history": history, "tree": tree, "train_prompts": len(train_ids), "held_out_prompts": len(held_out),
-        "train_positions": int(train_hidden.shape[0]), "held_out_positions": int(eval_hidden.shape[0]),
-        "data_minutes": data.get("minutes"), "train_minutes": (time.time() - start) / 60,
+        "history": history,
+        "by_rank": by_rank.tolist(),
+        "expected_tokens_per_pass": {n: 1 + expected_accept_length(paths, eval_positions, choices[:n]) for n in sizes if n <= len(choices)},
+        "chain_tokens_per_pass": 1 + expected_accept_length(paths, eval_positions, [[0] * d for d in range(1, args.heads + 1)]),
+        "tree": choices[: args.tree_size],
+        "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
+        "train_positions": positions, "held_out_positions": eval_positions,
+        "states_minutes": states_minutes, "train_minutes": (time.time() - start) / 60,
     }
 
 
 def write_manifest(args, report: dict) -> None:
     final, first = report["history"][-1], report["history"][0]
-    rows = "\n".join(
-        f"| {k} | {first['top1'][k]:.3f} | {final['top1'][k]:.3f} | {final['top5'][k]:.3f} |" for k in range(args.heads)
-    )
+    rows = "\n".join(f"| {k} (token {k + 2} ahead) | {first['top1'][k]:.3f} | {final['top1'][k]:.3f} | {final['top5'][k]:.3f} |" for k in range(args.heads))
     curve = "\n".join(f"| {h['epoch']} | {h['train_loss']:.3f} | {' / '.join(f'{a:.3f}' for a in h['top1'])} |" for h in report["history"][1:])
-    size = (EMBEDDED_HEADS / "medusa_heads.safetensors").stat().st_size / 1e6
-    (EMBEDDED_HEADS / "MANIFEST.md").write_text(f"""# Medusa heads for the embedded SmolLM2-135M-Instruct
+    expected = "\n".join(f"| {n} | {value:.2f} |" for n, value in report["expected_tokens_per_pass"].items())
+    size = (args.out / "medusa_heads.safetensors").stat().st_size / 1e6
+    (args.out / "MANIFEST.md").write_text(f"""# Medusa heads for the embedded SmolLM2-135M-Instruct
 
-**What it is.** {args.heads} Medusa heads (Cai et al. 2024): head k is one residual block
-x + SiLU(W x + b) on the target's last hidden state, followed by the target's own LM head (not
-stored here), and predicts the token k + 2 places ahead. `medusa_config.json` also holds the
-default candidate tree (`medusa_choices`, {len(report['tree'])} nodes), grown from the accuracies below.
+**What it is.** {args.heads} Medusa heads (Cai et al. 2024, Medusa-1): head k is {args.layers} residual
+block(s) x + SiLU(W x + b) on the target's last hidden state, followed by the target's own LM head
+(not stored here) restricted to the {args.vocab_size:,} tokens our answers use most (their ids are
+stored with the heads: proposals come only from them; the target verifies with its full head).
+Head k predicts the token k + 2 places ahead. `medusa_config.json` lists the {args.tree_nodes}
+rank paths most often right on held-out answers, best first (`medusa_choices`); the default tree is
+the first {args.tree_size} (`default_tree_size`), and any prefix of the list is a tree.
 Loaded by `specdemo.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
 
 **Command** (from a clean checkout, after `make setup`):
 
     .venv/bin/python -m training.train_medusa
 
-It generates the data into `build/medusa-data.pt` when missing ({report['data_minutes'] or 0:.0f} min here),
-then trains ({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
+It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here),
+computes the target's hidden states ({report['states_minutes']:.0f} min here), then trains
+({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
 
-**Data.** Self-distillation: the target's greedy answers (bfloat16, at most {args.max_new_tokens} new
-tokens) to the first {args.prompts} of our template prompts (`training/prompts.py`: writing, QA,
-explanations, coding, arithmetic, translation; no benchmark prompt). {report['train_prompts']} prompts
-({report['train_positions']} positions) train, {report['held_out_prompts']} held-out prompts
-({report['held_out_positions']} positions) measure. Loss: cross-entropy of head k against the token
-k + 2 ahead, weighted 0.8^k, softmax over the draft's 8,192-token vocabulary; AdamW lr {args.lr},
-cosine, {args.epochs} epochs, batches of {args.batch} positions.
+**Data.** Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens){f", and answers sampled at temperature {args.temperature}," if args.sampled_data else ""}
+to the prompts `training/prompts.py` builds from our own
+templates and word lists (writing, QA, explanations, coding, arithmetic, translation, summaries and
+passage questions); no benchmark prompt. {report['train_sequences']} answers ({report['train_positions']} positions)
+train; the greedy answers to {args.held_out} held-out prompts ({report['held_out_positions']} positions) measure.
+Loss: head k's cross-entropy against the target's own distribution for the token k + 2 ahead
+(its top {TEACHER_TOP} tokens, renormalised), weighted 0.8^k; AdamW lr {args.lr}, cosine,
+{args.epochs} epochs, batches of {args.batch} positions.
 
 **Size.** `medusa_heads.safetensors` {size:.1f} MB.
 
-**Measured on the held-out answers** (teacher-forced, full LM head; `training_report.json`):
+**Measured on the held-out greedy answers** (teacher-forced, as decoding proposes; `training_report.json`):
 
-| head (token ahead) | top-1 before | top-1 after | top-5 after |
+| head | top-1 before | top-1 after | top-5 after |
 | --- | --- | --- | --- |
 {rows}
+
+Tokens per target pass that greedy tree verification would commit there, by tree size (the
+first n paths of `medusa_choices`; the top-1 chain of all heads: {report['chain_tokens_per_pass']:.2f}):
+
+| tree nodes | tokens per pass |
+| --- | --- |
+{expected}
 
 | epoch | train loss | held-out top-1 per head |
 | --- | --- | --- |
@@ -206,23 +225,26 @@ Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,medusa` (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="build/medusa-data.pt")
+    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="greedy answers")
+    parser.add_argument("--sampled-data", type=Path, default=None, help="sampled answers too (e.g. build/selfdistill-sampled.pt, the draft's)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled answers")
+    parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompts", type=int, default=640)
-    parser.add_argument("--max-new-tokens", type=int, default=160)
-    parser.add_argument("--batch-size", type=int, default=32, help="of answer generation")
-    parser.add_argument("--heads", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=1, help="residual blocks per head")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="tokens the heads propose from")
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=1024, help="positions per training step")
-    parser.add_argument("--held-out", type=int, default=40)
-    parser.add_argument("--tree-size", type=int, default=12)
+    parser.add_argument("--held-out", type=int, default=80)
+    parser.add_argument("--tree-nodes", type=int, default=64, help="rank paths stored, best first")
+    parser.add_argument("--tree-size", type=int, default=16, help="nodes of the default tree")
     args = parser.parse_args()
     report = train(args)
-    report["args"] = vars(args)
-    (EMBEDDED_HEADS / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["args"] = {k: str(v) for k, v in vars(args).items()}
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     write_manifest(args, report)
-    print(json.dumps({"top1": report["history"][-1]["top1"], "tree": report["tree"]}))
+    print(json.dumps({"top1": report["history"][-1]["top1"], "expected_tokens_per_pass": report["expected_tokens_per_pass"]}))
 
 
 if __name__ == "__main__":
