@@ -273,7 +273,7 @@ def generate(
                 "accepted_path": [0, *accepted_nodes],
                 "best_candidate": list(best),
                 "accept_length": len(accepted_nodes),
-                "acceptance": "typical" if typical_acceptance else "greedy",
+                "acceptance_rule": "typical" if typical_acceptance else "greedy",  # not "acceptance": speculative sampling's numbers
                 **typical,
             },
         )
