@@ -202,4 +202,4 @@ def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
     heads = method_options("medusa", embedded)["heads"]
     summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
-    assert summary.tokens_per_forward > (1.2 if tree == "default" else 1.0)  # the trained heads do get accepted
+    assert summary.tokens_per_forward > (1.1 if tree == "default" else 1.0)  # the trained heads do get accepted (4-node default tree)
