@@ -154,6 +154,8 @@ class Tree:
     sees: torch.Tensor  # [n, n] bool: node i sees node j (its ancestors and itself)
     ancestry: tuple[tuple[int, ...], ...]  # node indices from the root to each node, itself included
     candidates: tuple[tuple[int, ...], ...]  # the ancestry of each leaf
+    candidate_through: tuple[tuple[int, ...], ...]  # per node, the first candidate that passes through it
+    depths: tuple[int, ...]  # per node, its depth (the root's is 0)
     top_k: tuple[int, ...]  # how many top tokens each head must supply
 
     @property
@@ -161,7 +163,7 @@ class Tree:
         return len(self.parents)
 
     def depth(self, node: int) -> int:
-        return len(self.ancestry[node]) - 1
+        return self.depths[node]
 
 
 @functools.lru_cache(maxsize=32)
@@ -183,9 +185,11 @@ def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
     ancestry = ((0,), *((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths))
     has_child = set(parents)
     candidates = tuple(nodes for node, nodes in enumerate(ancestry) if node not in has_child)
+    candidate_through = tuple(next(c for c in candidates if c[: len(nodes)] == nodes) for nodes in ancestry)
     depth = max(len(path) for path in paths)
     top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(depth))
-    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), ancestry, candidates, top_k)
+    depths = tuple(len(nodes) - 1 for nodes in ancestry)
+    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), ancestry, candidates, candidate_through, depths, top_k)
 
 
 @torch.inference_mode()
@@ -243,8 +247,8 @@ def generate(
         scores = node_scores(choose, sequence, tree, tokens, lm_head(hidden_states))  # [n, V]
         if typical_acceptance:
             probs = torch.softmax(scores.float(), dim=-1)
-            verdicts, thresholds = typical_verdicts(tree, tokens, probs, typical_epsilon, typical_alpha)
-            token_probs = [1.0, *(float(probs[tree.parents[i], tokens[i]]) for i in range(1, tree.size))]
+            token_probs = probs_after_parents(tree, tokens, probs)
+            verdicts, thresholds = typical_verdicts(tree, token_probs, probs, typical_epsilon, typical_alpha)
             node = deepest_accepted(tree, verdicts, token_probs)
             target_token = int(torch.multinomial(probs[node], 1, generator=choose.generator))
             typical = {"token_probs": token_probs, "thresholds": thresholds}
@@ -260,7 +264,7 @@ def generate(
         keep_positions(cache, cached + 1, [cached + i for i in accepted_nodes])
         hidden, root = hidden_states[node], committed[-1]
         sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
-        best = next(c for c in tree.candidates if c[: len(accepted_nodes) + 1] == tree.ancestry[node])
+        best = tree.candidate_through[node]
         yield recorder.step(
             committed=committed,
             proposed=tokens[1:],
@@ -269,7 +273,7 @@ def generate(
             extra={
                 "tree_tokens": tokens,
                 "tree_parents": list(tree.parents),
-                "tree_depths": [tree.depth(i) for i in range(tree.size)],
+                "tree_depths": list(tree.depths),
                 "accepted_path": [0, *accepted_nodes],
                 "best_candidate": list(best),
                 "accept_length": len(accepted_nodes),
@@ -335,15 +339,20 @@ def greedy_verdicts(tree: Tree, tokens: list[int], choices: list[int]) -> list[b
     return [True, *(tokens[node] == choices[tree.parents[node]] for node in range(1, tree.size))]
 
 
-def typical_verdicts(tree: Tree, tokens: list[int], probs: torch.Tensor, epsilon: float, alpha: float) -> tuple[list[bool], list[float]]:
+def probs_after_parents(tree: Tree, tokens: list[int], probs: torch.Tensor) -> list[float]:
+    """Each node's token's probability under the target after its parent (1 for the root), one gather."""
+    return [1.0, *probs[list(tree.parents[1:]), tokens[1:]].tolist()]
+
+
+def typical_verdicts(tree: Tree, token_probs: list[float], probs: torch.Tensor, epsilon: float, alpha: float) -> tuple[list[bool], list[float]]:
     """Typical acceptance (Cai et al. 2024, Sec. 2.3.1): a node passes when the target gives its
-    token, after its parent, a probability above min(ε, α exp(-H(p))), H the entropy of the
-    target's distribution p there. It accepts plausible tokens, more of them where the target is
-    unsure; it is NOT distribution-preserving (unlike speculative sampling's rejection rule).
-    Returns the verdicts and each node's threshold (for the token after it)."""
+    token, after its parent, a probability (`token_probs`) above min(ε, α exp(-H(p))), H the
+    entropy of the target's distribution p there (`probs` [n, V]). It accepts plausible tokens,
+    more of them where the target is unsure; it is NOT distribution-preserving (unlike speculative
+    sampling's rejection rule). Returns the verdicts and each node's threshold (for the token after it)."""
     entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [n]
     thresholds = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy)).tolist()
-    return [True, *(float(probs[tree.parents[node], tokens[node]]) > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
+    return [True, *(token_probs[node] > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
 
 
 def deepest_accepted(tree: Tree, verdicts: list[bool], token_probs: list[float] | None = None) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 import plotly.graph_objects as go
 
+from .attention import sees_from_parents
 from .events import StepEvent
 
 ORIGINS = {
@@ -314,13 +315,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
     or one of its ancestors (Cai et al. 2024, Fig. 2)."""
-    parents = event.extra["tree_parents"]
-    sees = [[False] * len(parents) for _ in parents]
-    for node, parent in enumerate(parents):
-        sees[node][node] = True
-        if parent >= 0:
-            sees[node] = [a or b for a, b in zip(sees[node], sees[parent])]
-            sees[node][node] = True
+    sees = sees_from_parents(event.extra["tree_parents"]).tolist()
     labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.extra["tree_tokens"])]
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))

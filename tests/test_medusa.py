@@ -11,7 +11,7 @@ from specdemo import SpecDemoError, ar, medusa
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
 from specdemo.kvcache import keep_positions
-from specdemo.medusa import MedusaHeads, build_tree, deepest_accepted, greedy_verdicts, load_heads, typical_verdicts
+from specdemo.medusa import MedusaHeads, build_tree, deepest_accepted, greedy_verdicts, load_heads, probs_after_parents, typical_verdicts
 from specdemo.sampling import SamplingConfig
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
@@ -56,10 +56,12 @@ def test_typical_acceptance_threshold_and_ties():
     """p(x) > min(ε, α exp(-H)): a sure target (low entropy) keeps the ε bar, an unsure one lowers it."""
     tree = build_tree([(0,), (1,)])  # root, then two siblings
     sure = torch.tensor([0.9, 0.05, 0.05, 0.0])  # H = 0.394: α e^-H = 0.202 > ε, so the bar is ε = 0.09
-    verdicts, thresholds = typical_verdicts(tree, [3, 0, 1], torch.stack([sure, sure, sure]), epsilon=0.09, alpha=0.3)
+    probs = torch.stack([sure, sure, sure])
+    verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
     assert verdicts == [True, True, False] and thresholds[0] == pytest.approx(0.09)
     flat = torch.full((4,), 0.25)  # H = ln 4: the bar is α / 4 = 0.075, so both siblings (0.25) pass
-    verdicts, thresholds = typical_verdicts(tree, [3, 0, 1], torch.stack([flat, flat, flat]), epsilon=0.09, alpha=0.3)
+    probs = torch.stack([flat, flat, flat])
+    verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
     assert verdicts == [True, True, True] and thresholds[0] == pytest.approx(0.075)
     assert deepest_accepted(tree, verdicts, [1.0, 0.2, 0.3]) == 2  # same depth: the likelier path
 
