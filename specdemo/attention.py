@@ -15,10 +15,14 @@ def additive_mask(sees: torch.Tensor, prefix_length: int, dtype: torch.dtype) ->
     attend, the dtype's lowest value where it may not (transformers adds it to the scores,
     for eager and SDPA attention alike)."""
     q = sees.shape[0]
-    allowed = torch.cat([sees.new_ones(q, prefix_length), sees], dim=-1)
-    mask = torch.zeros(q, prefix_length + q, dtype=dtype, device=sees.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive(torch.cat([sees.new_ones(q, prefix_length), sees], dim=-1), dtype)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 4D mask [1, 1, q, k] for `allowed` [q, k] (bool): 0 where a query may attend, the
+    dtype's lowest value where it may not."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 def chain_positions(sees: torch.Tensor, prefix_length: int) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""Jacobi trajectories of the embedded target on our training prompts: CLLM's training data.
+
+    python -m training.jacobi_trajectories     # build/jacobi_trajectories.pt (train_cllm runs it when missing)
+
+For each answer the target wrote greedily (training/selfdistill.py: our prompts, never the
+bench's), every block of `block_size` answer tokens is Jacobi-decoded after its true prefix,
+from the first guess `specdemo.jacobi` makes (the last committed token repeated) to its fixed
+point, and each state on the way is stored (Kou et al. 2024, "CLLMs", Sec. 3.1: the
+trajectory collection; Algorithm 1). All blocks of one answer iterate together in one pass
+each: a block's tokens see the prompt, the answer before the block, and the block's earlier
+tokens (`block_states_mask`), which is exactly what a Jacobi pass over that block alone sees.
+"""
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from specdemo.attention import additive
+from specdemo.kvcache import keep_prefix
+from specdemo.models import load_model
+
+from .selfdistill import load_split
+
+BLOCK_SIZE = 16  # specdemo.jacobi's default block
+
+
+def block_starts(answer_length: int, block_size: int, offset: int) -> list[int]:
+    """Answer offsets where blocks begin: 0 (where decoding starts its first block), then offset,
+    offset + block_size, ... (a random offset in [0, block_size) varies where boundaries fall,
+    as they vary at decoding time; the first block may overlap the second, each sees its own
+    true prefix)."""
+    starts = [0] + list(range(offset or block_size, answer_length, block_size))
+    return [s for s in starts if s < answer_length]
+
+
+def block_states_mask(context_ends: list[int], lengths: list[int], context_length: int) -> torch.Tensor:
+    """`allowed` [q, context_length + q] (bool) for blocks of new tokens fed after a context of
+    `context_length` tokens: block j (its `lengths[j]` tokens, concatenated in order) sees the
+    first `context_ends[j]` context tokens and, causally, its own tokens."""
+    q = sum(lengths)
+    allowed = torch.zeros(q, context_length + q, dtype=torch.bool)
+    row = 0
+    for end, length in zip(context_ends, lengths):
+        allowed[row : row + length, :end] = True
+        allowed[row : row + length, context_length + row : context_length + row + length] = torch.ones(length, length, dtype=torch.bool).tril()
+        row += length
+    return allowed
+
+
+def block_positions(context_ends: list[int], lengths: list[int]) -> torch.Tensor:
+    """Position ids [1, q]: block j's token i sits at context_ends[j] + i."""
+    return torch.cat([torch.arange(end, end + length) for end, length in zip(context_ends, lengths)])[None]
+
+
+@torch.inference_mode()
+def trajectories(model, sequence: list[int], answer_start: int, starts: list[int], block_size: int) -> list[list[list[int]]]:
+    """For each block starting at answer offset `starts[j]`: its Jacobi states, first guess to
+    fixed point (the last state repeats no earlier one; at most block_size + 1 states)."""
+    tokens = torch.tensor([sequence])
+    cache = DynamicCache(config=model.config)
+    logits = model(tokens, past_key_values=cache, use_cache=True).logits[0]
+    context_length = len(sequence)
+    ends = [answer_start + s for s in starts]
+    lengths = [min(block_size, context_length - end) for end in ends]
+    first_tokens = [int(logits[end - 1].argmax()) for end in ends]  # fixed: the prefix never changes
+    states = [[[sequence[end - 1]] * length] for end, length in zip(ends, lengths)]
+    active = list(range(len(ends)))
+    while active:
+        fed = [states[j][-1] for j in active]
+        allowed = block_states_mask([ends[j] for j in active], [lengths[j] for j in active], context_length)
+        logits = model(
+            torch.tensor([sum(fed, [])]),
+            attention_mask=additive(allowed, model.dtype),
+            position_ids=block_positions([ends[j] for j in active], [lengths[j] for j in active]),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[0]
+        keep_prefix(cache, context_length)
+        choices = logits.argmax(-1).tolist()
+        still_active, row = [], 0
+        for j, state in zip(active, fed):
+            updated = [first_tokens[j], *choices[row : row + len(state) - 1]]  # Jacobi update of every position
+            row += len(state)
+            if updated != state and len(states[j]) <= block_size:
+                states[j].append(updated)
+                still_active.append(j)
+        active = still_active
+    return states
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="greedy answers (made when missing)")
+    parser.add_argument("--out", type=Path, default=Path("build/jacobi_trajectories.pt"))
+    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    parser.add_argument("--held-out", type=int, default=80, help="prompts kept out (the same split as the Medusa heads')")
+    parser.add_argument("--limit", type=int, default=360, help="only the first N training answers, shuffled (360: about 25 min here)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", help="as the answers were written")
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    data, train_ids, held_out_ids = load_split(args.data, None, 0.0, args.held_out, args.seed, rng)
+    rng.shuffle(train_ids)
+    train_ids = train_ids[: args.limit]
+    model = load_model("embedded", args.dtype, "cpu").model
+    records, start, passes = [], time.time(), 0
+    for count, i in enumerate(train_ids):
+        sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
+        starts = block_starts(len(sequence) - answer_start, args.block_size, rng.randrange(args.block_size))
+        states = trajectories(model, sequence, answer_start, starts, args.block_size)
+        passes += max(len(s) for s in states)
+        records.append({"sequence": sequence, "answer_start": answer_start, "block_starts": starts, "states": states})
+        if count % 50 == 0:
+            print(f"  {count + 1}/{len(train_ids)} answers, {time.time() - start:.0f}s", flush=True)
+    converged = sum(r["states"][j][-1] == r["sequence"][r["answer_start"] + s : r["answer_start"] + s + len(r["states"][j][-1])]
+                    for r in records for j, s in enumerate(r["block_starts"]))
+    blocks = sum(len(r["block_starts"]) for r in records)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"records": records, "held_out_ids": held_out_ids, "block_size": args.block_size, "seed": args.seed}, args.out)
+    print(f"wrote {args.out}: {len(records)} answers, {blocks} blocks, {converged / blocks:.3f} of them converged to the "
+          f"greedy answer, {sum(len(s) - 1 for r in records for s in r['states']) / blocks:.2f} Jacobi passes a block")
+
+
+if __name__ == "__main__":
+    main()
