@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from types import MappingProxyType
 
-from . import ar, jacobi, lookahead, medusa, speculative
+from . import ar, cllm, jacobi, lookahead, medusa, speculative
 from .draft import load_draft
 from .errors import SpecDemoError
 from .models import EMBEDDED, LoadedModel
@@ -21,6 +21,7 @@ METHODS: MappingProxyType[str, Callable] = MappingProxyType(
         "medusa": medusa.generate,
         "lookahead": lookahead.generate,
         "jacobi": jacobi.generate,
+        "cllm": cllm.generate,
     }
 )
 
@@ -44,4 +45,11 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         if target.spec != EMBEDDED:
             raise SpecDemoError(f"Medusa decoding of {target.spec} needs heads trained for it: pass heads=medusa.load_heads(FOLDER, model)")
         return MappingProxyType({"heads": medusa.load_heads(medusa.EMBEDDED_HEADS, target.model)})
+    if name == "cllm":
+        if target.spec != EMBEDDED:
+            raise SpecDemoError(
+                f"CLLM decoding of {target.spec} needs a consistency-trained copy of it: pass "
+                "cllm_model=cllm.load_cllm(SPEC, target), e.g. SPEC 'cllm/consistency-llm-7b-sharegpt48k' for its Vicuna-7B"
+            )
+        return MappingProxyType({"cllm_model": cllm.load_cllm(cllm.EMBEDDED_CLLM, target)})
     return MappingProxyType({})

@@ -10,7 +10,7 @@ from specdemo import SpecDemoError, bench
 
 TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar"}
-ROW_KEYS = {"question_id", "method", "tokens", "forward_passes", "wall_s", "matches_ar"}
+ROW_KEYS = {"question_id", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar"}
 
 
 def test_bench_json_schema(embedded, tmp_path):
@@ -66,3 +66,15 @@ def test_bad_setting_is_refused():
         bench.parse_settings(["window=5"], ["ar", "lookahead"])
     with pytest.raises(SpecDemoError, match="medusa.width"):
         bench.parse_settings(["medusa.width=5"], ["ar", "lookahead"])
+
+
+def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
+    """cllm brings its reference, cllm_ar (AR on the CLLM weights); its matches_ar is against
+    that, and the report says how often its answer is not the base model's."""
+    assert bench.parse_methods("cllm") == ["ar", "cllm", "cllm_ar"]
+    argv = ["--methods", "cllm", "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32", "--device", "cpu"]
+    report = bench.main(argv)
+    cllm = report["methods"]["cllm"]
+    assert cllm["matches_ar"] == 1.0 and {"speedup_vs_own_ar", "differs_from_base_ar"} <= set(cllm)
+    rows = [row for row in report["rows"] if row["method"] == "cllm"]
+    assert cllm["differs_from_base_ar"] == sum(not row["matches_base_ar"] for row in rows) / len(rows)

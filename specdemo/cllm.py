@@ -1,0 +1,85 @@
+"""CLLM: Jacobi decoding on a consistency-trained copy of the target.
+
+Kou et al. 2024, "CLLMs: Consistency Large Language Models". The model is fine-tuned so that
+from any state on a Jacobi trajectory it predicts the trajectory's fixed point (the global
+consistency loss, their Eq. 4), next to the AR loss that keeps its answers close to the
+target's (Eq. 5). Decoding is `specdemo.jacobi` unchanged: the speed comes from the weights,
+which commit several tokens per pass where the base model commits about one. Its greedy answer
+is AR's greedy answer *on the CLLM weights*, which may differ from the base model's.
+
+Weights: ours are low-rank adapters (Hu et al. 2021, LoRA) for the embedded target, merged
+into a copy of it at load (`assets/smollm2-135m-cllm/`, made by `training/train_cllm.py`); a
+published CLLM (e.g. `cllm/consistency-llm-7b-sharegpt48k` on the Hub) is a whole model and
+loads as any model spec does.
+"""
+
+import copy
+import functools
+import json
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedModel
+
+from . import jacobi
+from .errors import SpecDemoError
+from .events import StepEvent, Summary
+from .models import LoadedModel, load_model
+from .sampling import GREEDY, SamplingConfig
+
+EMBEDDED_CLLM = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-cllm"
+ADAPTER_FILE = "adapter.safetensors"
+CONFIG_FILE = "adapter_config.json"
+
+
+def generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    cllm_model: PreTrainedModel,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig = GREEDY,
+    block_size: int = 16,
+    eos_token_ids: Iterable[int] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[StepEvent | Summary]:
+    """Jacobi-decode after `input_ids` with `cllm_model`; `model`, the target, only has to share
+    its vocabulary (the prompt was tokenized for it)."""
+    if cllm_model.config.vocab_size != model.config.vocab_size:
+        raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
+    yield from jacobi.generate(
+        cllm_model, input_ids, max_new_tokens=max_new_tokens, sampling=sampling, block_size=block_size,
+        eos_token_ids=eos_token_ids, stop=stop, method_name="cllm",
+    )
+
+
+@functools.cache
+def load_cllm(spec: str | Path, target: LoadedModel) -> PreTrainedModel:
+    """The CLLM for `target`, once per process: a folder of our adapters (merged into a copy of
+    the target, which stays as it was), or any model spec `specdemo.models` loads (a published
+    CLLM, on the target's dtype and device)."""
+    folder = Path(spec)
+    if (folder / ADAPTER_FILE).exists():
+        cllm = copy.deepcopy(target.model)
+        merge_adapters(cllm, load_file(folder / ADAPTER_FILE), json.loads((folder / CONFIG_FILE).read_text())["scale"])
+        return cllm.eval()
+    return load_model(str(spec), target.dtype, str(target.device)).model
+
+
+@torch.no_grad()
+def merge_adapters(model: PreTrainedModel, tensors: dict[str, torch.Tensor], scale: float) -> None:
+    """W <- W + scale * B @ A for every `{module}.lora_A` / `{module}.lora_B` pair (LoRA, Hu et
+    al. 2021, Eq. 3), summed in float32 and stored in the model's dtype."""
+    modules = {key.rsplit(".", 1)[0] for key in tensors}
+    for name in sorted(modules):
+        try:
+            weight = model.get_submodule(name).weight
+        except AttributeError as error:
+            raise SpecDemoError(f"the CLLM adapters name {name!r}, which this model has not: they were trained for another model") from error
+        delta = scale * tensors[f"{name}.lora_B"].float() @ tensors[f"{name}.lora_A"].float()
+        if delta.shape != weight.shape:
+            raise SpecDemoError(f"the CLLM adapter for {name} is {tuple(delta.shape)}, the model's weight {tuple(weight.shape)}")
+        weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))

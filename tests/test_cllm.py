@@ -1,0 +1,121 @@
+"""CLLM: Jacobi on other weights equals AR on those weights; trajectories as decoding sees them;
+adapters merge as they trained; consistency training cuts Jacobi passes; the stored CLLM loads offline."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from specdemo import SpecDemoError, ar, cllm, jacobi
+from specdemo.events import StepEvent, final_summary
+from training.jacobi_trajectories import trajectories
+from training.train_cllm import add_adapters, adapter_tensors, remove_adapters, train_adapters
+
+
+def greedy(model, prompt_ids, max_new_tokens=40) -> list[int]:
+    return list(final_summary(ar.generate(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=())).tokens)
+
+
+def test_cllm_equals_ar_on_its_own_weights(tiny_model, prompt_ids):
+    other = make_tiny_model(seed=7)
+    summary = final_summary(cllm.generate(tiny_model, prompt_ids, cllm_model=other, max_new_tokens=40, block_size=8, eos_token_ids=()))
+    assert list(summary.tokens) == greedy(other, prompt_ids)
+    assert list(summary.tokens) != greedy(tiny_model, prompt_ids)  # not the target's answer: another model's
+    assert summary.method == "cllm"
+
+
+def test_cllm_refuses_a_model_of_another_vocabulary(tiny_model, prompt_ids):
+    with pytest.raises(SpecDemoError, match="vocabulary"):
+        list(cllm.generate(tiny_model, prompt_ids, cllm_model=make_tiny_model(vocab_size=50), max_new_tokens=4))
+
+
+def test_trajectories_are_the_states_jacobi_decoding_feeds(tiny_model, prompt_ids):
+    """All blocks iterated together in one pass each (block_states_mask) go through the states
+    `specdemo.jacobi` feeds block by block, and end at the greedy answer."""
+    events = [e for e in jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=8, eos_token_ids=()) if isinstance(e, StepEvent)]
+    answer = greedy(tiny_model, prompt_ids, 30)
+    starts = sorted({e.extra["block_start"] for e in events})
+    sequence, answer_start = prompt_ids[0].tolist() + answer, prompt_ids.shape[1]
+    states = trajectories(tiny_model, sequence, answer_start, starts, 8)
+    for start, block_states in zip(starts, states):
+        fed = [list(e.extra["state"]) for e in events if e.extra["block_start"] == start]
+        assert block_states[: len(fed)] == fed
+        assert block_states[-1] == answer[start : start + len(block_states[-1])]
+
+
+def test_merged_adapters_compute_what_the_trained_ones_did(tiny_model, prompt_ids):
+    model = copy.deepcopy(tiny_model)
+    adapters = add_adapters(model, rank=4, scale=2.0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for adapter in adapters.values():  # float16 values: the stored format loses nothing
+            adapter.lora_B.copy_((torch.randn_like(adapter.lora_B) * 0.2).half().float())
+            adapter.lora_A.copy_(adapter.lora_A.half().float())
+        adapted = model(prompt_ids).logits
+    tensors = adapter_tensors(adapters)
+    remove_adapters(model, adapters)
+    merged = copy.deepcopy(tiny_model)
+    cllm.merge_adapters(merged, tensors, scale=2.0)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(prompt_ids).logits, adapted, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(tiny_model(prompt_ids).logits, adapted, atol=1e-3)  # the adapters did change it
+
+
+def test_consistency_training_cuts_jacobi_passes():
+    """A short run of the consistency loss alone on a tiny model's own Jacobi trajectories makes
+    Jacobi decoding of those prompts take fewer passes (CLLM's claim, in miniature)."""
+    model = make_tiny_model(seed=11)
+    with torch.no_grad():  # peaked next-token distributions, as a trained LM has (random init is near uniform)
+        model.lm_head.weight.mul_(10.0)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 97, (1, 6), generator=generator) for _ in range(4)]
+
+    def passes(m) -> int:
+        return sum(final_summary(jacobi.generate(m, p, max_new_tokens=32, block_size=8, eos_token_ids=())).target_forwards for p in prompts)
+
+    records = []
+    for prompt_ids in prompts:
+        sequence = prompt_ids[0].tolist() + greedy(model, prompt_ids, 32)
+        starts = list(range(0, 32, 8))
+        records.append({"sequence": sequence, "answer_start": 6, "block_starts": starts, "states": trajectories(model, sequence, 6, starts, 8)})
+    before = passes(model)
+    _, history = train_adapters(model, records, epochs=30, lr=1e-2, accumulate=2, rank=8, scale=1.0, seed=0, ar_weight=0.0, log_every=10)
+    assert history[-1]["consistency_kl"] < 0.1 * history[0]["consistency_kl"]
+    assert passes(model) < 0.5 * before
+
+
+def test_stored_cllm_loads_offline_and_is_another_model(embedded):
+    if not (cllm.EMBEDDED_CLLM / cllm.ADAPTER_FILE).exists():
+        pytest.fail(f"the CLLM adapters are missing from {cllm.EMBEDDED_CLLM}: run python -m training.train_cllm")
+    model = cllm.load_cllm(cllm.EMBEDDED_CLLM, embedded)
+    assert model is not embedded.model
+    base = dict(embedded.model.named_parameters())
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p, base[name])]
+    assert changed and all(name.endswith("proj.weight") for name in changed)
+
+
+def test_a_published_cllm_loads_through_the_model_path(embedded):
+    """A Hub CLLM (a whole model) goes through specdemo.models: offline here, so it fails with
+    that loader's sentence, not with an adapter error."""
+    with pytest.raises(SpecDemoError, match="could not load model 'cllm/consistency-llm-7b-sharegpt48k'"):
+        cllm.load_cllm("cllm/consistency-llm-7b-sharegpt48k", embedded)
+
+
+def test_cllm_equals_its_own_ar_on_embedded_model(embedded):
+    from specdemo.methods import method_options
+
+    cllm_model = method_options("cllm", embedded)["cllm_model"]
+    input_ids = embedded.encode_chat("Name three uses of a paperclip.")
+    expected = final_summary(ar.generate(cllm_model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
+    summary = final_summary(cllm.generate(embedded.model, input_ids, cllm_model=cllm_model, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    assert summary.tokens == expected
+    assert len(summary.tokens) / summary.target_forwards > 1.0
+
+
+def test_pick_states_never_picks_the_fixed_point():
+    from training.train_cllm import pick_states
+
+    record = {"answer_start": 3, "block_starts": [0, 4], "states": [[[1, 1], [5, 6]], [[7]]]}
+    assert pick_states(record, random.Random(0)) == [(3, [1, 1])]

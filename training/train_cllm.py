@@ -1,0 +1,306 @@
+"""Consistency-train the embedded SmolLM2-135M-Instruct into a CLLM, on this CPU.
+
+    python -m training.train_cllm      # trajectories (build/), training, measurement, assets/
+
+Kou et al. 2024, "CLLMs: Consistency Large Language Models". The data are Jacobi trajectories
+of the target on its own greedy answers to our training prompts (training/jacobi_trajectories.py).
+Each step takes one answer and, for each of its blocks, one random state of the block's
+trajectory short of the fixed point, and feeds them in one pass after the answer itself (each
+state sees the answer before its block only). From that pass:
+
+- the global consistency loss (Sec. 3.2, Eq. 4): at each position of a state from its first
+  wrong token on, the cross-entropy from the model's distribution there to its distribution at
+  the same position of the fixed point (the answer), the fixed-point side detached;
+- the AR loss (Eq. 5) on the answer, label-smoothed by 0.1 and weighted 10 against the
+  consistency loss, as the authors' training code does, so the model keeps the target's answers.
+
+Low-rank adapters (LoRA, rank 32) on every attention and MLP projection train; the base stays
+frozen in bfloat16, as decoding runs. Seeded; writes assets/smollm2-135m-cllm/ and its
+MANIFEST.md, with tokens per Jacobi pass before and after on held-out prompts.
+"""
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from specdemo import jacobi
+from specdemo.attention import additive
+from specdemo.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, load_cllm
+from specdemo.events import final_summary
+from specdemo.models import load_model
+
+from .jacobi_trajectories import block_positions, block_states_mask
+
+ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AR_WEIGHT = 10.0  # the authors' code: loss_ar *= 10
+LABEL_SMOOTHING = 0.1
+
+
+class LowRankAdapter(nn.Module):
+    """y = W x + scale * B A x with W frozen (LoRA, Hu et al. 2021); B starts at zero, so the
+    adapted model starts as the base model."""
+
+    def __init__(self, base: nn.Linear, rank: int, scale: float):
+        super().__init__()
+        self.base, self.scale = base, scale
+        self.lora_A = nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (self.scale * (x.float() @ self.lora_A.T) @ self.lora_B.T).to(x.dtype)
+
+
+def add_adapters(model: nn.Module, rank: int, scale: float) -> dict[str, LowRankAdapter]:
+    """Wrap every adapted projection of `model` in place; freeze everything else. Returns them by name."""
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    adapters = {}
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in ADAPTED:
+            parent, child = name.rsplit(".", 1)
+            adapters[name] = LowRankAdapter(module, rank, scale)
+            setattr(model.get_submodule(parent), child, adapters[name])
+    return adapters
+
+
+def remove_adapters(model: nn.Module, adapters: dict[str, LowRankAdapter]) -> None:
+    """Put the base projections back (the adapters are merged at load time instead)."""
+    for name, adapter in adapters.items():
+        parent, child = name.rsplit(".", 1)
+        setattr(model.get_submodule(parent), child, adapter.base)
+
+
+def adapter_tensors(adapters: dict[str, LowRankAdapter]) -> dict[str, torch.Tensor]:
+    """The adapters in the format `specdemo.cllm.merge_adapters` reads (float16: half the size;
+    the merged weights are what the CLLM is, so its own AR is the reference either way)."""
+    tensors = {}
+    for name, adapter in adapters.items():
+        tensors[f"{name}.lora_A"] = adapter.lora_A.detach().half().contiguous()
+        tensors[f"{name}.lora_B"] = adapter.lora_B.detach().half().contiguous()
+    return tensors
+
+
+def pick_states(record: dict, rng: random.Random) -> list[tuple[int, list[int]]]:
+    """One random non-final state per block (CLLM samples one point of the trajectory short of
+    its fixed point), as (block start in the sequence, state); blocks with no such state are skipped."""
+    picked = []
+    for start, states in zip(record["block_starts"], record["states"]):
+        if len(states) > 1:
+            picked.append((record["answer_start"] + start, rng.choice(states[:-1])))
+    return picked
+
+
+def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: float = AR_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """The CLLM loss of one answer (the module docstring), and its parts for the log."""
+    sequence, answer_start = record["sequence"], record["answer_start"]
+    picked = pick_states(record, rng)
+    context_length = len(sequence)
+    ends, states = [end for end, _ in picked], [state for _, state in picked]
+    lengths = [len(state) for state in states]
+    causal = torch.ones(context_length, context_length, dtype=torch.bool).tril()
+    allowed = torch.cat([
+        torch.cat([causal, torch.zeros(context_length, sum(lengths), dtype=torch.bool)], dim=-1),
+        block_states_mask(ends, lengths, context_length),
+    ])
+    mask = additive(allowed, next(model.parameters()).dtype)
+    positions = torch.cat([torch.arange(context_length)[None], block_positions(ends, lengths)], dim=-1)
+    tokens = torch.tensor([sequence + sum(states, [])])
+    logits = model(tokens, attention_mask=mask, position_ids=positions).logits[0].float()
+
+    answer = torch.tensor(sequence[answer_start:])
+    ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], answer, label_smoothing=LABEL_SMOOTHING)
+
+    student_rows, teacher_rows, row = [], [], context_length
+    for end, state in zip(ends, states):
+        fixed_point = sequence[end : end + len(state)]
+        first_wrong = next((i for i, (s, f) in enumerate(zip(state, fixed_point)) if s != f), len(state))
+        # state token i predicts block token i + 1; before the first wrong token it sees what the
+        # fixed point sees, so those positions teach nothing (as in CLLM's code)
+        for i in range(first_wrong, len(state) - 1):
+            student_rows.append(row + i)
+            teacher_rows.append(end + i)
+        row += len(state)
+    if student_rows:
+        teacher = torch.softmax(logits[teacher_rows].detach(), dim=-1)
+        log_student = torch.log_softmax(logits[student_rows], dim=-1)
+        consistency = -(teacher * log_student).sum(-1).mean()
+        teacher_entropy = -(teacher * torch.log(teacher.clamp_min(1e-20))).sum(-1).mean()
+    else:
+        consistency = teacher_entropy = logits.new_zeros(())
+    loss = consistency + ar_weight * ar_loss
+    kl = (consistency - teacher_entropy).item()
+    return loss, {"consistency_kl": kl, "ar": ar_loss.item(), "positions": len(student_rows)}
+
+
+def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumulate: int, rank: int, scale: float,
+                   seed: int, ar_weight: float = AR_WEIGHT, log_every: int = 50) -> tuple[dict, list[dict]]:
+    """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay).
+    Returns the adapters (still wrapped into `model`) and the loss history."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    adapters = add_adapters(model, rank, scale)
+    parameters = [p for adapter in adapters.values() for p in (adapter.lora_A, adapter.lora_B)]
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    total_steps = math.ceil(len(records) / accumulate) * epochs
+    history, window, step, start = [], [], 0, time.time()
+    for epoch in range(epochs):
+        order = list(range(len(records)))
+        rng.shuffle(order)
+        for first in range(0, len(order), accumulate):
+            for group in optimizer.param_groups:
+                group["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+            optimizer.zero_grad()
+            batch = order[first : first + accumulate]
+            for index in batch:
+                loss, parts = cllm_loss(model, records[index], rng, ar_weight)
+                (loss / len(batch)).backward()
+                window.append(parts)
+            optimizer.step()
+            step += 1
+            if step % log_every == 0 or step == total_steps:
+                history.append({
+                    "step": step, "epoch": epoch + 1, "minutes": (time.time() - start) / 60,
+                    "consistency_kl": sum(p["consistency_kl"] for p in window) / len(window),
+                    "ar": sum(p["ar"] for p in window) / len(window),
+                })
+                window = []
+                print(json.dumps(history[-1]), flush=True)
+    return adapters, history
+
+
+def jacobi_passes(model, prompts_ids: list[torch.Tensor], max_new_tokens: int, block_size: int, eos: tuple[int, ...]) -> tuple[float, list[list[int]]]:
+    """Tokens per Jacobi pass over `prompts_ids`, and the answers."""
+    tokens = passes = 0
+    answers = []
+    for input_ids in prompts_ids:
+        summary = final_summary(jacobi.generate(model, input_ids, max_new_tokens=max_new_tokens, block_size=block_size, eos_token_ids=eos))
+        tokens, passes = tokens + len(summary.tokens), passes + summary.target_forwards
+        answers.append(list(summary.tokens))
+    return tokens / passes, answers
+
+
+def distinct_bigrams(answers: list[list[int]]) -> float:
+    """The share of each answer's token bigrams that are distinct, averaged over answers: 1 when
+    nothing repeats, near 0 for an answer stuck in a loop (a cheap check for degeneration)."""
+    shares = [len(set(zip(a, a[1:]))) / (len(a) - 1) for a in answers if len(a) > 1]
+    return sum(shares) / len(shares)
+
+
+def load_trajectories(path: Path, seed: int) -> dict:
+    """The trajectories at `path`, collected first when missing (training/jacobi_trajectories.py)."""
+    if not path.exists():
+        command = [sys.executable, "-m", "training.jacobi_trajectories", "--out", str(path), "--seed", str(seed)]
+        subprocess.run(command, check=True)
+    return torch.load(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", type=Path, default=Path("build/jacobi_trajectories.pt"))
+    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="the answers (for held-out prompts)")
+    parser.add_argument("--out", type=Path, default=EMBEDDED_CLLM)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--scale", type=float, default=2.0, help="LoRA alpha / rank")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--ar-weight", type=float, default=AR_WEIGHT, help=f"of the AR loss against the consistency loss ({AR_WEIGHT:g}: the authors' code)")
+    parser.add_argument("--accumulate", type=int, default=4, help="answers per optimizer step")
+    parser.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts measured before and after")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    trajectories = load_trajectories(args.trajectories, args.seed)
+    data = torch.load(args.data)
+    target = load_model("embedded", "bfloat16", "cpu")
+    eval_prompts = [data["prompts"][i] for i in trajectories["held_out_ids"][: args.eval_prompts]]
+    eval_ids = [target.encode_chat(prompt) for prompt in eval_prompts]
+    block_size = trajectories["block_size"]
+    before, base_answers = jacobi_passes(target.model, eval_ids, args.max_new_tokens, block_size, target.eos_token_ids)
+    print(f"base: {before:.3f} tokens per Jacobi pass on {len(eval_ids)} held-out prompts", flush=True)
+
+    model = load_model("embedded", "bfloat16", "cpu").model  # the cached target: trained in place, restored below
+    start = time.time()
+    adapters, history = train_adapters(model, trajectories["records"], epochs=args.epochs, lr=args.lr,
+                                       accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight, log_every=10)
+    train_minutes = (time.time() - start) / 60
+    tensors = adapter_tensors(adapters)
+    remove_adapters(model, adapters)
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, args.out / ADAPTER_FILE)
+    (args.out / CONFIG_FILE).write_text(json.dumps({"base_model": "embedded SmolLM2-135M-Instruct", "rank": args.rank, "scale": args.scale,
+                                                    "modules": list(ADAPTED), "block_size": block_size}, indent=2) + "\n")
+    cllm = load_cllm(args.out, target)
+    after, cllm_answers = jacobi_passes(cllm, eval_ids, args.max_new_tokens, block_size, target.eos_token_ids)
+    print(f"CLLM: {after:.3f} tokens per Jacobi pass", flush=True)
+    report = {
+        "history": history, "train_minutes": train_minutes, "tokens_per_pass_before": before, "tokens_per_pass_after": after,
+        "eval_prompts": len(eval_ids), "block_size": block_size, "ar_weight": args.ar_weight,
+        "distinct_bigrams_base": distinct_bigrams(base_answers), "distinct_bigrams_cllm": distinct_bigrams(cllm_answers), "answers_differing": sum(a != b for a, b in zip(base_answers, cllm_answers)),
+        "train_answers": len(trajectories["records"]),
+        "train_blocks": sum(len(r["block_starts"]) for r in trajectories["records"]),
+        "examples": [{"prompt": p, "base": target.decode(a), "cllm": target.decode(b)} for p, a, b in zip(eval_prompts, base_answers, cllm_answers)],
+    }
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_manifest(args, report)
+
+
+def write_manifest(args, report: dict) -> None:
+    size = (args.out / ADAPTER_FILE).stat().st_size / 1e6
+    curve = "\n".join(f"| {h['step']} | {h['epoch']} | {h['consistency_kl']:.3f} | {h['ar']:.3f} |" for h in report["history"])
+    (args.out / "MANIFEST.md").write_text(f"""# CLLM adapters for the embedded SmolLM2-135M-Instruct
+
+**What it is.** Low-rank adapters (LoRA rank {args.rank}, scale {args.scale}) on every attention and MLP
+projection of the embedded SmolLM2-135M-Instruct, consistency-trained (Kou et al. 2024, CLLMs) so
+that Jacobi decoding commits more tokens per pass. `specdemo.cllm.load_cllm(EMBEDDED_CLLM, target)`
+merges them into a copy of the target at load time, no network. The result is a changed model:
+the `cllm` method's greedy answer equals AR on these merged weights, not the base model's AR.
+
+**Command** (from a clean checkout, after `make setup`):
+
+    .venv/bin/python -m training.train_cllm
+
+It makes the greedy self-distillation answers (`build/selfdistill.pt`, 15 to 20 min here) and
+the Jacobi trajectories (`build/jacobi_trajectories.pt`, about 17 min here) when missing, then
+trains ({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
+
+**Data.** Jacobi trajectories (blocks of {report['block_size']} tokens, from `specdemo.jacobi`'s first guess to the
+fixed point) of the target's own greedy answers to the prompts `training/prompts.py` builds from our
+templates and word lists; no benchmark prompt. {report['train_answers']} answers, {report['train_blocks']} blocks.
+Loss: global consistency + {args.ar_weight:g} x AR (label smoothing {LABEL_SMOOTHING}), AdamW lr {args.lr},
+warm-up and cosine, {args.epochs} epochs, {args.accumulate} answers per step.
+
+**Size.** `{ADAPTER_FILE}` {size:.1f} MB (float16).
+
+**Measured** on {report['eval_prompts']} held-out prompts (not trained on), bfloat16, {args.max_new_tokens} new tokens,
+Jacobi blocks of 16 (`training_report.json`):
+
+| model | tokens per Jacobi pass |
+| --- | --- |
+| base SmolLM2-135M-Instruct | {report['tokens_per_pass_before']:.2f} |
+| CLLM (these adapters) | {report['tokens_per_pass_after']:.2f} |
+
+The CLLM's greedy answer differs from the base model's on {report['answers_differing']} of the {report['eval_prompts']} prompts.
+Distinct token bigrams per answer (1: nothing repeats; a loop drives it toward 0): base
+{report['distinct_bigrams_base']:.2f}, CLLM {report['distinct_bigrams_cllm']:.2f}. All answers are in `training_report.json`.
+
+Loss curve (means over the steps since the previous row; consistency as KL to the fixed point's distribution):
+
+| step | epoch | consistency KL | AR (smoothed CE) |
+| --- | --- | --- | --- |
+{curve}
+
+Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,jacobi,cllm` (see the README).
+""")
+
+
+if __name__ == "__main__":
+    main()
