@@ -7,8 +7,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from . import ar
 from .errors import SpecDemoError
-from .events import StepEvent, Summary
+from .events import StepEvent, Summary, final_summary
 from .methods import METHODS, get_method, method_options
 from .models import LoadedModel
 from .sampling import GREEDY, SamplingConfig
@@ -24,6 +25,7 @@ METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sa
     "speculative": ("gamma", "adaptive_gamma"),
     "medusa": ("tree", "tree_size", "typical_acceptance"),
     "jacobi": ("block_size",),
+    "cllm": ("block_size",),
     "lookahead": ("window", "ngram", "candidates"),
 }
 
@@ -127,6 +129,16 @@ class Baselines:
                 ar_request = Request(request.prompt, "ar", request.max_new_tokens, request.sampling)
                 self.runs[key] = collect(run(target, ar_request))
             return self.runs[key]
+
+
+def own_reference(target: LoadedModel, request: Request) -> Summary | None:
+    """For a method that decodes other weights than the target's (cllm), greedy AR on those
+    weights: the answer it must equal. None for the others, whose reference is the target's AR."""
+    if request.method != "cllm":
+        return None
+    model = method_options("cllm", target)["cllm_model"]
+    input_ids = target.encode_chat(request.prompt)
+    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
 
 
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:

@@ -11,7 +11,9 @@ import gradio as gr
 from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
-from .live import MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, collect, first_difference, run, speedup, stats, timed_events
+from .live import (
+    MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, collect, first_difference, own_reference, run, speedup, stats, timed_events,
+)
 from .methods import METHODS
 from .models import LoadedModel
 from .sampling import GREEDY, SamplingConfig
@@ -39,6 +41,11 @@ HOW_IT_WORKS = {
     "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
     "prediction given the guesses before it; repeat until nothing changes: the fixed point is exactly the greedy answer. On an ordinary "
     "model about one token settles per pass, which the trajectory shows.",
+    "cllm": "**CLLM** (Kou et al. 2024). Jacobi decoding, unchanged, on a copy of the target fine-tuned so that from any state "
+    "of a Jacobi trajectory it predicts the fixed point (consistency loss), while an AR loss keeps its answers close to the target's. "
+    "Several tokens then settle in one pass (fast-forwarding), and some settle while the tokens before them are still wrong "
+    "(stationary tokens), both marked in the trajectory. It is a changed model: its greedy answer equals AR's on the CLLM's own "
+    "weights and may differ from the base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).",
     "lookahead": "**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 levels), "
     "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
     "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
@@ -176,7 +183,9 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                 events, summary = collect(run(target, Request(base.prompt, method, base.max_new_tokens)))
                 run_stats = stats(events, summary)
                 differs = first_difference(summary.tokens, baseline_summary.tokens)
-                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode))
+                reference = own_reference(target, Request(base.prompt, method, base.max_new_tokens))
+                own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
+                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode, reference, own_differs))
                 columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode)}</div>")
             ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode)}</div>"
             table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
@@ -215,7 +224,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                     typical_acceptance = gr.Checkbox(
                         False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
                     )
-                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi: block size n")
+                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
                     window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
                     ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
                     candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
@@ -270,9 +279,21 @@ def build_app(target: LoadedModel) -> gr.Blocks:
     return app
 
 
-def race_row(method, run_stats, baseline_stats, differs, summary, decode) -> str:
-    same = "yes" if differs is None else f"no: first differs at token {differs} ({decode(summary.tokens[differs])!r})" if differs < len(summary.tokens) else f"no: differs at token {differs}"
+def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None) -> str:
+    """One row of the race table. A method on other weights (cllm) is checked against AR on its
+    own weights (`reference`); beside it, whether its answer also equals the target's AR."""
+    same = same_tokens(differs, summary, decode)
+    if reference is not None:
+        same = f"as its own AR: {same_tokens(own_differs, summary, decode)}; as the target's AR: {same} (a fine-tuned copy may answer differently)"
     return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"
+
+
+def same_tokens(differs: int | None, summary, decode) -> str:
+    if differs is None:
+        return "yes"
+    if differs < len(summary.tokens):
+        return f"no: first differs at token {differs} ({decode(summary.tokens[differs])!r})"
+    return f"no: differs at token {differs}"
 
 
 def api_generate_for(target: LoadedModel):

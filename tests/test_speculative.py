@@ -6,7 +6,7 @@ import torch
 from scipy.stats import chisquare
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, speculative

@@ -47,3 +47,16 @@ def test_why_panel_predicts_from_the_runs_own_numbers():
     ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0, "tokens_per_s": 25.0}
     text = why_html(run_stats, ar_stats, [])
     assert "50.0 ms" in text and "40.0 ms" in text and "1.60x" in text and "faster" in text
+
+
+def test_race_checks_cllm_against_its_own_ar(embedded):
+    """The race row of a fine-tuned copy says whether it equals its own AR, and apart from that
+    whether it equals the target's AR (a difference there is expected, not a failure)."""
+    from specdemo.events import Summary
+    from specdemo.ui import race_row
+
+    summary = Summary("cllm", (5, 6, 7), "length", 2, 2)
+    numbers = {"tokens_per_s": 30.0, "tokens_per_forward": 1.5}
+    row = race_row("cllm", numbers, {"tokens_per_s": 20.0}, 1, summary, str, reference=summary, own_differs=None)
+    assert "as its own AR: yes" in row and "as the target's AR: no: first differs at token 1" in row and "1.5x" in row
+    assert "own AR" not in race_row("jacobi", numbers, {"tokens_per_s": 20.0}, None, summary, str)
