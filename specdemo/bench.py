@@ -23,7 +23,7 @@ from tqdm import tqdm
 from . import ar
 from .errors import SpecDemoError
 from .events import final_summary
-from .methods import METHODS, get_method, method_options
+from .methods import METHODS, decoded_model, get_method, method_options
 from .models import EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -87,8 +87,7 @@ def hf_assisted(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: in
 def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
     """AR on the CLLM's weights: the answer `cllm` must equal (the CLLM is a changed model, so
     the base model's AR is not its reference), and the speed of the CLLM without Jacobi."""
-    cllm_model = method_options("cllm", target)["cllm_model"]
-    events = ar.generate(cllm_model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **settings)
+    events = ar.generate(decoded_model("cllm", target), input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **settings)
     summary = final_summary(events)
     return Run(list(summary.tokens), summary.target_forwards)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from . import ar
 from .errors import SpecDemoError
 from .events import StepEvent, Summary, final_summary
-from .methods import METHODS, get_method, method_options
+from .methods import METHODS, decoded_model, get_method, method_options
 from .models import LoadedModel
 from .sampling import GREEDY, SamplingConfig
 
@@ -134,9 +134,9 @@ class Baselines:
 def own_reference(target: LoadedModel, request: Request) -> Summary | None:
     """For a method that decodes other weights than the target's (cllm), greedy AR on those
     weights: the answer it must equal. None for the others, whose reference is the target's AR."""
-    if request.method != "cllm":
+    model = decoded_model(request.method, target)
+    if model is target.model:
         return None
-    model = method_options("cllm", target)["cllm_model"]
     input_ids = target.encode_chat(request.prompt)
     return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
 

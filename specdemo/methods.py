@@ -53,3 +53,9 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
             )
         return MappingProxyType({"cllm_model": cllm.load_cllm(cllm.EMBEDDED_CLLM, target)})
     return MappingProxyType({})
+
+
+def decoded_model(name: str, target: LoadedModel):
+    """The weights method `name` decodes, whose greedy AR answer it must equal: the target's,
+    except for a method that brings its own (cllm's consistency-trained copy)."""
+    return method_options(name, target).get("cllm_model", target.model)
