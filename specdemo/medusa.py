@@ -30,7 +30,7 @@ from .draft import ASSETS
 from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
 from .kvcache import keep_positions
-from .models import eos_token_ids as model_eos_token_ids
+from .models import eos_token_ids as model_eos_token_ids, local_folder
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
@@ -109,8 +109,8 @@ class MedusaHeads(nn.Module):
 def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
     """Heads from `folder`: ours (medusa_heads.safetensors, sharing the target's LM head) or the
     published Medusa format (medusa_lm_head.pt with a config giving medusa_num_heads and
-    medusa_num_layers; each head has its own LM head)."""
-    folder = Path(folder)
+    medusa_num_layers; each head has its own LM head). `folder` may be a Hub id of such files."""
+    folder = local_folder(folder, (HEADS_FILE, CONFIG_FILE, PUBLISHED_FILE, PUBLISHED_CONFIG))
     hidden, vocab = target.config.hidden_size, target.config.vocab_size
     if (folder / HEADS_FILE).exists():
         config = json.loads((folder / CONFIG_FILE).read_text())

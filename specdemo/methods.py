@@ -7,12 +7,14 @@ beyond that (a draft, heads...) for a given target, once per process.
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from types import MappingProxyType
 
 from . import ar, cllm, jacobi, lookahead, medusa, speculative
 from .draft import load_draft
 from .errors import SpecDemoError
-from .models import EMBEDDED, LoadedModel
+from .models import LoadedModel
+from .presets import preset_for
 
 METHODS: MappingProxyType[str, Callable] = MappingProxyType(
     {
@@ -35,24 +37,35 @@ def get_method(name: str) -> Callable:
 
 @functools.cache
 def method_options(name: str, target: LoadedModel) -> MappingProxyType:
-    """The keyword arguments method `name` needs for `target` beyond the common ones."""
+    """The keyword arguments method `name` needs for `target` beyond the common ones, loaded from
+    the companions its preset names (`specdemo.presets`)."""
     get_method(name)
     if name == "speculative":
-        if target.spec != EMBEDDED:
-            raise SpecDemoError(f"speculative decoding of {target.spec} needs a draft of its vocabulary: pass draft=load_draft(...)")
-        return MappingProxyType({"draft": load_draft(EMBEDDED, target)})
+        return MappingProxyType({"draft": load_draft(companion(target, "draft"), target)})
     if name == "medusa":
-        if target.spec != EMBEDDED:
-            raise SpecDemoError(f"Medusa decoding of {target.spec} needs heads trained for it: pass heads=medusa.load_heads(FOLDER, model)")
-        return MappingProxyType({"heads": medusa.load_heads(medusa.EMBEDDED_HEADS, target.model)})
+        return MappingProxyType({"heads": medusa.load_heads(companion(target, "medusa_heads"), target.model)})
     if name == "cllm":
-        if target.spec != EMBEDDED:
-            raise SpecDemoError(
-                f"CLLM decoding of {target.spec} needs a consistency-trained copy of it: pass "
-                "cllm_model=cllm.load_cllm(SPEC, target), e.g. SPEC 'cllm/consistency-llm-7b-sharegpt48k' for its Vicuna-7B"
-            )
-        return MappingProxyType({"cllm_model": cllm.load_cllm(cllm.EMBEDDED_CLLM, target)})
+        return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
     return MappingProxyType({})
+
+
+MISSING_COMPANION = {
+    "draft": "speculative decoding of {target} needs a draft with its vocabulary, and no preset names one: "
+    "pass draft=load_draft(SPEC, target) with a small model of its family",
+    "medusa_heads": "Medusa decoding of {target} needs heads trained for it, and no preset names any: "
+    "pass heads=medusa.load_heads(FOLDER_OR_HUB_ID, model)",
+    "cllm": "CLLM decoding of {target} needs a consistency-trained copy of it, and no preset names one: pass "
+    "cllm_model=cllm.load_cllm(SPEC, target), e.g. SPEC 'cllm/consistency-llm-7b-sharegpt48k' for its ShareGPT Llama-7B",
+}
+
+
+def companion(target: LoadedModel, kind: str) -> str | Path:
+    """The spec of `target`'s companion of `kind` ("draft", "medusa_heads" or "cllm"), from its preset."""
+    preset = preset_for(target.spec)
+    spec = getattr(preset, kind) if preset else None
+    if spec is None:
+        raise SpecDemoError(MISSING_COMPANION[kind].format(target=target.spec))
+    return spec
 
 
 def decoded_model(name: str, target: LoadedModel):

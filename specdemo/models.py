@@ -10,10 +10,12 @@ Specs:
 
 import functools
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import SpecDemoError
@@ -98,6 +100,20 @@ def embedded_gguf_path() -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def local_folder(spec: str | Path, files: Iterable[str]) -> Path:
+    """A folder holding `files` of `spec`: the folder itself, or a Hub snapshot of just those files
+    (companions such as Medusa heads ship as a few files, not as a model)."""
+    if Path(spec).is_dir():
+        return Path(spec)
+    try:
+        return Path(snapshot_download(str(spec), allow_patterns=list(files)))
+    except (OSError, ValueError) as error:
+        raise SpecDemoError(
+            f"could not fetch {spec!r}: it is not a local folder, and the Hugging Face Hub could not serve it "
+            f"(no network?). Details: {error}"
+        ) from error
 
 
 def load_model(

@@ -15,7 +15,8 @@ from .live import (
     MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, collect, first_difference, own_reference, run, speedup, stats, timed_events,
 )
 from .methods import METHODS
-from .models import LoadedModel
+from .models import LoadedModel, load_model
+from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
 
 EXAMPLES = [
@@ -121,10 +122,36 @@ def export_events(events: list[StepEvent], summary) -> str:
         return handle.name
 
 
-def build_app(target: LoadedModel) -> gr.Blocks:
-    """The page: controls, the streamed answer, the method's view, live speed, race and step-through."""
+class Targets:
+    """The models a page offers: the one it started with, and the presets this machine can run
+    (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use."""
+
+    def __init__(self, start: LoadedModel, presets: tuple[Preset, ...]):
+        self.start, self.presets = start, presets
+        start_preset = preset_for(start.spec, presets)
+        self.start_name = start_preset.name if start_preset else start.spec
+        self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
+
+    def about(self, name: str) -> str:
+        preset = next((preset for preset in self.presets if preset.name == name), None)
+        return preset.about if preset else ""
+
+    def __call__(self, name: str | None) -> LoadedModel:
+        if not name or name == self.start_name:
+            return self.start
+        preset = preset_named(name, self.presets)
+        return load_model(preset.target, self.start.dtype, str(self.start.device))
+
+
+def decoder(target: LoadedModel):
+    return lambda token: target.decode([token])
+
+
+def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:
+    """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
+    `presets`: the models a person may switch to (default: those this machine can run)."""
     baselines = Baselines()
-    decode = lambda token: target.decode([token])  # noqa: E731
+    targets = Targets(target, available_presets() if presets is None else presets)
     # One generation at a time on this model: every event that decodes shares one queue slot,
     # so Gradio's queue tells each waiting visitor how many are ahead.
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
@@ -139,8 +166,10 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
 
     @on_gpu
-    def on_generate(*inputs):
+    def on_generate(model_name, *inputs):
         try:
+            target = targets(model_name)
+            decode = decoder(target)
             request = make_request(*inputs)
             if not baselines.has(target, request):
                 waiting = "<p><i>Measuring the AR baseline on this prompt first (once per prompt and settings)...</i></p>"
@@ -157,7 +186,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
                     views.speed_figure(events, baseline_events),
                     run_stats,
                     why_html(run_stats, baseline_stats, events) if summary else "",
-                    (events, summary),
+                    (events, summary, decode),
                     export_events(events, summary) if summary else None,
                     gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
                 )
@@ -165,7 +194,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
             raise gr.Error(str(error)) from error
 
     def on_step(history, step):
-        events, summary = history or ([], None)
+        events, summary, decode = history or ([], None, str)
         if not events:
             return "", *view_updates(method_view([], decode)), "Generate an answer first, then walk through it step by step here."
         step = max(0, min(int(step), len(events) - 1))
@@ -173,8 +202,10 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         return views.stream_html(events[: step + 1], decode), *shown, views.explain_step(events[step], decode)
 
     @on_gpu
-    def on_race(prompt, methods, max_new_tokens):
+    def on_race(model_name, prompt, methods, max_new_tokens):
         try:
+            target = targets(model_name)
+            decode = decoder(target)
             methods = [m for m in methods if m != "ar"]
             base = Request(prompt or "", "ar", int(max_new_tokens))
             baseline_events, baseline_summary = baselines.get(target, base)
@@ -195,7 +226,12 @@ def build_app(target: LoadedModel) -> gr.Blocks:
             raise gr.Error(str(error)) from error
 
     with gr.Blocks(title="SpecDemo") as app:
-        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of `{target.spec}` on {target.device} ({target.dtype}).")
+        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device} ({target.dtype}).")
+        model = gr.Dropdown(
+            targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
+            "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
+        )
+        model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
         with gr.Tab("Generate"):
             with gr.Row():
                 with gr.Column(scale=2):
@@ -260,7 +296,7 @@ def build_app(target: LoadedModel) -> gr.Blocks:
             race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
 
-        inputs = [prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+        inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                   gamma, adaptive_gamma, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(
@@ -268,14 +304,15 @@ def build_app(target: LoadedModel) -> gr.Blocks:
         )
         stop.click(None, cancels=[running])  # closing the generator ends the decoding loop between passes
         method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private")
+        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private")
         step_outputs = [step_stream, *step_plots, step_html, explanation]
         step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private")
         forward.click(lambda s: s + 1, inputs=step, outputs=step, api_visibility="private")
         race_button.click(
-            on_race, inputs=[prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
+            on_race, inputs=[model, prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
         )
-        gr.api(api_generate_for(target), api_name="generate", **one_at_a_time)
+        gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
     return app
 
 
@@ -296,12 +333,13 @@ def same_tokens(differs: int | None, summary, decode) -> str:
     return f"no: differs at token {differs}"
 
 
-def api_generate_for(target: LoadedModel):
+def api_generate_for(targets: Targets):
     @on_gpu
     def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1) -> tuple[str, dict]:
-        """Decode `prompt` with `method`; returns the answer and its stats."""
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "") -> tuple[str, dict]:
+        """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model)."""
         try:
+            target = targets(model)
             request = Request(prompt or "", method, int(max_new_tokens), sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
             events, summary = collect(run(target, request))
             return target.decode(list(summary.tokens)), stats(events, summary)

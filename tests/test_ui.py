@@ -1,6 +1,7 @@
 """The page's handler streams a growing answer from the embedded model (no browser needed)."""
 
 import gradio as gr
+import pytest
 
 from specdemo import ar
 from specdemo.events import final_summary
@@ -60,3 +61,31 @@ def test_race_checks_cllm_against_its_own_ar(embedded):
     row = race_row("cllm", numbers, {"tokens_per_s": 20.0}, 1, summary, str, reference=summary, own_differs=None)
     assert "as its own AR: yes" in row and "as the target's AR: no: first differs at token 1" in row and "1.5x" in row
     assert "own AR" not in race_row("jacobi", numbers, {"tokens_per_s": 20.0}, None, summary, str)
+
+
+def model_picker(app) -> dict:
+    return next(c["props"] for c in app.config["components"] if c["props"].get("elem_id") == "model")
+
+
+def test_the_model_picker_shows_gpu_presets_only_when_offered(embedded):
+    """available_presets() offers the GPU presets only with CUDA; the page shows the picker only then."""
+    from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS
+
+    assert model_picker(build_app(embedded, presets=(EMBEDDED_PRESET,)))["visible"] is False
+    picker = model_picker(build_app(embedded, presets=(*GPU_PRESETS, EMBEDDED_PRESET)))
+    assert picker["visible"] is True
+    assert picker["value"] == EMBEDDED_PRESET.name
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, *(p.name for p in GPU_PRESETS)]
+
+
+def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
+    from specdemo.errors import SpecDemoError
+    from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS
+    from specdemo.ui import Targets
+
+    targets = Targets(embedded, (*GPU_PRESETS, EMBEDDED_PRESET))
+    assert targets(EMBEDDED_PRESET.name) is embedded and targets(None) is embedded
+    with pytest.raises(SpecDemoError, match=GPU_PRESETS[0].target):  # offline here: the Hub cannot serve it
+        targets(GPU_PRESETS[0].name)
+    with pytest.raises(SpecDemoError, match="unknown model preset"):
+        targets("no such preset")

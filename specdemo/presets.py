@@ -1,0 +1,86 @@
+"""Model presets: a target and the companions each method needs for it (a draft, Medusa heads,
+a CLLM), so a person picks one name and every method works.
+
+On a CPU the app offers the embedded SmolLM2-135M-Instruct with the companions we trained for it
+(assets/). With CUDA it also offers GPU presets built from public checkpoints: a 7B chat model
+with its published Medusa heads, a draft of its family and a published CLLM. A companion left
+out (None) means there is none for that target; the method then says so.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .cllm import EMBEDDED_CLLM
+from .errors import SpecDemoError
+from .medusa import EMBEDDED_HEADS
+from .models import EMBEDDED
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A target model spec (see `specdemo.models`) and its companions, as specs or folders."""
+
+    name: str  # what the picker shows
+    target: str
+    draft: str | None = None  # a causal LM sharing the target's tokenizer (speculative, contrastive)
+    medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
+    cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
+    about: str = ""
+
+
+EMBEDDED_PRESET = Preset(
+    name="SmolLM2-135M-Instruct (embedded, CPU)",
+    target=EMBEDDED,
+    draft=EMBEDDED,  # ours: two of its layers, distilled on its own answers (assets/smollm2-135m-draft)
+    medusa_heads=EMBEDDED_HEADS,
+    cllm=EMBEDDED_CLLM,
+    about="Runs offline on a laptop CPU; every companion was trained on this CPU by the scripts in training/.",
+)
+
+GPU_PRESETS = (
+    Preset(
+        name="Vicuna-7B v1.3 + Medusa heads + Vicuna-68M draft",
+        target="lmsys/vicuna-7b-v1.3",
+        draft="double7/vicuna-68m",  # a 68M Llama distilled for Vicuna, the usual small draft in the literature
+        medusa_heads="FasterDecoding/medusa-vicuna-7b-v1.3",  # the Medusa-1 heads of Cai et al. 2024 for this exact model
+        cllm="cllm/consistency-llm-7b-sharegpt48k",  # a CLLM of a sibling Llama-7B chat model (same tokenizer)
+        about="The Medusa paper's own model and heads (about 14 GB of float16 weights, downloaded on first use).",
+    ),
+    Preset(
+        name="ShareGPT Llama-7B + its CLLM (Kou et al. 2024)",
+        target="cllm/vicuna-7b-sharegpt-gpt4-48k",
+        draft="double7/vicuna-68m",
+        cllm="cllm/consistency-llm-7b-sharegpt48k",  # consistency-trained from exactly this target
+        about="The CLLM paper's ShareGPT target and its consistency-trained copy (two 7B models, about 27 GB).",
+    ),
+    Preset(
+        name="SmolLM2-1.7B-Instruct + SmolLM2-135M-Instruct draft",
+        target="HuggingFaceTB/SmolLM2-1.7B-Instruct",
+        draft="HuggingFaceTB/SmolLM2-135M-Instruct",  # same family, same tokenizer
+        about="A small GPU preset: a 1.7B target and its 135M sibling as the draft. No public Medusa heads or CLLM exist for it.",
+    ),
+)
+
+
+def available_presets(cuda: bool | None = None) -> tuple[Preset, ...]:
+    """The presets this machine can run: with CUDA the GPU presets and the embedded one; on a CPU
+    only the embedded one (a 7B model is no demo at a few seconds a token)."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return (*GPU_PRESETS, EMBEDDED_PRESET) if cuda else (EMBEDDED_PRESET,)
+
+
+def preset_for(target_spec: str, presets: tuple[Preset, ...] | None = None) -> Preset | None:
+    """The preset whose target is `target_spec`, among `presets` (default: all of them); None for
+    a model without known companions."""
+    presets = (*GPU_PRESETS, EMBEDDED_PRESET) if presets is None else presets
+    return next((preset for preset in presets if preset.target == target_spec), None)
+
+
+def preset_named(name: str, presets: tuple[Preset, ...]) -> Preset:
+    """The preset called `name`; a SpecDemoError lists the others."""
+    for preset in presets:
+        if preset.name == name:
+            return preset
+    raise SpecDemoError(f"unknown model preset {name!r}: choose one of {', '.join(p.name for p in presets)}")
