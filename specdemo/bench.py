@@ -23,7 +23,7 @@ from tqdm import tqdm
 from . import ar
 from .errors import SpecDemoError
 from .events import final_summary
-from .methods import METHODS, decoded_model, get_method, method_options
+from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options
 from .models import EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -227,6 +227,9 @@ def format_table(report: dict) -> str:
                 f"{name}: matches_ar is against {REFERENCES[name]} (AR on its own weights); {s['speedup_vs_own_ar']:.2f}x against it; "
                 f"its answer differs from the base model's AR on {s['differs_from_base_ar']:.0%} of the prompts"
             )
+    for name in report["methods"]:
+        if name in OTHER_ANSWER:
+            lines.append(f"{name}: matches_ar is reported, {OTHER_ANSWER[name]}")
     return "\n".join(lines)
 
 

@@ -20,6 +20,8 @@ MAX_NEW_TOKENS = 512
 MAX_WALL_S = 120.0
 
 SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the others verify greedily by construction
+# greedy with a repetition penalty or n-gram blocking, each prefix processed as one-token AR would
+PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam"})
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
     "speculative": ("gamma", "adaptive_gamma"),
@@ -27,6 +29,8 @@ METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sa
     "jacobi": ("block_size",),
     "cllm": ("block_size",),
     "lookahead": ("window", "ngram", "candidates"),
+    "beam": ("num_beams", "length_penalty", "early_stopping"),
+    "contrastive": ("alpha", "amateur_temperature"),
 }
 
 
@@ -57,8 +61,13 @@ def check_request(request: Request) -> None:
         raise SpecDemoError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS} here, got {tokens!r}")
     if request.sampling.do_sample and not samples(request):
         raise SpecDemoError(
-            f"{request.method} decodes greedily (it verifies against the target's argmax), so it does not sample: "
+            f"{request.method} picks its tokens deterministically (greedy verification or a greedy search), so it does not sample: "
             f"turn sampling off, or choose {' or '.join(sorted(SAMPLING_METHODS))}"
+        )
+    if not request.sampling.do_sample and request.sampling != GREEDY and not processes(request):
+        raise SpecDemoError(
+            f"{request.method} does not apply a repetition penalty or n-gram blocking: reset them, "
+            f"or choose {' or '.join(sorted(PROCESSOR_METHODS))}"
         )
     unknown = set(request.settings) - set(METHOD_SETTINGS.get(request.method, ()))
     if unknown:
@@ -71,6 +80,11 @@ def samples(request: Request) -> bool:
     return request.method in SAMPLING_METHODS or bool(request.settings.get("typical_acceptance"))
 
 
+def processes(request: Request) -> bool:
+    """Whether the method takes the logits processors (repetition penalty, n-gram blocking)."""
+    return request.method in PROCESSOR_METHODS or samples(request)
+
+
 def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
     """The method's events for this request; stops itself after MAX_WALL_S seconds."""
     stop = stop or threading.Event()
@@ -79,7 +93,7 @@ def run(target: LoadedModel, request: Request, stop: threading.Event | None = No
     timer.start()
     try:
         generate, options = get_method(request.method), method_options(request.method, target)
-        sampling = {"sampling": request.sampling} if samples(request) else {}
+        sampling = {"sampling": request.sampling} if processes(request) else {}
         yield from generate(
             target.model,
             target.encode_chat(request.prompt),
@@ -139,6 +153,16 @@ def own_reference(target: LoadedModel, request: Request) -> Summary | None:
         return None
     input_ids = target.encode_chat(request.prompt)
     return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
+
+
+def amateur_reference(target: LoadedModel, request: Request) -> Summary | None:
+    """For contrastive decoding, the amateur's own greedy answer, shown beside the expert's (AR's)
+    so a person sees what the contrast changed; None for the other methods."""
+    amateur = method_options(request.method, target).get("amateur")
+    if amateur is None:
+        return None
+    input_ids = target.encode_chat(request.prompt)
+    return final_summary(ar.generate(amateur, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
 
 
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:

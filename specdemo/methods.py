@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
-from . import ar, cllm, jacobi, lookahead, medusa, speculative
+from . import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
 from .draft import load_draft
 from .errors import SpecDemoError
 from .models import LoadedModel
@@ -24,8 +24,17 @@ METHODS: MappingProxyType[str, Callable] = MappingProxyType(
         "lookahead": lookahead.generate,
         "jacobi": jacobi.generate,
         "cllm": cllm.generate,
+        "beam": beam.generate,
+        "contrastive": contrastive.generate,
     }
 )
+
+
+# methods that look for another answer than greedy AR's, on purpose: equality with AR is not expected
+OTHER_ANSWER = MappingProxyType({
+    "beam": "not expected: beam search keeps k answers and may find a likelier one than greedy",
+    "contrastive": "not expected: contrastive decoding rescores tokens against the amateur",
+})
 
 
 def get_method(name: str) -> Callable:
@@ -46,6 +55,8 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         return MappingProxyType({"heads": medusa.load_heads(companion(target, "medusa_heads"), target.model)})
     if name == "cllm":
         return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
+    if name == "contrastive":  # the amateur is the speculative draft, loaded once for both
+        return MappingProxyType({"amateur": method_options("speculative", target)["draft"].model})
     return MappingProxyType({})
 
 

@@ -2,8 +2,9 @@
 
 `SamplingConfig` holds the user's settings; `TokenChooser` turns a row of logits into the
 next token, greedily or by seeded multinomial sampling. The processors run in the order of
-transformers' `generate` (repetition penalty, then temperature, top-k, top-p), so a method
-that uses them samples from the same distribution as `generate` would.
+transformers' `generate` (`GenerationMixin._get_logits_processor`: repetition penalty, the
+no-repeat-n-gram ban, then temperature, top-k, top-p), so a method that uses them picks or
+samples from the same distribution as `generate` would.
 """
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -30,6 +32,7 @@ class SamplingConfig:
     top_p: float = 1.0  # 1.0: no nucleus cut
     repetition_penalty: float = 1.0  # 1.0: no penalty (CTRL, Keskar et al. 2019)
     seed: int | None = None  # None: a fresh random seed each generation
+    no_repeat_ngram_size: int = 0  # n > 0: never repeat an n-gram of prompt + answer; 0: off
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -42,6 +45,9 @@ class SamplingConfig:
             raise SpecDemoError(f"repetition_penalty must be above 0 (1.0 turns it off), got {self.repetition_penalty}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise SpecDemoError(f"seed must be a whole number or None, got {self.seed!r}")
+        n = self.no_repeat_ngram_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SpecDemoError(f"no_repeat_ngram_size must be a whole number >= 0 (0 turns it off), got {n!r}")
 
 
 GREEDY = SamplingConfig()
@@ -52,6 +58,8 @@ def logits_processors(config: SamplingConfig) -> LogitsProcessorList:
     processors = LogitsProcessorList()
     if config.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.no_repeat_ngram_size:
+        processors.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
     if config.do_sample:
         if config.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(config.temperature))

@@ -12,9 +12,9 @@ from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
 from .live import (
-    MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, collect, first_difference, own_reference, run, speedup, stats, timed_events,
+    MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, amateur_reference, collect, first_difference, own_reference, run, speedup, stats, timed_events,
 )
-from .methods import METHODS
+from .methods import METHODS, OTHER_ANSWER
 from .models import LoadedModel, load_model
 from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
@@ -47,6 +47,16 @@ HOW_IT_WORKS = {
     "Several tokens then settle in one pass (fast-forwarding), and some settle while the tokens before them are still wrong "
     "(stationary tokens), both marked in the trajectory. It is a changed model: its greedy answer equals AR's on the CLLM's own "
     "weights and may differ from the base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).",
+    "beam": "**Beam search** (as in transformers' `generate(num_beams=k)`). Keep the k best partial answers by total "
+    "log-probability Σ log p(x_t | x_<t); each step, all k run in one batched pass, every beam's best continuations compete, "
+    "the k best are kept and the rest pruned. A finished answer is scored by its log-probability divided by its length to the "
+    "power of the length penalty (> 1 favours longer answers). It looks further ahead than greedy, so its answer can differ "
+    "from AR's: it is about search, not speed.",
+    "contrastive": "**Contrastive decoding** (Li et al. 2023). The target is the expert, our small draft the amateur. "
+    "Each token maximises log p_expert(x) − log p_amateur(x) among the plausible tokens, those with "
+    "p_expert(x) ≥ α · max p_expert (α = 0.1): what both models find likely (a generic or repeated phrase) is penalised, "
+    "what only the stronger model sees is favoured. It is about quality, NOT speed: every token costs an expert "
+    "and an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own greedy answers are shown beside it.",
     "lookahead": "**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 levels), "
     "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
     "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
@@ -61,11 +71,13 @@ except ImportError:
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
 
 
-def sampling_config(do_sample: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float, seed: float | None) -> SamplingConfig:
-    if not do_sample and repetition_penalty == 1.0:
+def sampling_config(
+    do_sample: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float, seed: float | None, no_repeat_ngram_size: int = 0
+) -> SamplingConfig:
+    if not do_sample and repetition_penalty == 1.0 and not no_repeat_ngram_size:
         return GREEDY
     seed = None if seed is None or seed < 0 else int(seed)
-    return SamplingConfig(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty), seed)
+    return SamplingConfig(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty), seed, int(no_repeat_ngram_size))
 
 
 def method_view(events: list[StepEvent], decode) -> dict:
@@ -82,13 +94,20 @@ def method_view(events: list[StepEvent], decode) -> dict:
         view["detail"], view["html"] = views.pool_figure(events), views.lookahead_html(event, decode)
     elif event.method == "speculative":
         view["detail"] = views.acceptance_by_position_figure(views.acceptance_by_position(events))
+    elif event.method == "beam":
+        view["detail"] = views.beam_figure(events, decode)
+    elif event.method == "contrastive":
+        view["detail"] = views.contrastive_figure(event, decode)
     elif event.method == "medusa" and "tree_tokens" in event.extra:
         view["tree"], view["detail"] = views.tree_figure(event, decode), views.tree_mask_figure(event, decode)
     return view
 
 
 PLOTS = ("timeline", "detail", "trajectory", "tree")
-KNOBS = ("gamma", "adaptive_gamma", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates")  # in the order of the page's inputs
+KNOBS = (  # in the order of the page's inputs
+    "gamma", "adaptive_gamma", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
+    "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
+)  # in the order of the page's inputs
 
 
 def view_updates(view: dict) -> list:
@@ -112,6 +131,16 @@ def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent]) -> 
         f"against 1. Those predict {run_stats['tokens_per_forward']:.2f} × {ar_pass_ms:.1f} / {pass_ms:.1f} = "
         f"<b>{predicted:.2f}x</b>; measured: <b>{measured}x</b>.</p>"
     )
+
+
+def answers_beside(target: LoadedModel, request: Request, summary, baseline_summary) -> str:
+    """For contrastive decoding (a quality method), its answer beside the expert's and the amateur's own."""
+    amateur = amateur_reference(target, request)
+    if amateur is None:
+        return ""
+    answers = {"contrastive (expert − amateur)": summary.tokens, "expert alone (greedy AR)": baseline_summary.tokens,
+               "amateur alone (greedy)": amateur.tokens}
+    return views.answers_html(answers, target.decode)
 
 
 def export_events(events: list[StepEvent], summary) -> str:
@@ -156,13 +185,14 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     # so Gradio's queue tells each waiting visitor how many are ahead.
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
 
-    def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, *knobs) -> Request:
+    def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size, *knobs) -> Request:
         values = dict(zip(KNOBS, knobs))
-        convert = {"adaptive_gamma": bool, "tree": str, "typical_acceptance": bool}
+        convert = {"adaptive_gamma": bool, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
+                   "length_penalty": float, "alpha": float, "amateur_temperature": float}
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
         settings = {name: convert.get(name, int)(values[name]) for name in METHOD_SETTINGS.get(method, ()) if values[name] is not None}
-        sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed)
+        sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
 
     @on_gpu
@@ -185,7 +215,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     *view_updates(method_view(events, decode)),
                     views.speed_figure(events, baseline_events),
                     run_stats,
-                    why_html(run_stats, baseline_stats, events) if summary else "",
+                    why_html(run_stats, baseline_stats, events) + answers_beside(target, request, summary, baseline_summary) if summary else "",
                     (events, summary, decode),
                     export_events(events, summary) if summary else None,
                     gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
@@ -243,7 +273,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; the others verify greedily)", open=False):
+            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; beam takes the repetition penalty and n-gram blocking; the others decode deterministically)", open=False):
                 with gr.Row():
                     do_sample = gr.Checkbox(False, label="Sample")
                     temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
@@ -251,6 +281,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
                     repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
                     seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
+                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label="No repeated n-grams of size (0: off; ar, speculative, beam)")
             with gr.Accordion("Method settings", open=False):
                 with gr.Row():
                     gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
@@ -264,6 +295,11 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
                     ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
                     candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
+                    num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
+                    length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
+                    early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
+                    alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
+                    amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
             how = gr.Markdown(HOW_IT_WORKS["ar"])
             gr.HTML(views.legend_html())
             stream = gr.HTML(elem_id="stream")
@@ -290,14 +326,17 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             step_plots = [gr.Plot(visible=False) for _ in PLOTS]
             step_html = gr.HTML()
         with gr.Tab("Race"):
-            race_methods = gr.CheckboxGroup([m for m in METHODS if m != "ar"], value=[m for m in METHODS if m != "ar"], label="Methods against ar")
+            race_methods = gr.CheckboxGroup(
+                [m for m in METHODS if m != "ar"], value=[m for m in METHODS if m not in ("ar", *OTHER_ANSWER)], label="Methods against ar"
+            )
             race_button = gr.Button("Race", variant="primary", elem_id="race")
             race_table = gr.Markdown(elem_id="race-table")
             race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
 
-        inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                  gamma, adaptive_gamma, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates]
+        inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
+                  gamma, adaptive_gamma, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
+                  num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(
             [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time
@@ -320,6 +359,8 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
     """One row of the race table. A method on other weights (cllm) is checked against AR on its
     own weights (`reference`); beside it, whether its answer also equals the target's AR."""
     same = same_tokens(differs, summary, decode)
+    if method in OTHER_ANSWER:
+        same = f"{same} ({OTHER_ANSWER[method]})"
     if reference is not None:
         same = f"as its own AR: {same_tokens(own_differs, summary, decode)}; as the target's AR: {same} (a fine-tuned copy may answer differently)"
     return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"
@@ -336,11 +377,13 @@ def same_tokens(differs: int | None, summary, decode) -> str:
 def api_generate_for(targets: Targets):
     @on_gpu
     def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "") -> tuple[str, dict]:
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "",
+                 no_repeat_ngram_size: int = 0) -> tuple[str, dict]:
         """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model)."""
         try:
             target = targets(model)
-            request = Request(prompt or "", method, int(max_new_tokens), sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
+            sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
+            request = Request(prompt or "", method, int(max_new_tokens), sampling)
             events, summary = collect(run(target, request))
             return target.decode(list(summary.tokens)), stats(events, summary)
         except SpecDemoError as error:

@@ -27,6 +27,7 @@ ORIGINS = {
 # Jacobi guesses every position of a block each pass, lookahead verifies several n-grams:
 # inline, only the guess the target's token replaced is struck through, so the text stays
 # readable; the whole block or every candidate is in the method's own view.
+ONE_TOKEN_METHODS = ("ar", "beam", "contrastive")  # the target's next tokens, no proposal to verify
 INLINE_REJECTED_LIMIT = {"jacobi": 1, "cllm": 1, "lookahead": 1}
 
 STYLE = """
@@ -51,7 +52,7 @@ def token_origins(event: StepEvent) -> list[tuple[int, str, str]]:
     numbers = sampling_numbers(event)
     out = [(t, "accepted", step + numbers.get(i, "")) for i, t in enumerate(event.committed[:accepted])]
     out += [(t, "rejected", step + numbers.get(accepted + i, "")) for i, t in enumerate(shown_rejected)]
-    own = "ar" if event.method == "ar" else "target"
+    own = "ar" if event.method in ONE_TOKEN_METHODS else "target"
     out += [(t, own, step) for t in event.committed[accepted:]]
     return out
 
@@ -88,7 +89,7 @@ COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "a
 
 def step_counts(event: StepEvent) -> dict[str, int]:
     """How many tokens of each origin one step produced (rejected: all the pass threw away)."""
-    own = "ar" if event.method == "ar" else "target"
+    own = "ar" if event.method in ONE_TOKEN_METHODS else "target"
     return {"accepted": len(event.accepted), own: len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
 
 
@@ -190,6 +191,69 @@ def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     )
 
 
+BEAM_MARKERS = {  # a beam-search candidate's marker by its status
+    "kept": dict(symbol="circle", size=12, color=COLOURS["target"], line=dict(color="#5f6368", width=1)),
+    "finished": dict(symbol="square", size=12, color="#f4b400", line=dict(color="#5f6368", width=1)),
+    "pruned": dict(symbol="circle-open", size=8, color="#b0b4ba"),
+}
+
+
+def beam_nodes(events: list[StepEvent]) -> list[dict]:
+    """Every candidate of every beam-search step as a node: the event's candidate fields plus its
+    place (x: step + 1, y: minus its rank that step), its parent's place (the prompt at (0, 0))
+    and whether it lies on the chosen answer's path (only once the last event names the answer)."""
+    chosen = events[-1].extra.get("chosen") if events else None
+    nodes, beam_rows = [], {0: 0}  # beam_rows: the row of each beam of the previous step
+    for event in events:
+        next_rows = {}
+        for rank, candidate in enumerate(event.extra["beams"]):
+            tokens = candidate["tokens"]
+            on_path = chosen is not None and tokens == chosen[: len(tokens)]
+            parent = (event.step, beam_rows.get(candidate["parent"], 0))
+            nodes.append(candidate | {"x": event.step + 1, "y": -rank, "parent_xy": parent, "on_path": on_path})
+            if candidate["beam"] is not None:
+                next_rows[candidate["beam"]] = -rank
+        beam_rows = next_rows
+    return nodes
+
+
+def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
+    """Beam search so far as a tree: one column per step, each candidate under the beam it extends,
+    kept beams filled, finished hypotheses as squares, pruned candidates hollow and grey; once the
+    run is done, the chosen answer's path in green. Hover shows each log-probability and score."""
+    nodes = beam_nodes(events)
+    figure = go.Figure()
+    edges = {  # name: (the nodes whose edge to their parent it draws, line style)
+        "pruned": ([n for n in nodes if n["status"] == "pruned"], dict(color="#dadce0", width=1, dash="dot")),
+        "beam": ([n for n in nodes if n["status"] != "pruned"], dict(color="#9aa0a6", width=1.5)),
+        "chosen path": ([n for n in nodes if n["on_path"]], dict(color=COLOURS["accepted"], width=4)),
+    }
+    for group, line in edges.values():
+        x = [x for n in group for x in (n["parent_xy"][0], n["x"], None)]  # None: a break between edges
+        y = [y for n in group for y in (n["parent_xy"][1], n["y"], None)]
+        figure.add_scatter(x=x, y=y, mode="lines", line=line, hoverinfo="skip", showlegend=False)
+    figure.add_scatter(x=[0], y=[0], mode="markers+text", text=["prompt"], textposition="middle left", showlegend=False,
+                       marker=dict(size=12, color=COLOURS["ar"]), hoverinfo="skip")
+    for status, marker in BEAM_MARKERS.items():
+        group = [n for n in nodes if n["status"] == status]
+        figure.add_scatter(
+            x=[n["x"] for n in group], y=[n["y"] for n in group], mode="markers+text", name=status, marker=marker,
+            text=[decode(n["token"]) for n in group], textposition="middle right",
+            textfont=dict(color="#9aa0a6", size=10) if status == "pruned" else None,
+            customdata=[[n["log_prob"], n["score"]] for n in group],
+            hovertemplate="%{text}<br>log p %{customdata[0]:.3f}, score %{customdata[1]:.3f}<extra>" + status + "</extra>",
+        )
+    path = [n for n in nodes if n["on_path"]]
+    figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path", hoverinfo="skip",
+                       marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
+    k = events[-1].extra["num_beams"] if events else 0
+    done = " (done: the chosen answer in green)" if path else ""
+    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}", xaxis=dict(title="step (target pass)", dtick=1),
+                         yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
+    rows = max((len(e.extra["beams"]) for e in events), default=1)
+    return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
+
+
 def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = None) -> go.Figure:
     """Tokens committed against time for this run, and for the AR baseline on the same prompt."""
     figure = go.Figure()
@@ -246,7 +310,55 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
             f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
             f"{best}, then the target added {own}. {done} The pool now holds {extra['pool_size']} n-grams."
         )
+    if event.method == "medusa" and not event.proposed:
+        return pass_ + f"the prompt pass gave the target's first token {own}; the heads read its last hidden state to guess the tokens after it."
+    if event.method == "medusa":
+        return pass_ + (
+            f"the heads proposed a tree of {len(event.proposed)} candidate tokens, checked in one pass with tree attention; "
+            f"the deepest path the target agreed with has {accepted} ({quoted(event.accepted) or 'none'}), then the target added {own}. {done}"
+        )
+    if event.method == "beam":
+        return pass_ + explain_beam_step(event, quoted)
+    if event.method == "contrastive":
+        return pass_ + explain_contrastive_step(event, decode)
     return pass_ + done
+
+
+def explain_beam_step(event: StepEvent, quoted: Callable) -> str:
+    beams = event.extra["beams"]
+    kept = [beam for beam in beams if beam["status"] == "kept"]
+    pruned = sum(beam["status"] == "pruned" for beam in beams)
+    best = max(kept or beams, key=lambda beam: beam["log_prob"])
+    settled = f"all beams now agree on {quoted(event.committed)}, so it is final" if event.committed else "the beams still disagree, so nothing is final yet"
+    return (
+        f"all {event.extra['num_beams']} beams ran in one batched pass; of their {len(beams)} best continuations {len(kept)} were kept, "
+        f"{pruned} pruned{', and some finished' if len(kept) + pruned < len(beams) else ''}. The best beam ends in {quoted(best['tokens'][-1:])} "
+        f"(log-probability {best['log_prob']:.2f}); {settled}."
+    )
+
+
+def explain_contrastive_step(event: StepEvent, decode: Callable[[int], str]) -> str:
+    extra = event.extra
+    by_token = {candidate["token"]: candidate for candidate in extra["candidates"]}
+    chosen, expert = by_token[extra["chosen"]], by_token.get(extra["expert_choice"])
+    text = f"the expert and the amateur each ran one pass; {decode(extra['chosen'])!r} won with log p_expert − log p_amateur = {chosen['score']:.2f}"
+    if extra["expert_choice"] != extra["chosen"] and expert is not None:
+        text += (
+            f", although the expert alone preferred {decode(extra['expert_choice'])!r}: the amateur liked that one too "
+            f"(log p_amateur {expert['amateur_logprob']:.2f}), so its score was only {expert['score']:.2f}"
+        )
+    else:
+        text += ", the expert's own favourite too"
+    implausible = sum(not candidate["plausible"] for candidate in extra["candidates"])
+    return text + f". {implausible} of the top candidates fell below the plausibility cut-off and could not win."
+
+
+def answers_html(answers: dict[str, Iterable[int]], decode_tokens: Callable[[list[int]], str]) -> str:
+    """Answers side by side under their labels (contrastive beside the expert and the amateur alone)."""
+    columns = "".join(
+        f"<div><h4>{html.escape(label)}</h4><p>{html.escape(decode_tokens(list(tokens)))}</p></div>" for label, tokens in answers.items()
+    )
+    return f'<div style="display:grid;grid-template-columns:repeat({len(answers)},1fr);gap:12px">{columns}</div>'
 
 
 def ordinal(n: int) -> str:
@@ -320,4 +432,33 @@ def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figur
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
     figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
+    return compact(figure)
+
+
+def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+    """One contrastive-decoding step (Li et al. 2023): the expert's and the amateur's log-probs of
+    the expert's top candidates, the plausibility cut-off (log α + max log p_EXP) as a dashed line,
+    candidates under it greyed, and a star over the chosen token, the best log p_EXP - log p_AMA."""
+    extra = event.extra
+    candidates = extra["candidates"]
+    positions = list(range(len(candidates)))  # token texts may repeat: place bars by index, label by text
+    grey = lambda colour: [colour if c["plausible"] else "#d5d7db" for c in candidates]  # noqa: E731
+    scores = [f"score {c['score']:.2f}" if c["plausible"] else "implausible" for c in candidates]
+    figure = go.Figure()
+    for name, key, colour in (("expert log p", "expert_logprob", COLOURS["target"]), ("amateur log p", "amateur_logprob", "#f4b400")):
+        figure.add_bar(
+            x=positions, y=[c[key] for c in candidates], name=name, marker_color=grey(colour), customdata=scores,
+            hovertemplate="%{y:.2f} (%{customdata})<extra>" + name + "</extra>",
+        )
+    chosen = next(i for i, c in enumerate(candidates) if c["token"] == extra["chosen"])
+    figure.add_scatter(
+        x=[chosen], y=[0], mode="markers+text", name="chosen", text=["chosen"], textposition="top center",
+        marker=dict(symbol="star", size=16, color=COLOURS["accepted"]), hoverinfo="skip",
+    )
+    figure.add_hline(y=extra["cutoff_logprob"], line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
+    figure.update_layout(
+        title=f"Step {event.step + 1}: chose {decode(extra['chosen'])!r}; the expert alone would take {decode(extra['expert_choice'])!r}",
+        barmode="group", yaxis_title="log-probability", legend=dict(orientation="h", y=-0.25),
+        xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
+    )
     return compact(figure)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdemo import ar
+from specdemo.errors import SpecDemoError
 from specdemo.events import StepEvent, Summary, final_summary
 from specdemo.sampling import SamplingConfig
 
@@ -26,6 +27,20 @@ def test_greedy_with_repetition_penalty_equals_transformers(tiny_model, prompt_i
     sampling = SamplingConfig(repetition_penalty=1.3)
     summary = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=()))
     assert list(summary.tokens) == hf_greedy(tiny_model, prompt_ids, 30, repetition_penalty=1.3)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_greedy_with_no_repeat_ngram_equals_transformers(tiny_model, prompt_ids, n):
+    sampling = SamplingConfig(no_repeat_ngram_size=n)
+    summary = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=()))
+    assert list(summary.tokens) == hf_greedy(tiny_model, prompt_ids, 30, no_repeat_ngram_size=n)
+    assert list(summary.tokens) != hf_greedy(tiny_model, prompt_ids, 30)  # the ban changed the answer
+
+
+@pytest.mark.parametrize("n", [-1, 1.5, True])
+def test_no_repeat_ngram_size_must_be_a_whole_number(n):
+    with pytest.raises(SpecDemoError, match="no_repeat_ngram_size"):
+        SamplingConfig(no_repeat_ngram_size=n)
 
 
 def test_sampling_equals_transformers_under_the_same_seed(tiny_model, prompt_ids):

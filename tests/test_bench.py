@@ -78,3 +78,14 @@ def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
     assert cllm["matches_ar"] == 1.0 and {"speedup_vs_own_ar", "differs_from_base_ar"} <= set(cllm)
     rows = [row for row in report["rows"] if row["method"] == "cllm"]
     assert cllm["differs_from_base_ar"] == sum(not row["matches_base_ar"] for row in rows) / len(rows)
+
+
+def test_beam_and_contrastive_run_with_matches_ar_reported(embedded, capsys):
+    """The classic strategies go through the same bench; their matches_ar is reported, not expected."""
+    argv = ["--methods", "beam,contrastive", "--limit", "1", "--max-new-tokens", "10", "--dtype", "float32", "--device", "cpu",
+            "--set", "beam.num_beams=2"]
+    report = bench.main(argv)
+    assert report["methods"]["beam"]["forward_passes"] > 0 and report["methods"]["contrastive"]["tokens"] > 0
+    assert report["settings"]["beam"] == {"num_beams": 2}
+    printed = capsys.readouterr().out
+    assert "beam: matches_ar is reported, not expected" in printed and "contrastive: matches_ar is reported" in printed

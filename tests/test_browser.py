@@ -86,3 +86,26 @@ def test_race_compares_every_method_with_ar(page):
     expect(table).to_contain_text("speedup vs ar")
     expect(page.locator('#race-streams .tok[data-origin="ar"]').first).to_be_attached()
     page.screenshot(path=str(SCREENSHOTS / "race.png"), full_page=True)
+
+
+@pytest.mark.parametrize(("method", "says"), [("beam", "beams ran in one batched pass"), ("contrastive", "amateur alone")])
+def test_classic_strategies_show_their_views(page, method, says):
+    """Beam search draws its tree of beams, contrastive decoding its candidates' bars and the
+    expert's and the amateur's answers beside its own (in the side panel)."""
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#prompt textarea").fill("Name three colors.")
+    choose_method(page, method)
+    page.locator("#max-new-tokens input[type=number]").fill("24")
+    page.locator("#generate").click()
+    expect(page.locator("#stats")).to_contain_text(re.compile(f'"method": "{method}".*"finish_reason": "(eos|length)"', re.S), timeout=180_000)
+    expect(page.locator('#stream .tok[data-origin="ar"]').first).to_be_visible()
+    expect(page.locator("#detail-plot .js-plotly-plot").first).to_be_visible()
+    if method == "contrastive":
+        expect(page.locator("#why")).to_contain_text(says)
+    else:
+        page.get_by_role("tab", name="Step through").click()
+        page.locator("#step input[type=number]").fill("3")
+        page.locator("#step input[type=number]").press("Enter")
+        expect(page.locator("#explanation")).to_contain_text(says, timeout=30_000)
+        page.get_by_role("tab", name="Generate").click()
+    page.screenshot(path=str(SCREENSHOTS / f"{method}.png"), full_page=True)

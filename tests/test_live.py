@@ -18,7 +18,10 @@ from specdemo.sampling import SamplingConfig
         (dict(prompt="hi", method="beam9"), "unknown method"),
         (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
         (dict(prompt="hi", max_new_tokens=live.MAX_NEW_TOKENS + 1), "max_new_tokens"),
-        (dict(prompt="hi", method="jacobi", sampling=SamplingConfig(do_sample=True)), "greedily"),
+        (dict(prompt="hi", method="jacobi", sampling=SamplingConfig(do_sample=True)), "does not sample"),
+        (dict(prompt="hi", method="contrastive", sampling=SamplingConfig(do_sample=True)), "does not sample"),
+        (dict(prompt="hi", method="medusa", sampling=SamplingConfig(no_repeat_ngram_size=3)), "n-gram blocking"),
+        (dict(prompt="hi", method="beam", settings={"gamma": 3}), "no setting gamma"),
         (dict(prompt="hi", method="jacobi", settings={"gamma": 3}), "no setting gamma"),
     ],
 )
@@ -94,3 +97,9 @@ def test_stop_signal_ends_the_run(embedded):
     stop.set()
     events, summary = live.collect(live.run(embedded, Request("Hello", "speculative", 16), stop))
     assert events == [] and summary.finish_reason == "stopped"
+
+
+def test_beam_takes_its_settings_and_n_gram_blocking():
+    request = Request("hi", "beam", settings={"num_beams": 2, "length_penalty": 0.5, "early_stopping": True},
+                      sampling=SamplingConfig(no_repeat_ngram_size=2))
+    assert request.settings["num_beams"] == 2

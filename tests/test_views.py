@@ -156,3 +156,30 @@ def test_tree_plot_highlights_the_accepted_path():
 def test_tree_mask_is_ancestors_only():
     z = [list(row) for row in tree_mask_figure(medusa_step(), decode).data[0].z]
     assert z == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+
+
+def beam_step():
+    """Two beams: ' cat' kept twice (after ' cat' and after ' dog' the beams diverge), ' ran' pruned."""
+    beams = [
+        {"token": 2, "tokens": [1, 2], "log_prob": -0.5, "score": -0.25, "parent": 0, "beam": 0, "status": "kept"},
+        {"token": 4, "tokens": [1, 4], "log_prob": -0.9, "score": -0.45, "parent": 0, "beam": 1, "status": "kept"},
+        {"token": 7, "tokens": [1, 7], "log_prob": -2.0, "score": -1.0, "parent": 0, "beam": None, "status": "pruned"},
+        {"token": 5, "tokens": [1, 5], "log_prob": -3.0, "score": -1.5, "parent": 0, "beam": None, "status": "pruned"},
+    ]
+    return StepEvent("beam", step=1, committed=(1,), target_forwards=2, extra={"beams": beams, "num_beams": 2, "finished": []})
+
+
+def test_a_beam_step_is_explained_from_its_beams():
+    text = explain_step(beam_step(), decode)
+    assert "all 2 beams ran in one batched pass" in text
+    assert "2 were kept, 2 pruned" in text
+    assert "' cat'" in text and "-0.50" in text  # the best beam's last token and log-probability
+    assert "agree on 'The'" in text
+
+
+def test_answers_are_shown_side_by_side_under_their_labels():
+    from specdemo.views import answers_html
+
+    page = answers_html({"contrastive": [1, 6], "expert <alone>": [1, 8]}, lambda tokens: "".join(decode(t) for t in tokens))
+    assert "<h4>expert &lt;alone&gt;</h4>" in page
+    assert page.index("The mat") < page.index("The the")
