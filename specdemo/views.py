@@ -456,9 +456,11 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
         marker=dict(symbol="star", size=16, color=COLOURS["accepted"]), hoverinfo="skip",
     )
     figure.add_hline(y=extra["cutoff_logprob"], line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
+    # the axis follows the expert's bars and the cut-off: an amateur bar far below them is cut (its hover keeps the value)
+    floor = min(min(c["expert_logprob"] for c in candidates), extra["cutoff_logprob"]) - 4
     figure.update_layout(
         title=f"Step {event.step + 1}: chose {decode(extra['chosen'])!r}; the expert alone would take {decode(extra['expert_choice'])!r}",
-        barmode="group", yaxis_title="log-probability", legend=dict(orientation="h", y=-0.25),
+        barmode="group", yaxis=dict(title="log-probability", range=[floor, 1]), legend=dict(orientation="h", y=-0.25),
         xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
     )
     return compact(figure)

@@ -175,6 +175,7 @@ def test_the_figure_marks_the_choice_greys_the_implausible_and_draws_the_cutoff(
     assert chosen.name == "chosen" and list(chosen.x) == [1]
     assert [shape.y0 for shape in figure.layout.shapes] == [-3.0]
     assert "' sat'" in figure.layout.title.text and "' cat'" in figure.layout.title.text
+    assert tuple(figure.layout.yaxis.range) == (-7.2, 1)  # the expert's bars and the cut-off fit; the amateur's -9.2 is cut
 
 
 def test_a_step_is_explained_by_why_the_experts_favourite_lost():
