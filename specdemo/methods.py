@@ -52,7 +52,11 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
     if name == "speculative":
         return MappingProxyType({"draft": load_draft(companion(target, "draft"), target)})
     if name == "medusa":
-        return MappingProxyType({"heads": medusa.load_heads(companion(target, "medusa_heads"), target.model)})
+        heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
+        preset = preset_for(target.spec)
+        if heads.choices is None and preset.medusa_tree:  # published heads bring no tree: the preset's is their default
+            heads.choices = [list(path) for path in preset.medusa_tree]
+        return MappingProxyType({"heads": heads})
     if name == "cllm":
         return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
     if name == "contrastive":  # the amateur is the speculative draft, loaded once for both

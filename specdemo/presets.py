@@ -26,9 +26,20 @@ class Preset:
     target: str
     draft: str | None = None  # a causal LM sharing the target's tokenizer (speculative, contrastive)
     medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
+    medusa_tree: tuple[tuple[int, ...], ...] | None = None  # the default tree for heads that bring none (published heads)
     cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
     about: str = ""
 
+
+# The 63-node sparse tree the Medusa authors tuned for their Vicuna-7B heads (`mc_sim_7b_63` in
+# their medusa_choices.py; Cai et al. 2024, Sec. 2.1.2), in the medusa_choices form.
+MC_SIM_7B_63 = (
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5), (0, 0, 1), (5,),
+    (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2),
+    (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7),
+    (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5),
+    (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
+)
 
 EMBEDDED_PRESET = Preset(
     name="SmolLM2-135M-Instruct (embedded, CPU)",
@@ -45,6 +56,7 @@ GPU_PRESETS = (
         target="lmsys/vicuna-7b-v1.3",
         draft="double7/vicuna-68m",  # a 68M Llama distilled for Vicuna, the usual small draft in the literature
         medusa_heads="FasterDecoding/medusa-vicuna-7b-v1.3",  # the Medusa-1 heads of Cai et al. 2024 for this exact model
+        medusa_tree=MC_SIM_7B_63,
         cllm="cllm/consistency-llm-7b-sharegpt48k",  # a CLLM of a sibling Llama-7B chat model (same tokenizer)
         about="The Medusa paper's own model and heads (about 14 GB of float16 weights, downloaded on first use).",
     ),

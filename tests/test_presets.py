@@ -74,3 +74,25 @@ def test_a_preset_with_local_companions_runs_speculative_exactly(tmp_path, monke
         method: final_summary(live.run(target, live.Request("Count to five.", method, 24))).tokens for method in ("ar", "speculative")
     }
     assert answers["speculative"] == answers["ar"]
+
+
+def test_published_heads_get_their_presets_tree_as_default(tiny_model, tmp_path, monkeypatch, prompt_ids):
+    """Published Medusa heads come without a tree; a preset that names one (the Vicuna preset:
+    the authors' mc_sim_7b_63) makes it their default, and decoding with it still equals AR."""
+    from specdemo import ar, medusa as medusa_module
+    from specdemo.presets import MC_SIM_7B_63
+
+    heads = medusa_module.MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, 1)
+    published = torch.nn.ModuleList(
+        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size, bias=False)) for block in heads.blocks
+    )
+    torch.save(published.state_dict(), tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text('{"medusa_num_heads": 3, "medusa_num_layers": 1}')
+    tree = ((0,), (1,), (0, 0), (0, 0, 0))
+    monkeypatch.setattr(presets, "GPU_PRESETS", (Preset("tiny with heads", "tiny/target", medusa_heads=str(tmp_path), medusa_tree=tree),))
+    loaded = method_options("medusa", stand_in("tiny/target", tiny_model))["heads"]
+    assert loaded.choices == [[0], [1], [0, 0], [0, 0, 0]]
+    events = list(medusa_module.generate(tiny_model, prompt_ids, heads=loaded, max_new_tokens=24, eos_token_ids=()))
+    assert final_summary(events).tokens == final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=24, eos_token_ids=())).tokens
+    assert len(events[1].proposed) == len(tree)  # the default tree is the preset's
+    assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4 and max(max(path) for path in MC_SIM_7B_63) == 9
