@@ -57,12 +57,9 @@ def expert_and_amateur_logprobs(
     return expert, amateur
 
 
-def contrastive_scores(
-    expert_logits: torch.Tensor, amateur_logits: torch.Tensor, alpha: float, amateur_temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CD-score of every token (§3.3) and the plausible set V_head (§3.2), both [V]: the
-    score is log p_EXP - log p_AMA on V_head and -inf off it."""
-    expert, amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)
+def contrastive_scores(expert: torch.Tensor, amateur: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CD-score of every token (§3.3) and the plausible set V_head (§3.2), both [V], from
+    log p_EXP and log p_AMA [V]: the score is log p_EXP - log p_AMA on V_head and -inf off it."""
     plausible = expert >= math.log(alpha) + expert.max()  # [V]: p_EXP(x) >= α · max p_EXP
     scores = (expert - amateur).masked_fill(~plausible, float("-inf"))  # [V]
     return scores, plausible
@@ -92,10 +89,11 @@ def generate(
         expert_logits = model(pending, past_key_values=expert_cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
         amateur_logits = amateur(pending, past_key_values=amateur_cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
         # 2. Score the plausible tokens by how much more the expert likes them; take the best.
-        scores, plausible = contrastive_scores(expert_logits, amateur_logits, alpha, amateur_temperature)
+        log_p_expert, log_p_amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)  # [V] each
+        scores, plausible = contrastive_scores(log_p_expert, log_p_amateur, alpha)
         chosen = int(scores.argmax())
         pending = torch.tensor([[chosen]], device=input_ids.device)  # [1, 1]
-        extra = step_extra(expert_logits, amateur_logits, scores, plausible, chosen, alpha, amateur_temperature, top_candidates)
+        extra = step_extra(log_p_expert, log_p_amateur, scores, plausible, chosen, alpha, top_candidates)
         yield recorder.step(committed=(chosen,), draft_forwards=1, extra=extra)
     yield recorder.summary()
 
@@ -118,26 +116,22 @@ def check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_tem
         raise SpecDemoError(f"top_candidates must be a whole number from 1 to 64, got {top_candidates!r}")
 
 
-def step_extra(expert_logits, amateur_logits, scores, plausible, chosen, alpha, amateur_temperature, top_candidates) -> dict[str, Any]:
-    """The numbers behind one choice (see the module docstring)."""
-    expert, amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)
+def step_extra(expert, amateur, scores, plausible, chosen, alpha, top_candidates) -> dict[str, Any]:
+    """The numbers behind one choice (see the module docstring), from log p_EXP, log p_AMA,
+    the scores and V_head, all [V]."""
     shown = expert.topk(min(top_candidates, expert.shape[-1])).indices.tolist()
     if chosen not in shown:
         shown.append(chosen)
+    index = torch.tensor(shown, device=expert.device)
+    rows = zip(shown, expert[index].tolist(), amateur[index].tolist(), scores[index].tolist(), plausible[index].tolist())
     candidates = [
-        {
-            "token": token,
-            "expert_logprob": expert[token].item(),
-            "amateur_logprob": amateur[token].item(),
-            "score": scores[token].item() if plausible[token] else None,
-            "plausible": bool(plausible[token]),
-        }
-        for token in shown
+        {"token": token, "expert_logprob": e, "amateur_logprob": a, "score": s if ok else None, "plausible": ok}
+        for token, e, a, s, ok in rows
     ]
     return {
         "candidates": candidates,
         "cutoff_logprob": math.log(alpha) + expert.max().item(),
         "chosen": chosen,
-        "expert_choice": int(expert_logits.argmax()),
-        "amateur_choice": int(amateur_logits.argmax()),
+        "expert_choice": int(expert.argmax()),
+        "amateur_choice": int(amateur.argmax()),
     }

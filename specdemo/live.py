@@ -149,20 +149,20 @@ def own_reference(target: LoadedModel, request: Request) -> Summary | None:
     """For a method that decodes other weights than the target's (cllm), greedy AR on those
     weights: the answer it must equal. None for the others, whose reference is the target's AR."""
     model = decoded_model(request.method, target)
-    if model is target.model:
-        return None
-    input_ids = target.encode_chat(request.prompt)
-    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
+    return None if model is target.model else greedy_answer(model, target, request)
 
 
 def amateur_reference(target: LoadedModel, request: Request) -> Summary | None:
     """For contrastive decoding, the amateur's own greedy answer, shown beside the expert's (AR's)
     so a person sees what the contrast changed; None for the other methods."""
     amateur = method_options(request.method, target).get("amateur")
-    if amateur is None:
-        return None
+    return None if amateur is None else greedy_answer(amateur, target, request)
+
+
+def greedy_answer(model, target: LoadedModel, request: Request) -> Summary:
+    """Greedy AR of `model` (a model of the target's vocabulary) on the request's prompt."""
     input_ids = target.encode_chat(request.prompt)
-    return final_summary(ar.generate(amateur, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
+    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
 
 
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:

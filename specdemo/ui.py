@@ -107,7 +107,7 @@ PLOTS = ("timeline", "detail", "trajectory", "tree")
 KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
-)  # in the order of the page's inputs
+)
 
 
 def view_updates(view: dict) -> list:

@@ -52,9 +52,14 @@ def token_origins(event: StepEvent) -> list[tuple[int, str, str]]:
     numbers = sampling_numbers(event)
     out = [(t, "accepted", step + numbers.get(i, "")) for i, t in enumerate(event.committed[:accepted])]
     out += [(t, "rejected", step + numbers.get(accepted + i, "")) for i, t in enumerate(shown_rejected)]
-    own = "ar" if event.method in ONE_TOKEN_METHODS else "target"
-    out += [(t, own, step) for t in event.committed[accepted:]]
+    out += [(t, own_origin(event), step) for t in event.committed[accepted:]]
     return out
+
+
+def own_origin(event: StepEvent) -> str:
+    """The origin of the target's own committed tokens: `ar` for a method without proposals to
+    verify, `target` (a correction or bonus token) for the others."""
+    return "ar" if event.method in ONE_TOKEN_METHODS else "target"
 
 
 def sampling_numbers(event: StepEvent) -> dict[int, str]:
@@ -89,8 +94,7 @@ COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "a
 
 def step_counts(event: StepEvent) -> dict[str, int]:
     """How many tokens of each origin one step produced (rejected: all the pass threw away)."""
-    own = "ar" if event.method in ONE_TOKEN_METHODS else "target"
-    return {"accepted": len(event.accepted), own: len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
+    return {"accepted": len(event.accepted), own_origin(event): len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
 
 
 def step_timeline_figure(events: list[StepEvent]) -> go.Figure:

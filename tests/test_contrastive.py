@@ -63,7 +63,8 @@ def test_a_huge_score_below_the_plausibility_cutoff_is_not_chosen():
     # p_EXP = [.6, .35, .04, .01]: the cut-off is .1 * .6 = .06, so token 2 (p_EXP = .04) is out even
     # though its contrast log(.04/.0001) = 5.99 beats token 1's log(.35/.2) = 0.560 and token 0's log(.6/.7) = -0.154.
     expert, amateur = FixedLM([0.6, 0.35, 0.04, 0.01]), FixedLM([0.7, 0.2, 0.0001, 0.0999])
-    scores, plausible = contrastive.contrastive_scores(expert.logits, amateur.logits, alpha=0.1, amateur_temperature=1.0)
+    logprobs = contrastive.expert_and_amateur_logprobs(expert.logits, amateur.logits, amateur_temperature=1.0)
+    scores, plausible = contrastive.contrastive_scores(*logprobs, alpha=0.1)
     assert plausible.tolist() == [True, True, False, False]
     assert scores[:2].tolist() == pytest.approx([-0.1542, 0.5596], abs=1e-4) and scores[2:].tolist() == [float("-inf")] * 2
     (event,), _ = run(expert, amateur, alpha=0.1, amateur_temperature=1.0, top_candidates=3)
@@ -75,9 +76,9 @@ def test_a_huge_score_below_the_plausibility_cutoff_is_not_chosen():
 def test_the_amateur_temperature_sharpens_its_distribution():
     # τ = 0.5 squares p_AMA = [.5, .25, .25] before normalising: [.25, .0625, .0625] / .375 = [2/3, 1/6, 1/6].
     expert_logits, amateur_logits = torch.tensor([0.4, 0.35, 0.25]).log(), torch.tensor([0.5, 0.25, 0.25]).log()
-    _, amateur = contrastive.expert_and_amateur_logprobs(expert_logits, amateur_logits, 0.5)
+    expert, amateur = contrastive.expert_and_amateur_logprobs(expert_logits, amateur_logits, 0.5)
     assert amateur.exp().tolist() == pytest.approx([2 / 3, 1 / 6, 1 / 6])
-    scores, _ = contrastive.contrastive_scores(expert_logits, amateur_logits, alpha=0.1, amateur_temperature=0.5)
+    scores, _ = contrastive.contrastive_scores(expert, amateur, alpha=0.1)
     assert scores.tolist() == pytest.approx([math.log(0.4 * 3 / 2), math.log(0.35 * 6), math.log(0.25 * 6)], abs=1e-5)
 
 
