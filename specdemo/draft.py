@@ -50,15 +50,19 @@ class Draft:
         return indices if self.vocab is None else self.vocab[indices]
 
     def spread(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """Draft logits [1, K] laid on the target's vocabulary [1, vocab_size]: -inf where the
-        draft cannot propose (outside its vocabulary, or past its own vocabulary size)."""
-        full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
-        if self.vocab is None:
-            width = min(vocab_size, logits.shape[-1])
-            full[:, :width] = logits[:, :width]
-        else:
-            full[:, self.vocab] = logits
-        return full
+        return spread(logits, self.vocab, vocab_size)
+
+
+def spread(logits: torch.Tensor, vocab: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Draft logits [1, K] over `vocab` laid on the target's vocabulary [1, vocab_size]: -inf where
+    the draft cannot propose (outside its vocabulary, or past its own vocabulary size)."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    if vocab is None:
+        width = min(vocab_size, logits.shape[-1])
+        full[:, :width] = logits[:, :width]
+    else:
+        full[:, vocab] = logits
+    return full
 
 
 def build_shared_draft(target: PreTrainedModel, layer_ids: tuple[int, ...]) -> LlamaForCausalLM:

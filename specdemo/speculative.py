@@ -6,15 +6,21 @@ Greedy: keep the longest prefix of the draft that equals the target's argmax, th
 target's own token. Sampling: accept draft token x with probability min(1, p(x)/q(x)); on the
 first rejection resample from norm(max(0, p - q)); after a full acceptance take a bonus token
 from p. Both keep the target's output exactly (greedy) or its distribution exactly (sampling).
+
+The draft is a token draft (`draft.Draft`: any small causal LM of the target's vocabulary) or a
+feature draft (`eagle.FeatureDraft`, Li et al. 2024), which drafts from the target's own last
+hidden states: the verification pass then also returns them, and the draft's cache keeps only
+the pairs whose feature the target computed.
 """
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .draft import Draft
+from .eagle import FeatureDraft
 from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
 from .kvcache import keep_prefix
@@ -30,7 +36,7 @@ def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
-    draft: Draft,
+    draft: Draft | FeatureDraft,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
     gamma: int = 2,
@@ -47,26 +53,34 @@ def generate(
     choose = TokenChooser(sampling, input_ids.device)
     target_cache, draft_cache = DynamicCache(config=model.config), DynamicCache(config=draft.model.config)
     sequence = input_ids  # [1, n] prompt + committed tokens
+    on_features = isinstance(draft, FeatureDraft)
+    features = None  # [1, m, H] the target's features of the positions its cache holds (feature drafts)
     accepted_at = [0] * MAX_GAMMA  # steps in which draft position i was accepted
     proposed_at = [0] * MAX_GAMMA  # steps in which draft position i was proposed
     while not recorder.done:
         # 1. Propose: the draft extends the sequence by up to γ tokens (never past the answer's room).
-        step_gamma = min(gamma, recorder.room - 1)
-        draft_tokens, q = propose(draft, draft_cache, sequence, step_gamma, choose, eos, model.config.vocab_size)
+        #    A feature draft needs the target's features of the prompt: the first pass drafts nothing.
+        step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
+        draft_tokens, q = propose(draft, draft_cache, sequence, features, step_gamma, choose, eos, model.config.vocab_size)
         g = draft_tokens.shape[1]
         # 2. Verify: one target pass over the uncached committed tokens and the draft.
-        fed = torch.cat([sequence[:, target_cache.get_seq_length() :], draft_tokens], dim=-1)
-        logits = model(fed, past_key_values=target_cache, use_cache=True, logits_to_keep=g + 1).logits[0]  # [g+1, V]
+        n, cached = sequence.shape[1], target_cache.get_seq_length()
+        fed = torch.cat([sequence[:, cached:], draft_tokens], dim=-1)
+        logits, hidden = verify_pass(model, fed, target_cache, g + 1, on_features)  # [g+1, V], [1, f, H] or None
         # 3. Accept: the longest agreeing prefix, then one token of the target's own.
         candidate = torch.cat([sequence, draft_tokens], dim=-1)
         if sampling.do_sample:
             accept_length, next_token, details = accept_sampled(choose, candidate, logits, draft_tokens[0], q)
         else:
             accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
-        # 4. Roll back: the target keeps the accepted prefix; the draft keeps what it saw of it.
-        n = sequence.shape[1]
+        # 4. Roll back: the target keeps the accepted prefix; the draft keeps what it saw of it
+        #    (a feature draft: the pairs fed the target's features, not its own predictions).
         keep_prefix(target_cache, n + accept_length)
-        keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n + accept_length))
+        if on_features:
+            features = torch.cat([*([] if features is None else [features]), hidden[:, : n + accept_length - cached]], dim=1)
+            keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n - 1))
+        else:
+            keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n + accept_length))
         committed = [*draft_tokens[0, :accept_length].tolist(), next_token]
         sequence = torch.cat([candidate[:, : n + accept_length], torch.tensor([[next_token]], device=sequence.device)], dim=-1)
         for i in range(g):
@@ -87,10 +101,38 @@ def generate(
     yield recorder.summary(extra={"acceptance_by_position": [a / p for a, p in zip(accepted_at, proposed_at) if p]})
 
 
+def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool):
+    """The target's logits [keep, V] at the last `keep` fed positions and, for a feature draft, its
+    features [1, f, H] at every fed position (the last hidden state, what the LM head reads)."""
+    if not with_features:
+        return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0], None
+    hidden = model.base_model(fed, past_key_values=cache, use_cache=True).last_hidden_state  # [1, f, H]
+    return model.get_output_embeddings()(hidden[:, -keep:])[0], hidden
+
+
+def draft_logits(
+    draft: Draft | FeatureDraft, cache: DynamicCache, sequence: torch.Tensor, features: torch.Tensor | None
+) -> Generator[torch.Tensor, torch.Tensor, None]:
+    """The draft's logits [1, K] for one next token after another; send each chosen token [1, 1]
+    back. A token draft reads the tokens its cache has not seen; a feature draft the pairs
+    (f_t, x_{t+1}) whose feature the target computed, then its own predicted features (EAGLE)."""
+    if isinstance(draft, FeatureDraft):
+        seen = cache.get_seq_length()
+        predicted = draft.features(features[:, seen:], sequence[:, seen + 1 :], cache)[:, -1:]  # [1, 1, H]
+        while True:
+            token = yield draft.logits(predicted[:, -1])
+            predicted = draft.features(predicted, token, cache)
+    fed = sequence[:, cache.get_seq_length() :]
+    while True:
+        token = yield draft.logits(fed, cache)[:, -1]
+        fed = token
+
+
 def propose(
-    draft: Draft,
+    draft: Draft | FeatureDraft,
     cache: DynamicCache,
     sequence: torch.Tensor,
+    features: torch.Tensor | None,
     gamma: int,
     choose: TokenChooser,
     eos: tuple[int, ...],
@@ -100,10 +142,11 @@ def propose(
     sampling their distributions q [g, V] (V: the target's vocabulary) under the same logits
     processing as the target."""
     tokens, q = [], []
-    fed = sequence[:, cache.get_seq_length() :]
     extended = sequence
+    steps = draft_logits(draft, cache, sequence, features)
+    token = None
     for _ in range(gamma):
-        logits = draft.logits(fed, cache)[:, -1]  # [1, K]
+        logits = steps.send(token)  # [1, K]; sending None starts it
         if choose.config.do_sample or choose.processors:
             scores = choose.scores(extended, draft.spread(logits, vocab_size))  # [1, V]
             if choose.config.do_sample:
@@ -116,7 +159,6 @@ def propose(
             token = draft.token_ids(logits.argmax(dim=-1, keepdim=True))  # [1, 1]
         tokens.append(token)
         extended = torch.cat([extended, token], dim=-1)
-        fed = token
         if token.item() in eos:
             break
     draft_tokens = torch.cat(tokens, dim=-1) if tokens else sequence.new_zeros(1, 0)

@@ -1,0 +1,93 @@
+"""A feature-level draft (EAGLE, Li et al. 2024): one transformer layer that predicts the target's
+next feature from its current one.
+
+EAGLE ("Speculative Sampling Requires Rethinking Feature Uncertainty", Li, Wei, Zhang & Zhang
+2024) drafts at the level of the target's features, the last hidden state f that its LM head
+reads. Pair t of the draft's input is (f_t, x_{t+1}): the target's feature at position t and the
+token that followed it (which resolves the uncertainty of the next feature, their Sec. 3). The
+draft maps fc([embed(x_{t+1}); f_t]) through one decoder layer to f̂_{t+1}, and the target's own
+LM head turns f̂_{t+1} into the next token. It drafts further on its own predictions:
+(f̂_{t+1}, x̂_{t+2}) and so on.
+
+Ours shares the target's embedding and LM head (never changed, not stored) and, like our token
+draft, proposes from the K tokens the target uses most (`draft.Draft`, FR-Spec's idea).
+Pair t sits at position t; the draft's KV cache holds the pairs it has seen, and speculative
+decoding keeps only the pairs whose feature the target computed (`kvcache.keep_prefix`).
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
+
+from .draft import spread
+from .errors import SpecDemoError
+
+WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE = "eagle.safetensors", "eagle_config.json", "draft_vocab.json"
+
+
+class FeatureDraft(nn.Module):
+    """fc([embedding; feature]) -> one Llama decoder layer -> the next feature."""
+
+    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor | None = None):
+        super().__init__()
+        hidden = target.config.hidden_size
+        config = LlamaConfig.from_dict({**target.config.to_dict(), "num_hidden_layers": 1})
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.model = LlamaModel(config)
+        self.model.norm = nn.Identity()  # the target's features are already normalised; the LM head reads f̂ as is
+        del self.model.embed_tokens  # shared with the target, kept outside this module's weights
+        self.shared = {"embed": target.get_input_embeddings(), "head": target.get_output_embeddings()}
+        self.vocab = vocab  # [K] token ids it may propose, ascending (None: all)
+        self.to(device=target.device, dtype=target.dtype)
+
+    def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
+        """Predicted features [1, n, H] at positions t+1 from pairs (f_t [1, n, H], x_{t+1} [1, n])."""
+        embedded = self.shared["embed"](next_tokens)  # [1, n, H]
+        fused = self.fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))  # [1, n, H]
+        return self.model(inputs_embeds=fused, past_key_values=cache, use_cache=cache is not None).last_hidden_state
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits [..., K] of the draft's vocabulary from (predicted) features [..., H]."""
+        weight = self.shared["head"].weight
+        return nn.functional.linear(features, weight if self.vocab is None else weight[self.vocab])
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices if self.vocab is None else self.vocab[indices]
+
+    def spread(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        return spread(logits, self.vocab, vocab_size)
+
+
+def init_from_target(draft: FeatureDraft, target: PreTrainedModel) -> None:
+    """Start from the target's last layer, with fc passing the feature through: before training,
+    the draft already maps a feature into the target's feature space."""
+    draft.model.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        draft.fc.bias.zero_()
+
+
+def save_feature_draft(draft: FeatureDraft, folder: Path, metadata: dict | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({name: tensor.to(torch.float16).contiguous() for name, tensor in draft.state_dict().items()}, folder / WEIGHTS_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", **(metadata or {})}, indent=2) + "\n")
+    if draft.vocab is not None:
+        (folder / VOCAB_FILE).write_text(json.dumps(draft.vocab.tolist()) + "\n")
+
+
+def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
+    """Our feature draft from `folder`, on the target's device and dtype, sharing its embedding and head."""
+    vocab_path = folder / VOCAB_FILE
+    vocab = torch.tensor(json.loads(vocab_path.read_text()), device=target.device) if vocab_path.exists() else None
+    draft = FeatureDraft(target, vocab)
+    try:
+        draft.load_state_dict({name: tensor.to(target.dtype) for name, tensor in load_file(folder / WEIGHTS_FILE).items()})
+    except RuntimeError as error:
+        raise SpecDemoError(f"the feature draft in {folder} was trained for another model: {error}") from error
+    return draft.eval()

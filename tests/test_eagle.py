@@ -1,0 +1,114 @@
+"""The feature draft (EAGLE) in speculative decoding: greedy equals AR, the draft is fed exactly
+the target's features of the committed text, sampling keeps the target's distribution."""
+
+import copy
+
+import pytest
+import torch
+
+from specdemo import ar, speculative
+from specdemo.eagle import FeatureDraft, init_from_target
+from specdemo.events import final_summary
+from specdemo.sampling import SamplingConfig
+from test_speculative import chi_square_p, target_marginals
+
+
+def feature_draft(target, seed: int = 0, vocab=None) -> FeatureDraft:
+    torch.manual_seed(seed)
+    draft = FeatureDraft(target, vocab).eval()
+    init_from_target(draft, target)  # from the target's last layer: it agrees with the target often enough to test both verdicts
+    return draft
+
+
+def answer(method, model, prompt_ids, **kwargs):
+    return final_summary(method.generate(model, prompt_ids, **kwargs))
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("vocab", [None, torch.arange(0, 97, 2)])
+def test_greedy_equals_ar(tiny_model, prompt_ids, gamma, vocab):
+    expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
+    summary = answer(speculative, tiny_model, prompt_ids, draft=feature_draft(tiny_model, vocab=vocab), max_new_tokens=40, gamma=gamma)
+    assert summary.tokens == expected and summary.finish_reason == "length"
+
+
+def test_greedy_with_repetition_penalty_and_adaptive_gamma_equals_ar(tiny_model, prompt_ids):
+    sampling = SamplingConfig(repetition_penalty=1.3)
+    expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling).tokens
+    draft = feature_draft(tiny_model)
+    assert answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, sampling=sampling, adaptive_gamma=True).tokens == expected
+
+
+class OracleDraft(FeatureDraft):
+    """A feature draft that predicts the true next feature (it runs a copy of the target on the
+    text its pairs spell) but whose proposal is replaced by the runner-up every `every`-th token,
+    so rejections happen at every draft position. It logs each call with its cache length."""
+
+    def __init__(self, target, first_token: int, every: int):
+        super().__init__(target)
+        self.oracle = {"target": copy.deepcopy(target)}  # a plain dict: not a submodule, and no hook of the real target fires
+        self.tokens, self.every, self.calls, self.log = {0: first_token}, every, 0, []
+
+    def features(self, features, next_tokens, cache):
+        seen, count = cache.get_seq_length(), next_tokens.shape[1]
+        self.log.append((seen, features.clone(), next_tokens.clone()))
+        super().features(features, next_tokens, cache)  # keeps the cache in step with the pairs
+        for i, token in enumerate(next_tokens[0].tolist()):
+            self.tokens[seen + 1 + i] = token
+        text = torch.tensor([[self.tokens[position] for position in range(seen + count + 1)]])
+        return self.oracle["target"].model(text).last_hidden_state[:, -count:]
+
+    def logits(self, predicted):
+        logits = super().logits(predicted).clone()
+        self.calls += 1
+        if self.calls % self.every == 0:
+            logits[..., logits.argmax(-1)] = float("-inf")
+        return logits
+
+
+@pytest.mark.parametrize("every", [2, 3, 5])
+def test_rollback_feeds_the_draft_exactly_the_targets_features(tiny_model, prompt_ids, every):
+    """Greedy equals AR with rejections at every position, and after each target pass the draft's
+    first call continues its cache with the pairs (f_t, x_{t+1}) of the committed text, features
+    exactly the target's: the rollback kept no pair made from the draft's own predictions."""
+    draft = OracleDraft(tiny_model, prompt_ids[0, 0].item(), every)
+    passes = []
+    hook = tiny_model.model.register_forward_pre_hook(lambda module, args: passes.append(len(draft.log)))
+    try:
+        *events, summary = speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=4)
+    finally:
+        hook.remove()
+    lengths = [prompt_ids.shape[1]]  # the text's length before the first pass, then after each pass
+    for event in events:
+        lengths.append(lengths[-1] + len(event.committed))
+    assert summary.tokens == answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
+    assert 0 < summary.accepted < summary.proposed  # both verdicts happened
+    assert summary.target_forwards < 40  # and accepted runs saved passes
+    sequence = torch.cat([prompt_ids, torch.tensor([summary.tokens])], dim=-1)
+    with torch.no_grad():
+        true_features = tiny_model.model(sequence).last_hidden_state  # [1, n, H]
+    # the first draft call after each target pass that was followed by a proposal (the last pass,
+    # and one with room for a single token, are not)
+    first_calls = [(draft.log[start], step) for step, (start, end) in enumerate(zip(passes, passes[1:] + [len(draft.log)])) if end > start]
+    assert len(first_calls) >= summary.target_forwards - 2
+    for (seen, features, next_tokens), step in first_calls:
+        count = features.shape[1]
+        # the cache kept exactly the pairs of the text before this pass (all but its last token has a
+        # successor), and the new pairs reach the last committed token
+        assert seen == (lengths[step] - 1 if step else 0) and seen + count + 1 == lengths[step + 1]
+        torch.testing.assert_close(features, true_features[:, seen : seen + count], rtol=1e-4, atol=1e-4)
+        assert torch.equal(next_tokens, sequence[:, seen + 1 : seen + 1 + count])
+
+
+def test_sampling_keeps_the_target_distribution(tiny_model, prompt_ids):
+    """The same chi-square test as the token draft's: the first two tokens over many seeded runs
+    against the target's exact marginals (the second is the first a feature draft proposes)."""
+    settings = dict(do_sample=True, temperature=1.0, top_k=6)
+    first, second = target_marginals(tiny_model, prompt_ids, SamplingConfig(**settings))
+    draft = feature_draft(tiny_model)
+    tokens = [
+        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=2, gamma=2, sampling=SamplingConfig(seed=seed, **settings)).tokens
+        for seed in range(1200)
+    ]
+    assert chi_square_p([t[0] for t in tokens], first) > 0.01
+    assert chi_square_p([t[1] for t in tokens], second) > 0.01
