@@ -1,0 +1,115 @@
+"""The EAGLE draft's training (training/train_eagle.py) on a tiny random Llama: the loss step learns,
+the target never changes, the all-starts drafting evaluation equals drafting step by step, and
+the draft saves and loads."""
+
+import torch
+from conftest import make_tiny_model
+from transformers import DynamicCache
+
+from specdemo.eagle import (
+    FeatureDraft,
+    init_from_target,
+    load_feature_draft,
+    save_feature_draft,
+)
+from training.train_eagle import (
+    checksum,
+    drafted_features,
+    eagle_loss,
+    pad_batch,
+    summarize,
+)
+
+VOCAB = torch.arange(0, 97, 2)  # the draft proposes the even token ids
+TO_SUBSET = torch.full((97,), -100).index_put_((VOCAB,), torch.arange(len(VOCAB)))
+
+
+def tiny_data(target, lengths=(24, 17, 30), seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [torch.randint(0, 97, (n,), generator=generator).tolist() for n in lengths]
+    with torch.no_grad():
+        features = {i: target.model(torch.tensor([s])).last_hidden_state[0] for i, s in enumerate(sequences)}
+    return {"sequences": sequences, "answer_starts": [6, 4, 9]}, features
+
+
+def tiny_draft(target):
+    draft = FeatureDraft(target, VOCAB)
+    init_from_target(draft, target)
+    return draft
+
+
+def test_training_steps_lower_the_loss_and_leave_the_target_alone():
+    target = make_tiny_model().requires_grad_(False)
+    before = checksum(target)
+    data, features = tiny_data(target)
+    batch = pad_batch(data, features, [0, 1, 2])
+    for steps in (1, 3):  # EAGLE's loss, and with later drafting steps trained too
+        draft = tiny_draft(target).train()
+        optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+        torch.manual_seed(0)
+        losses = []
+        for _ in range(20):
+            loss, _, _ = eagle_loss(draft, *batch, TO_SUBSET, w_cls=0.1, noise=0.05, steps=steps)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[-1] < 0.7 * losses[0]
+    assert all(p.grad is None for p in target.parameters())
+    assert checksum(target) == before
+
+
+def test_loss_on_a_padded_batch_equals_the_loss_of_its_rows():
+    target = make_tiny_model()
+    data, features = tiny_data(target, lengths=(24, 24, 24))
+    data["sequences"][1] = data["sequences"][1][:15]  # right padding in the batch
+    features[1] = features[1][:15]
+    draft = tiny_draft(target)
+    input_ids, _, _, feats = pad_batch(data, features, [0, 1])
+    predicted = draft.features(feats[:, :-1], input_ids[:, 1:], cache=None)
+    alone = draft.features(features[1][None, :-1], torch.tensor([data["sequences"][1][1:]]), cache=None)
+    torch.testing.assert_close(predicted[1, :14], alone[0])
+
+
+def test_all_starts_drafting_equals_step_by_step_drafting():
+    target = make_tiny_model()
+    data, features = tiny_data(target)
+    draft = tiny_draft(target).eval()
+    with torch.no_grad():  # move off the init so the layer is not the target's
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    input_ids, _, _, feats = pad_batch(data, features, [0, 1, 2])
+    depth = 4
+    with torch.no_grad():
+        drafted = drafted_features(draft, feats, input_ids, depth)  # [D, B, T-1, H]
+    for row, n in enumerate(len(s) for s in data["sequences"]):
+        f, x = feats[row : row + 1, :n], input_ids[row : row + 1, :n]
+        for p in (1, 5, n - 3):
+            cache = DynamicCache(config=draft.model.config)
+            with torch.no_grad():
+                predicted = draft.features(f[:, :p], x[:, 1 : p + 1], cache)[:, -1:]  # f̂_p from the true pairs
+                torch.testing.assert_close(predicted[0, 0], drafted[0, row, p - 1], rtol=1e-4, atol=1e-4)
+                for d in range(1, depth):
+                    if p + d > n - 1:
+                        break
+                    predicted = draft.features(predicted, x[:, p + d : p + d + 1], cache)  # pair (f̂_{p+d-1}, x_{p+d})
+                    torch.testing.assert_close(predicted[0, 0], drafted[d, row, p + d - 1], rtol=1e-4, atol=1e-4)
+
+
+def test_tokens_per_pass_counts_like_the_token_draft():
+    # runs [2, 0, 0, 1, 0]: a pass at 0 accepts 2 and commits 3; at 3 accepts 1 and commits the last 2
+    result = summarize([[2, 0, 0, 1, 0]], gammas=(1, 2))
+    assert result["tokens_per_pass_gamma2"] == 5 / 2
+    assert result["tokens_per_pass_gamma1"] == 5 / 3  # passes at 0 (2 tokens), 2 (1), 3 (2)
+    assert result["top1_agreement"] == 2 / 5
+
+
+def test_save_and_load_round_trip(tmp_path):
+    target = make_tiny_model()
+    draft = tiny_draft(target)
+    save_feature_draft(draft, tmp_path, {"w_cls": 0.1})
+    loaded = load_feature_draft(tmp_path, target)
+    assert torch.equal(loaded.vocab, VOCAB)
+    for (name, weight), (loaded_name, loaded_weight) in zip(draft.state_dict().items(), loaded.state_dict().items()):
+        assert name == loaded_name
+        torch.testing.assert_close(loaded_weight, weight, rtol=1e-3, atol=1e-3)  # float16 on disk
