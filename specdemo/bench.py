@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import ar
+from . import ar, speculative
 from .errors import SpecDemoError
 from .events import final_summary
-from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options
+from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options, token_draft
 from .models import EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -77,11 +77,21 @@ def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: in
 
 
 def hf_assisted(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **generate_options) -> Run:
-    """transformers' assisted generation with our speculative draft (its own defaults for the
-    number of draft tokens, unless set): the peer `speculative` must beat. transformers drafts
-    over the whole vocabulary; only our loop uses the draft's smaller head."""
-    draft = method_options("speculative", target)["draft"]
-    return hf_generate(target, input_ids, max_new_tokens, assistant_model=draft.model, **generate_options)
+    """transformers' assisted generation with our token draft (its own defaults for the number
+    of draft tokens, unless set): the peer `speculative` must beat. transformers drafts over the
+    whole vocabulary; only our loop uses the draft's smaller head. `speculative_token` runs our
+    loop with this same draft, for a like-for-like comparison."""
+    return hf_generate(target, input_ids, max_new_tokens, assistant_model=token_draft(target).model, **generate_options)
+
+
+def speculative_token(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
+    """Our speculative loop with the token draft (the one `hf_assisted` uses) where `speculative`
+    takes the preset's feature draft: how much of the gain is the loop, how much the draft."""
+    events = speculative.generate(
+        target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, draft=token_draft(target), **settings
+    )
+    summary = final_summary(events)
+    return Run(list(summary.tokens), summary.target_forwards)
 
 
 def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
@@ -95,6 +105,7 @@ def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, *
 RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
     "hf_generate": hf_generate,
     "hf_assisted": hf_assisted,
+    "speculative_token": speculative_token,
     "cllm_ar": cllm_ar,
 }
 # a method that decodes other weights than the target's is checked against AR on those weights
@@ -212,13 +223,13 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
 
 
 def format_table(report: dict) -> str:
-    header = f"{'method':<14}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
+    header = f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
     settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
     title = f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}"
     lines = [title + (f"; settings: {settings}" if settings else ""), header]
     for name, s in report["methods"].items():
         lines.append(
-            f"{name:<14}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
+            f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
             f"{s['tokens_per_forward']:>10.2f}{s['speedup_vs_ar']:>8.2f}x{s['matches_ar']:>12.2f}"
         )
     for name, s in report["methods"].items():

@@ -11,7 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from . import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
-from .draft import load_draft
+from .draft import Draft, load_draft
+from .eagle import load_feature_draft
 from .errors import SpecDemoError
 from .models import LoadedModel
 from .presets import preset_for
@@ -49,8 +50,11 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
     """The keyword arguments method `name` needs for `target` beyond the common ones, loaded from
     the companions its preset names (`specdemo.presets`)."""
     get_method(name)
-    if name == "speculative":
-        return MappingProxyType({"draft": load_draft(companion(target, "draft"), target)})
+    if name == "speculative":  # the feature draft where the preset has one, as it drafts better
+        feature_draft = getattr(preset_for(target.spec), "feature_draft", None)
+        if feature_draft is not None:
+            return MappingProxyType({"draft": load_feature_draft(Path(feature_draft), target.model)})
+        return MappingProxyType({"draft": token_draft(target)})
     if name == "medusa":
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
         preset = preset_for(target.spec)
@@ -59,9 +63,16 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         return MappingProxyType({"heads": heads})
     if name == "cllm":
         return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
-    if name == "contrastive":  # the amateur is the speculative draft, loaded once for both
-        return MappingProxyType({"amateur": method_options("speculative", target)["draft"].model})
+    if name == "contrastive":  # the amateur is the token draft: a small LM of its own, which a feature draft is not
+        return MappingProxyType({"amateur": token_draft(target).model})
     return MappingProxyType({})
+
+
+@functools.cache
+def token_draft(target: LoadedModel) -> Draft:
+    """The target's draft model (a small causal LM of its vocabulary), loaded once: speculative
+    decoding's draft where there is no feature draft, transformers' assistant, contrastive's amateur."""
+    return load_draft(companion(target, "draft"), target)
 
 
 MISSING_COMPANION = {

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .cllm import EMBEDDED_CLLM
+from .eagle import EMBEDDED_EAGLE
 from .errors import SpecDemoError
 from .medusa import EMBEDDED_HEADS
 from .models import EMBEDDED
@@ -25,6 +26,7 @@ class Preset:
     name: str  # what the picker shows
     target: str
     draft: str | None = None  # a causal LM sharing the target's tokenizer (speculative, contrastive)
+    feature_draft: str | Path | None = None  # a folder of our EAGLE feature draft: speculative prefers it to `draft`
     medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
     medusa_tree: tuple[tuple[int, ...], ...] | None = None  # the default tree for heads that bring none (published heads)
     cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
@@ -45,6 +47,7 @@ EMBEDDED_PRESET = Preset(
     name="SmolLM2-135M-Instruct (embedded, CPU)",
     target=EMBEDDED,
     draft=EMBEDDED,  # ours: two of its layers, distilled on its own answers (assets/smollm2-135m-draft)
+    feature_draft=EMBEDDED_EAGLE,  # ours: one layer drafting from its features (assets/smollm2-135m-eagle)
     medusa_heads=EMBEDDED_HEADS,
     cllm=EMBEDDED_CLLM,
     about="Runs offline on a laptop CPU; every companion was trained on this CPU by the scripts in training/.",
