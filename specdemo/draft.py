@@ -38,11 +38,12 @@ class Draft:
             self.vocab = self.vocab.to(head.device)
             self.head = head[self.vocab]  # [K, H]: the rows the draft may propose
 
-    def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1) -> torch.Tensor:
-        """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions."""
+    def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1, **tree) -> torch.Tensor:
+        """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions.
+        `tree`: an attention_mask and position_ids when the tokens are branches of a draft tree."""
         if self.vocab is None:
-            return self.model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
-        hidden = self.model.model(input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+            return self.model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep, **tree).logits
+        hidden = self.model.model(input_ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state
         return torch.nn.functional.linear(hidden[:, -logits_to_keep:], self.head)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the other
 PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam"})
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
-    "speculative": ("gamma", "adaptive_gamma"),
+    "speculative": ("gamma", "adaptive_gamma", "draft_tree_size"),
     "medusa": ("tree", "tree_size", "typical_acceptance"),
     "jacobi": ("block_size",),
     "cllm": ("block_size",),

@@ -19,11 +19,13 @@ from collections.abc import Generator, Iterable, Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from . import draft_tree
+from .attention import additive_mask, chain_positions, sees_from_parents
 from .draft import Draft
 from .eagle import FeatureDraft
 from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
-from .kvcache import keep_prefix
+from .kvcache import keep_positions, keep_prefix
 from .models import eos_token_ids as model_eos_token_ids
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
@@ -41,72 +43,142 @@ def generate(
     sampling: SamplingConfig = GREEDY,
     gamma: int = 2,
     adaptive_gamma: bool = False,
+    draft_tree_size: int | None = None,
+    draft_tree_top_k: int = 2,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after `input_ids` [1, L]; each target pass verifies up to `gamma` draft tokens."""
+    """Decode after `input_ids` [1, L]; each target pass verifies up to `gamma` draft tokens.
+    `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
+    `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
+    AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
+    greedily, without logits processors)."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
         raise SpecDemoError(f"gamma (draft tokens per step) must be a whole number from 1 to {MAX_GAMMA}, got {gamma!r}")
+    choose = TokenChooser(sampling, input_ids.device)
+    draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, choose)
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
     recorder = StepRecorder("speculative", max_new_tokens, eos, stop)
-    choose = TokenChooser(sampling, input_ids.device)
     target_cache, draft_cache = DynamicCache(config=model.config), DynamicCache(config=draft.model.config)
     sequence = input_ids  # [1, n] prompt + committed tokens
     on_features = isinstance(draft, FeatureDraft)
     features = None  # [1, m, H] the target's features of the positions its cache holds (feature drafts)
-    accepted_at = [0] * MAX_GAMMA  # steps in which draft position i was accepted
-    proposed_at = [0] * MAX_GAMMA  # steps in which draft position i was proposed
+    accepted_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was accepted
+    proposed_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was proposed
     while not recorder.done:
-        # 1. Propose: the draft extends the sequence by up to γ tokens (never past the answer's room).
-        #    A feature draft needs the target's features of the prompt: the first pass drafts nothing.
-        step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
-        draft_tokens, q = propose(draft, draft_cache, sequence, features, step_gamma, choose, eos, model.config.vocab_size)
-        g = draft_tokens.shape[1]
-        # 2. Verify: one target pass over the uncached committed tokens and the draft.
         n, cached = sequence.shape[1], target_cache.get_seq_length()
-        fed = torch.cat([sequence[:, cached:], draft_tokens], dim=-1)
-        logits, hidden = verify_pass(model, fed, target_cache, g + 1, on_features)  # [g+1, V], [1, f, H] or None
-        # 3. Accept: the longest agreeing prefix, then one token of the target's own.
-        candidate = torch.cat([sequence, draft_tokens], dim=-1)
-        if sampling.do_sample:
-            accept_length, next_token, details = accept_sampled(choose, candidate, logits, draft_tokens[0], q)
+        # A feature draft needs the target's features of the prompt: the first pass drafts nothing.
+        step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
+        if draft_tree_size and step_gamma:
+            step = tree_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, draft_tree_top_k, draft_tree_size, eos)
         else:
-            accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
-        # 4. Roll back: the target keeps the accepted prefix; the draft keeps what it saw of it
-        #    (a feature draft: the pairs fed the target's features, not its own predictions).
-        keep_prefix(target_cache, n + accept_length)
+            step = chain_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, choose, eos)
+        accepted_nodes, next_token, hidden, details = step
+        accept_length = len(accepted_nodes)
+        # Roll back: the target keeps the committed tokens and the accepted draft tokens; the draft
+        # keeps what it saw of them (a feature draft: only pairs fed the target's features).
+        keep_positions(target_cache, n, [n + node for node in accepted_nodes])
         if on_features:
-            features = torch.cat([*([] if features is None else [features]), hidden[:, : n + accept_length - cached]], dim=1)
+            kept_rows = [*range(n - cached), *(n - cached + node for node in accepted_nodes)]
+            features = torch.cat([*([] if features is None else [features]), hidden[:, kept_rows]], dim=1)
             keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n - 1))
         else:
             keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n + accept_length))
-        committed = [*draft_tokens[0, :accept_length].tolist(), next_token]
-        sequence = torch.cat([candidate[:, : n + accept_length], torch.tensor([[next_token]], device=sequence.device)], dim=-1)
-        for i in range(g):
-            proposed_at[i] += 1
-            accepted_at[i] += i < accept_length
-        drafted = draft_tokens[0].tolist()
+        committed = [*details["accepted"], next_token]
+        sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
+        for depth in range(details["depth"]):
+            proposed_at[depth] += 1
+            accepted_at[depth] += depth < accept_length
         yield recorder.step(
             committed=committed,
-            proposed=drafted,
-            accepted=drafted[:accept_length],
-            rejected=drafted[accept_length:],
-            draft_forwards=g,
-            extra={"gamma": g, "accept_length": accept_length, "target_token": next_token, **details},
+            proposed=details.pop("proposed"),
+            accepted=details.pop("accepted"),
+            rejected=details.pop("rejected"),
+            draft_forwards=details["depth"],
+            extra={"gamma": details.pop("depth"), "accept_length": accept_length, "target_token": next_token, **details},
         )
-        # 5. Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection.
-        if adaptive_gamma and g == gamma:
-            gamma = min(gamma + 2, MAX_GAMMA) if accept_length == g else max(gamma - 1, 1)
+        # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection.
+        if adaptive_gamma and step_gamma == gamma:
+            gamma = min(gamma + 2, MAX_GAMMA) if accept_length == gamma else max(gamma - 1, 1)
     yield recorder.summary(extra={"acceptance_by_position": [a / p for a, p in zip(accepted_at, proposed_at) if p]})
 
 
-def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool):
+AUTO_TREE_SIZE = 6  # with draft_tree_top_k = 2: the best of sizes 4 to 16 on our bench prompts (README)
+
+
+def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, choose: TokenChooser) -> int:
+    """The number of tree nodes to draft (0: a chain), checked against the decoding rule."""
+    plain_greedy = not choose.config.do_sample and not choose.processors
+    if isinstance(draft_tree_top_k, bool) or not isinstance(draft_tree_top_k, int) or draft_tree_top_k < 1:
+        raise SpecDemoError(f"draft_tree_top_k must be a whole number from 1, got {draft_tree_top_k!r}")
+    if draft_tree_size is None:
+        return AUTO_TREE_SIZE if plain_greedy else 0
+    if isinstance(draft_tree_size, bool) or not isinstance(draft_tree_size, int) or draft_tree_size < 0:
+        raise SpecDemoError(f"draft_tree_size (draft tree nodes, 0 for a chain) must be a whole number from 0, got {draft_tree_size!r}")
+    if draft_tree_size and not plain_greedy:
+        raise SpecDemoError(
+            "a draft tree is verified greedily, without logits processors: for sampling or a repetition penalty "
+            "draft a chain (draft_tree_size=0), whose rejection-sampling rule keeps the target's distribution"
+        )
+    return draft_tree_size
+
+
+def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamma, choose, eos):
+    """Draft a chain of up to `gamma` tokens and verify it in one target pass (Leviathan et al.).
+    Returns the accepted draft positions, the target's token, its features and the event's details."""
+    cached = target_cache.get_seq_length()
+    draft_tokens, q = propose(draft, draft_cache, sequence, features, gamma, choose, eos, model.config.vocab_size)
+    g = draft_tokens.shape[1]
+    fed = torch.cat([sequence[:, cached:], draft_tokens], dim=-1)
+    logits, hidden = verify_pass(model, fed, target_cache, g + 1, isinstance(draft, FeatureDraft))
+    candidate = torch.cat([sequence, draft_tokens], dim=-1)
+    if choose.config.do_sample:
+        accept_length, next_token, details = accept_sampled(choose, candidate, logits, draft_tokens[0], q)
+    else:
+        accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
+    drafted = draft_tokens[0].tolist()
+    details |= {"proposed": drafted, "accepted": drafted[:accept_length], "rejected": drafted[accept_length:], "depth": g}
+    return list(range(accept_length)), next_token, hidden, details
+
+
+def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth, top_k, size, eos):
+    """Draft a tree (`draft_tree.grow`) and verify every node in one target pass, each seeing
+    the committed tokens and its own ancestors (tree attention, as Medusa's)."""
+    n, cached = sequence.shape[1], target_cache.get_seq_length()
+    tree = draft_tree.grow(draft, draft_cache, sequence, features, depth=depth, top_k=top_k, size=size, eos=eos)
+    uncached = n - cached  # committed tokens the target has not seen; the last one is the tree's root
+    parents = [*range(-1, uncached - 1), *(uncached - 1 if p < 0 else uncached + p for p in tree.parents)]
+    sees = sees_from_parents(parents).to(sequence.device)
+    fed = torch.cat([sequence[:, cached:], sequence.new_tensor([tree.tokens])], dim=-1)
+    tree_attention = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
+    logits, hidden = verify_pass(model, fed, target_cache, tree.size + 1, isinstance(draft, FeatureDraft), **tree_attention)
+    choices = logits.argmax(dim=-1).tolist()  # [1 + size]: after the root, then after each node
+    path = draft_tree.accept_greedy(tree, choices)
+    next_token = choices[path[-1] + 1 if path else 0]
+    rejected = draft_tree.best_continuation(tree, path[-1] if path else -1)
+    details = {
+        "proposed": tree.tokens,
+        "accepted": [tree.tokens[node] for node in path],
+        "rejected": [tree.tokens[node] for node in rejected],
+        "depth": max(tree.depths),
+        "tree_tokens": [int(sequence[0, -1]), *tree.tokens],  # node 0 is the root, as in Medusa's events
+        "tree_parents": [-1, *(p + 1 for p in tree.parents)],
+        "tree_depths": [0, *tree.depths],
+        "accepted_path": [0, *(node + 1 for node in path)],
+        "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
+        "tree_scores": tree.scores,
+    }
+    return path, next_token, hidden, details
+
+
+def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool, **tree):
     """The target's logits [keep, V] at the last `keep` fed positions and, for a feature draft, its
-    features [1, f, H] at every fed position (the last hidden state, what the LM head reads)."""
+    features [1, f, H] at every fed position (the last hidden state, what the LM head reads).
+    `tree`: an attention_mask and position_ids when the fed tokens form a tree."""
     if not with_features:
-        return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0], None
-    hidden = model.base_model(fed, past_key_values=cache, use_cache=True).last_hidden_state  # [1, f, H]
+        return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0], None
+    hidden = model.base_model(fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
     return model.get_output_embeddings()(hidden[:, -keep:])[0], hidden
 
 
@@ -116,16 +188,10 @@ def draft_logits(
     """The draft's logits [1, K] for one next token after another; send each chosen token [1, 1]
     back. A token draft reads the tokens its cache has not seen; a feature draft the pairs
     (f_t, x_{t+1}) whose feature the target computed, then its own predicted features (EAGLE)."""
-    if isinstance(draft, FeatureDraft):
-        seen = cache.get_seq_length()
-        predicted = draft.features(features[:, seen:], sequence[:, seen + 1 :], cache)[:, -1:]  # [1, 1, H]
-        while True:
-            token = yield draft.logits(predicted[:, -1])
-            predicted = draft.features(predicted, token, cache)
-    fed = sequence[:, cache.get_seq_length() :]
+    logits, state = draft_tree.first_logits(draft, cache, sequence, features)
     while True:
-        token = yield draft.logits(fed, cache)[:, -1]
-        fed = token
+        token = yield logits
+        logits, state = draft_tree.branch_logits(draft, cache, token[0], state)
 
 
 def propose(

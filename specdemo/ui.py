@@ -32,7 +32,10 @@ HOW_IT_WORKS = {
     "ar": "**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured against it.",
     "speculative": "**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the target "
     "scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its own. Sampling accepts a draft "
-    "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution.",
+    "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution. "
+    "The embedded model's draft is an EAGLE feature draft (Li et al. 2024): one layer that predicts the target's next hidden state from "
+    "its current one, sharing its LM head. Greedy, it drafts a tree (EAGLE-2): each level expands the nodes whose whole path the draft "
+    "finds likeliest, and the target checks every branch in one pass with tree attention, keeping the branch it agrees with.",
     "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
     "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
     "A node is accepted when its token is the target's argmax after its parent; the deepest accepted node's path is kept, plus the "
@@ -94,6 +97,9 @@ def method_view(events: list[StepEvent], decode) -> dict:
         view["detail"], view["html"] = views.pool_figure(events), views.lookahead_html(event, decode)
     elif event.method == "speculative":
         view["detail"] = views.acceptance_by_position_figure(views.acceptance_by_position(events))
+        drafted_tree = next((e for e in reversed(events) if "tree_tokens" in e.extra), None)  # a last one-token pass drafts none
+        if drafted_tree is not None:
+            view["tree"] = views.tree_figure(drafted_tree, decode)
     elif event.method == "beam":
         view["detail"] = views.beam_figure(events, decode)
     elif event.method == "contrastive":
@@ -105,7 +111,7 @@ def method_view(events: list[StepEvent], decode) -> dict:
 
 PLOTS = ("timeline", "detail", "trajectory", "tree")
 KNOBS = (  # in the order of the page's inputs
-    "gamma", "adaptive_gamma", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
+    "gamma", "adaptive_gamma", "draft_tree_size", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
 )
 
@@ -187,7 +193,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 
     def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size, *knobs) -> Request:
         values = dict(zip(KNOBS, knobs))
-        convert = {"adaptive_gamma": bool, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
+        # the draft tree box: checked, speculative chooses (a tree when greedy); unchecked, a chain
+        convert = {"adaptive_gamma": bool, "draft_tree_size": lambda checked: None if checked else 0, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
                    "length_penalty": float, "alpha": float, "amateur_temperature": float}
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
@@ -286,6 +293,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 with gr.Row():
                     gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
                     adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
+                    draft_tree_size = gr.Checkbox(
+                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"
+                    )
                     tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: the paths most often right on held-out answers; chain: top-1 only)")
                     tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree nodes (0: the default size; more: the next best paths)")
                     typical_acceptance = gr.Checkbox(
@@ -307,7 +317,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 with gr.Column():
                     view_plot = gr.Plot(label="Tokens per pass", elem_id="method-plot")
                     trajectory_plot = gr.Plot(label="Jacobi trajectory", elem_id="trajectory-plot", visible=False)
-                    tree_plot = gr.Plot(label="Medusa tree", elem_id="tree-plot", visible=False)
+                    tree_plot = gr.Plot(label="Candidate tree (Medusa, speculative's draft tree)", elem_id="tree-plot", visible=False)
                     detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot", visible=False)
                     view_html = gr.HTML(elem_id="method-view")
                 with gr.Column():
@@ -335,7 +345,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         history = gr.State(None)
 
         inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
-                  gamma, adaptive_gamma, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
+                  gamma, adaptive_gamma, draft_tree_size, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
                   num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(

@@ -292,6 +292,12 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
     own = quoted(event.committed[accepted:])
     if event.method == "ar":
         return pass_ + f"the target's next token is {own}: one token a pass, the baseline."
+    if event.method == "speculative" and "tree_tokens" in event.extra:
+        depth = event.extra["gamma"]
+        return pass_ + (
+            f"the draft grew a tree of {len(event.proposed)} tokens, {depth} deep, keeping the branches it found likeliest; the target "
+            f"checked every branch in one pass and followed one for {accepted} token(s) ({quoted(event.accepted) or 'none'}), then added {own}. {done}"
+        )
     if event.method == "speculative":
         proposed = len(event.proposed)
         if accepted == proposed:
@@ -396,7 +402,7 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
 
 
 def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
-    """One Medusa step's candidate tree: a node per token (depth left to right), edges to parents,
+    """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
     the accepted path in green and the rest of the best candidate in red."""
     extra = event.extra
     tokens, parents, depths = extra["tree_tokens"], extra["tree_parents"], extra["tree_depths"]

@@ -59,7 +59,7 @@ def test_method_streams_accepted_and_rejected_tokens(page, method):
     expect(page.locator('#stream .tok[data-origin="accepted"]').first).to_be_visible()
     expect(page.locator('#stream .tok[data-origin="rejected"]').first).to_be_attached()
     expect(page.locator("#speedup-plot .js-plotly-plot").first).to_be_visible()
-    own_plot = {"medusa": "#tree-plot", "jacobi": "#trajectory-plot", "cllm": "#trajectory-plot"}.get(method)
+    own_plot = {"speculative": "#tree-plot", "medusa": "#tree-plot", "jacobi": "#trajectory-plot", "cllm": "#trajectory-plot"}.get(method)
     if own_plot:
         expect(page.locator(f"{own_plot} .js-plotly-plot").first).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / f"{method}.png"), full_page=True)

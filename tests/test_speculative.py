@@ -23,8 +23,8 @@ class ScriptedDraft(Draft):
         super().__init__("scripted", model)
         self.every = every
 
-    def logits(self, input_ids, cache, logits_to_keep=1):
-        logits = super().logits(input_ids, cache, logits_to_keep).clone()
+    def logits(self, input_ids, cache, logits_to_keep=1, **tree):
+        logits = super().logits(input_ids, cache, logits_to_keep, **tree).clone()
         if cache.get_seq_length() % self.every == 0:
             logits[..., logits.argmax(-1)] = float("-inf")
         return logits
@@ -48,7 +48,7 @@ def test_greedy_equals_ar(tiny_model, other_model, prompt_ids, gamma, draft_kind
         "vocab_subset": Draft("subset", tiny_model, torch.arange(0, 97, 2)),
     }[draft_kind]
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
-    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=0)
     assert summary.tokens == expected and summary.finish_reason == "length"
     if draft_kind == "always_right":  # every pass commits gamma + 1 tokens
         assert summary.target_forwards == -(-40 // (gamma + 1))
@@ -68,7 +68,7 @@ def test_adaptive_gamma_and_repetition_penalty_equal_ar(tiny_model, other_model,
 def test_rollback_after_a_rejection_at_every_position(tiny_model, prompt_ids, every):
     gamma = 6
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=60).tokens
-    events = list(speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=gamma))
+    events = list(speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=gamma, draft_tree_size=0))
     assert events[-1].tokens == expected
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert any(e.rejected for e in steps)
@@ -80,7 +80,7 @@ def test_rollback_after_a_rejection_at_every_position(tiny_model, prompt_ids, ev
 def test_rejections_cover_every_draft_position(tiny_model, prompt_ids):
     seen = set()
     for every in [2, 3, 4, 5, 6, 7, 8]:
-        for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=6):
+        for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=6, draft_tree_size=0):
             if isinstance(e, StepEvent) and e.rejected:
                 seen.add(e.extra["accept_length"])
     assert seen == set(range(6))
@@ -91,7 +91,7 @@ def test_eos_inside_an_accepted_run(tiny_model, prompt_ids):
     eos = greedy[4]
     expected = greedy[: greedy.index(eos) + 1]
     events = list(
-        speculative.generate(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, eos_token_ids=[eos])
+        speculative.generate(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, eos_token_ids=[eos], draft_tree_size=0)
     )
     summary = events[-1]
     assert list(summary.tokens) == expected and summary.finish_reason == "eos"
@@ -99,7 +99,7 @@ def test_eos_inside_an_accepted_run(tiny_model, prompt_ids):
 
 
 def test_summary_reports_acceptance_by_position(tiny_model, prompt_ids):
-    summary = answer(speculative, tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, 3), max_new_tokens=40, gamma=4)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, 3), max_new_tokens=40, gamma=4, draft_tree_size=0)
     by_position = summary.extra["acceptance_by_position"]
     assert len(by_position) == 4 and all(0 <= a <= 1 for a in by_position)
     assert by_position == sorted(by_position, reverse=True)  # position i+1 is accepted only after position i
@@ -167,16 +167,21 @@ def test_draft_with_another_vocabulary_is_refused(embedded, tmp_path):
 
 
 @pytest.mark.parametrize("prompt", ["Write a haiku about the sea.", "Explain in two sentences why we sleep."])
-def test_greedy_equals_ar_on_embedded_model_with_trained_draft(embedded, prompt):
-    from specdemo.methods import method_options
+@pytest.mark.parametrize("draft_kind, tree_size", [("feature", 0), ("feature", 12), ("token", 0)])
+def test_greedy_equals_ar_on_embedded_model_with_trained_draft(embedded, prompt, draft_kind, tree_size):
+    from specdemo.eagle import FeatureDraft
+    from specdemo.methods import method_options, token_draft
 
-    draft = method_options("speculative", embedded)["draft"]
-    assert draft.vocab is not None and draft.model.config.num_hidden_layers == 2
-    assert draft.model.get_input_embeddings() is embedded.model.get_input_embeddings()  # shared, not copied
+    draft = method_options("speculative", embedded)["draft"] if draft_kind == "feature" else token_draft(embedded)
+    assert isinstance(draft, FeatureDraft) == (draft_kind == "feature")  # the preset's feature draft is speculative's
+    assert draft.vocab is not None
+    embedding = draft.shared["embed"] if draft_kind == "feature" else draft.model.get_input_embeddings()
+    assert embedding is embedded.model.get_input_embeddings()  # shared, not copied
     input_ids = embedded.encode_chat(prompt)
     expected = answer(ar, embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids).tokens
     summary = answer(
-        speculative, embedded.model, input_ids, draft=draft, max_new_tokens=48, gamma=5, eos_token_ids=embedded.eos_token_ids
+        speculative, embedded.model, input_ids, draft=draft, max_new_tokens=48, gamma=5, draft_tree_size=tree_size,
+        eos_token_ids=embedded.eos_token_ids,
     )
     assert summary.tokens == expected
     assert summary.tokens_per_forward > 1.5  # the trained draft is right more often than not

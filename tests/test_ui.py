@@ -33,7 +33,7 @@ def test_method_views_follow_the_method(embedded):
     from specdemo.ui import method_view
 
     decode = lambda token: embedded.decode([token])  # noqa: E731
-    expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail"}, "lookahead": {"timeline", "detail"}}
+    expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail", "tree"}, "lookahead": {"timeline", "detail"}}
     for method, plots in expected.items():
         events, _ = collect(run(embedded, Request("Name three colors.", method, 12)))
         view = method_view(events, decode)

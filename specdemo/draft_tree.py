@@ -1,0 +1,182 @@
+"""A dynamic draft tree: the draft proposes several continuations, the target verifies them in one pass.
+
+EAGLE-2 (Li, Wei, Zhang & Zhang 2024, "EAGLE-2: Faster Inference of Language Models with
+Dynamic Draft Trees", Sec. 4): a node's value is the draft's probability of its whole path,
+the product of its confidences, which tracks how likely the target is to accept it. The tree
+grows `depth` levels; each level expands only the `top_k` nodes of highest value, each into
+its draft's `top_k` best children, in one draft pass where every node sees the prefix and its
+own ancestors. Then the `size` nodes of highest value form the tree the target verifies
+(reranking, their Sec. 4.2). A child's value never exceeds its parent's, so the chosen nodes
+always include their ancestors.
+
+Greedy verification walks from the root (the last committed token): a child is accepted when
+its token is the target's argmax after its parent; the target's own token follows the deepest
+accepted node. That is AR's answer exactly, whatever the tree holds.
+
+A draft is a token draft (`draft.Draft`) or a feature draft (`eagle.FeatureDraft`); both step
+through `first_logits` and `branch_logits`, which the chain of `speculative` uses too.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .attention import additive
+from .draft import Draft
+from .eagle import FeatureDraft
+from .kvcache import keep_prefix
+
+
+@dataclass
+class DraftTree:
+    """Draft nodes, parents before children. Parent -1 is the root: the last committed token."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]  # log of the draft's probability of the path to the node
+    depths: list[int]  # 1 for the root's children
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def ancestors(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node`, itself included."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+
+def first_logits(
+    draft: Draft | FeatureDraft, cache: DynamicCache, sequence: torch.Tensor, features: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft's logits [1, K] for the token after `sequence` [1, n], and for a feature draft
+    its predicted feature [1, H] there. A token draft reads the tokens its cache has not seen; a
+    feature draft the pairs (f_t, x_{t+1}) whose feature f_t the target computed (`features`)."""
+    if isinstance(draft, FeatureDraft):
+        seen = cache.get_seq_length()
+        predicted = draft.features(features[:, seen:], sequence[:, seen + 1 :], cache)[0, -1:]  # [1, H]
+        return draft.logits(predicted), predicted
+    return draft.logits(sequence[:, cache.get_seq_length() :], cache)[0], None
+
+
+def branch_logits(
+    draft: Draft | FeatureDraft, cache: DynamicCache, tokens: torch.Tensor, states: torch.Tensor | None, **tree
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft's logits [q, K] after each of `tokens` [q] (drafted tokens appended to the
+    cache), and a feature draft's predicted features [q, H]; `states` [q, H] are the predicted
+    features each token followed. `tree`: an attention_mask and position_ids when the tokens are
+    branches rather than a chain."""
+    if isinstance(draft, FeatureDraft):
+        predicted = draft.features(states[None], tokens[None], cache, **tree)[0]  # [q, H]
+        return draft.logits(predicted), predicted
+    return draft.logits(tokens[None], cache, logits_to_keep=tokens.shape[0], **tree)[0], None
+
+
+@torch.inference_mode()
+def grow(
+    draft: Draft | FeatureDraft,
+    cache: DynamicCache,
+    sequence: torch.Tensor,
+    features: torch.Tensor | None,
+    *,
+    depth: int,
+    top_k: int,
+    size: int,
+    eos: tuple[int, ...] = (),
+) -> DraftTree:
+    """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank). The draft's cache
+    ends holding the prefix only: the branches it fed are dropped."""
+    logits, state = first_logits(draft, cache, sequence, features)
+    prefix = cache.get_seq_length()
+    tree = DraftTree([], [], [], [])
+    states = []  # per node, the predicted feature its children's pairs read (feature drafts)
+    frontier = add_children(tree, states, draft, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=top_k)
+    fed = []  # nodes in the draft's cache after the prefix, in cache order
+    for level in range(2, depth + 1):
+        expand = sorted((n for n in frontier if tree.tokens[n] not in eos), key=lambda n: -tree.scores[n])[:top_k]
+        if not expand:
+            break
+        allowed = branch_visibility(tree, fed, expand, prefix, sequence.device)
+        tokens = torch.tensor([tree.tokens[n] for n in expand], device=sequence.device)
+        parent_states = None if state is None else torch.stack([states[n] for n in expand])
+        positions = torch.full((1, len(expand)), prefix + level - 2, device=sequence.device)
+        logits, new_states = branch_logits(
+            draft, cache, tokens, parent_states, attention_mask=additive(allowed, draft.model.dtype), position_ids=positions
+        )
+        fed += expand
+        frontier = add_children(
+            tree, states, draft, logits, new_states, parents=expand, parent_scores=[tree.scores[n] for n in expand], depth=level, top_k=top_k
+        )
+    keep_prefix(cache, prefix)
+    return best_nodes(tree, size)
+
+
+def add_children(tree, states, draft, logits, parent_states, *, parents, parent_scores, depth, top_k) -> list[int]:
+    """Append each parent's `top_k` best children by the draft's log-probability (`logits` [q, K],
+    one row per parent); returns the new nodes."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
+    token_ids = draft.token_ids(log_probs.indices).tolist()
+    new = []
+    for row, (parent, parent_score) in enumerate(zip(parents, parent_scores)):
+        for token, log_prob in zip(token_ids[row], log_probs.values[row].tolist()):
+            new.append(tree.size)
+            tree.tokens.append(token)
+            tree.parents.append(parent)
+            tree.scores.append(parent_score + log_prob)
+            tree.depths.append(depth)
+            states.append(None if parent_states is None else parent_states[row])
+    return new
+
+
+def branch_visibility(tree: DraftTree, fed: list[int], expand: list[int], prefix: int, device) -> torch.Tensor:
+    """allowed [q, prefix + len(fed) + q]: each expanded node sees the prefix, those of its
+    ancestors already in the draft's cache, and itself."""
+    allowed = torch.zeros(len(expand), prefix + len(fed) + len(expand), dtype=torch.bool, device=device)
+    allowed[:, :prefix] = True
+    cache_slot = {node: prefix + i for i, node in enumerate(fed)}
+    for row, node in enumerate(expand):
+        for ancestor in tree.ancestors(tree.parents[node]):
+            allowed[row, cache_slot[ancestor]] = True
+        allowed[row, prefix + len(fed) + row] = True
+    return allowed
+
+
+def best_nodes(tree: DraftTree, size: int) -> DraftTree:
+    """The `size` nodes of highest value, renumbered with parents before children (EAGLE-2's
+    rerank). Ties go to the shallower node, so a node never comes without its parent."""
+    chosen = sorted(range(tree.size), key=lambda n: (-tree.scores[n], tree.depths[n], n))[:size]
+    chosen.sort(key=lambda n: (tree.depths[n], n))
+    index = {node: i for i, node in enumerate(chosen)}
+    return DraftTree(
+        tokens=[tree.tokens[n] for n in chosen],
+        parents=[-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in chosen],
+        scores=[tree.scores[n] for n in chosen],
+        depths=[tree.depths[n] for n in chosen],
+    )
+
+
+def best_continuation(tree: DraftTree, node: int) -> list[int]:
+    """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
+    down to a leaf: what the target turned down when it stopped at `node`."""
+    path = []
+    while children := [child for child, parent in enumerate(tree.parents) if parent == node]:
+        node = max(children, key=lambda child: tree.scores[child])
+        path.append(node)
+    return path
+
+
+def accept_greedy(tree: DraftTree, choices: list[int]) -> list[int]:
+    """The accepted nodes, from the root's child down: `choices[0]` is the target's argmax after
+    the root, `choices[1 + i]` after node i. Siblings hold different tokens, so at most one
+    child of a node can match."""
+    children = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, {})[tree.tokens[node]] = node
+    path, node = [], -1
+    while (node := children.get(node, {}).get(choices[node + 1])) is not None:
+        path.append(node)
+    return path

@@ -1,0 +1,150 @@
+"""The draft tree (EAGLE-2): greedy equals AR whatever the tree holds, the draft's tree pass
+scores each path as a chain would, the target accepts a branch the chain would have missed, and
+the feature draft is fed exactly the target's features of the accepted branch."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import make_tiny_model
+from specdemo import SpecDemoError, ar, draft_tree, speculative
+from specdemo.draft import Draft
+from specdemo.events import StepEvent, final_summary
+from specdemo.sampling import SamplingConfig
+from test_eagle import OracleDraft, feature_draft
+
+
+def answer(model, prompt_ids, **kwargs):
+    return final_summary(speculative.generate(model, prompt_ids, **kwargs))
+
+
+class RunnerUpDraft(Draft):
+    """The target itself as a draft, with its two best tokens swapped everywhere: a chain never
+    gets a token accepted, while a tree with two children per node always holds the target's."""
+
+    def logits(self, input_ids, cache, logits_to_keep=1, **tree):
+        logits = super().logits(input_ids, cache, logits_to_keep, **tree).clone()
+        top = logits.topk(2, dim=-1)
+        logits.scatter_(-1, top.indices, top.values.flip(-1))
+        return logits
+
+
+@pytest.mark.parametrize("size, gamma, top_k", [(1, 1, 1), (3, 1, 4), (6, 3, 2), (12, 4, 4), (30, 6, 3)])
+@pytest.mark.parametrize("draft_kind", ["token_other", "token_subset", "feature"])
+def test_greedy_tree_equals_ar(tiny_model, prompt_ids, size, gamma, top_k, draft_kind):
+    draft = {
+        "token_other": lambda: Draft("other", make_tiny_model(seed=1)),
+        "token_subset": lambda: Draft("subset", tiny_model, torch.arange(0, 97, 2)),
+        "feature": lambda: feature_draft(tiny_model),
+    }[draft_kind]()
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40)).tokens
+    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=size, draft_tree_top_k=top_k)
+    assert summary.tokens == expected and summary.finish_reason == "length"
+
+
+def test_tree_accepts_the_branch_a_chain_misses(tiny_model, prompt_ids):
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40)).tokens
+    draft = RunnerUpDraft("runner-up", tiny_model)
+    chain = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=0)
+    assert chain.tokens == expected and chain.accepted == 0  # the chain's guess is always the runner-up
+    events = list(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=8, draft_tree_top_k=2))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert events[-1].tokens == expected
+    assert all(e.extra["accept_length"] >= 1 for e in steps[:-1])  # the second child of the root is always right
+    trees = [e for e in steps if "tree_tokens" in e.extra]
+    assert len(trees) >= len(steps) - 1  # only a last pass with room for one token drafts nothing
+    for e in trees:  # the event's tree and path spell what was committed
+        extra = e.extra
+        assert [extra["tree_tokens"][node] for node in extra["accepted_path"][1:]] == list(e.accepted)
+        assert list(e.committed) == [*e.accepted, extra["target_token"]][: len(e.committed)]
+        assert all(extra["tree_parents"][child] == parent for parent, child in zip(extra["accepted_path"], extra["accepted_path"][1:]))
+
+
+def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
+    """Each node's value is its path's log-probability under the draft: the one tree pass per
+    level (mask and positions) gives what running the draft along that path alone gives."""
+    draft = Draft("other", tiny_model)
+    cache = DynamicCache(config=tiny_model.config)
+    tree = draft_tree.grow(draft, cache, prompt_ids, None, depth=4, top_k=3, size=100)
+    assert cache.get_seq_length() == prompt_ids.shape[1]  # the branches are dropped again
+    assert tree.size == 3 + 3 * 9 and sorted(set(tree.depths)) == [1, 2, 3, 4]  # 3 children of 3 expanded nodes per level
+    for node in range(tree.size):
+        parent = tree.parents[node]
+        assert parent < node and (parent < 0 or tree.scores[node] <= tree.scores[parent])
+        path = [tree.tokens[n] for n in tree.ancestors(node)]
+        with torch.no_grad():
+            logits = tiny_model(torch.cat([prompt_ids, torch.tensor([path[:-1]], dtype=torch.long)], dim=-1)).logits[0]
+        log_probs = torch.log_softmax(logits[prompt_ids.shape[1] - 1 :].float(), dim=-1)
+        chain_score = sum(log_probs[i, token].item() for i, token in enumerate(path))
+        assert tree.scores[node] == pytest.approx(chain_score, abs=1e-4)
+    # the rerank keeps the nodes of highest value, which include their parents
+    best = draft_tree.best_nodes(tree, 10)
+    assert sorted(best.scores, reverse=True) == sorted(tree.scores, reverse=True)[:10]
+    assert all(parent < node for node, parent in enumerate(best.parents))
+    # the first level is the draft's own ranking after the prompt
+    first = [tree.tokens[n] for n in range(tree.size) if tree.depths[n] == 1]
+    with torch.no_grad():
+        assert first == tiny_model(prompt_ids).logits[0, -1].topk(3).indices.tolist()
+
+
+def test_eos_inside_an_accepted_branch(tiny_model, prompt_ids):
+    greedy = list(final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30)).tokens)
+    eos = greedy[4]
+    expected = greedy[: greedy.index(eos) + 1]
+    summary = answer(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, draft_tree_size=8, draft_tree_top_k=1, eos_token_ids=[eos])
+    assert list(summary.tokens) == expected and summary.finish_reason == "eos" and summary.target_forwards == 1
+
+
+def test_accept_greedy_walks_the_matching_branch():
+    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5], depths=[1, 1, 2, 2, 2])
+    # choices[0] follows the root, choices[1 + i] follows node i
+    assert draft_tree.accept_greedy(tree, [8, 0, 3, 0, 0, 0]) == [1, 4]
+    assert draft_tree.accept_greedy(tree, [7, 7, 0, 0, 0, 0]) == [0, 3]
+    assert draft_tree.accept_greedy(tree, [5, 0, 0, 0, 0, 0]) == []
+    assert draft_tree.best_continuation(tree, -1) == [0, 2]
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_tree_rollback_feeds_the_feature_draft_the_accepted_branch(tiny_model, prompt_ids, every):
+    """After each pass the feature draft's first call continues with the target's own features of
+    the committed text: the rows kept are those of the accepted branch, not of its siblings."""
+    draft = OracleDraft(tiny_model, prompt_ids[0, 0].item(), every)
+    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=6, draft_tree_top_k=2)
+    assert summary.tokens == final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40)).tokens
+    assert summary.accepted > 0
+    sequence = torch.cat([prompt_ids, torch.tensor([summary.tokens])], dim=-1)
+    with torch.no_grad():
+        true_features = tiny_model.model(sequence).last_hidden_state
+    chain_calls = [(seen, features) for seen, features, _, is_tree in draft.log if not is_tree]
+    assert len(chain_calls) >= summary.target_forwards - 2
+    for seen, features in chain_calls:
+        torch.testing.assert_close(features, true_features[:, seen : seen + features.shape[1]], rtol=1e-4, atol=1e-4)
+
+
+def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
+    draft = Draft("t", tiny_model)
+    greedy = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, gamma=2))
+    assert "tree_tokens" in greedy.extra  # plain greedy: a tree
+    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, sampling=SamplingConfig(do_sample=True, seed=0)))
+    assert "tree_tokens" not in sampled.extra and "acceptance" in sampled.extra  # sampling: the chain and its rule
+    with pytest.raises(SpecDemoError, match="tree"):
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6, sampling=SamplingConfig(do_sample=True)))
+    with pytest.raises(SpecDemoError, match="tree"):
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6, sampling=SamplingConfig(repetition_penalty=1.2)))
+    for bad in [{"draft_tree_size": -1}, {"draft_tree_size": 2.5}, {"draft_tree_top_k": 0}]:
+        with pytest.raises(SpecDemoError, match="tree"):
+            next(speculative.generate(tiny_model, prompt_ids, draft=draft, **{"draft_tree_size": 4, **bad}))
+
+
+def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
+    """The app's views read the step's tree like Medusa's: the accepted branch in green, the
+    draft's favourite continuation after it in red, and a sentence that says what happened."""
+    from specdemo.views import COLOURS, explain_step, tree_figure
+
+    events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
+    step = next(e for e in events if isinstance(e, StepEvent) and e.extra.get("accept_length") and e.rejected)
+    colours = list(tree_figure(step, str).data[-1].marker.color)
+    assert [colours[node] for node in step.extra["accepted_path"]] == [COLOURS["accepted"]] * (step.extra["accept_length"] + 1)
+    assert colours.count(COLOURS["rejected"]) == len(step.rejected) >= 1
+    text = explain_step(step, str)
+    assert f"a tree of {len(step.proposed)} tokens, {max(step.extra['tree_depths'])} deep" in text and f"followed one for {step.extra['accept_length']} token(s)" in text
