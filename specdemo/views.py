@@ -376,10 +376,12 @@ def ordinal(n: int) -> str:
 
 
 def acceptance_by_position(events: list[StepEvent]) -> list[float]:
-    """Per draft position i, the share of the steps that proposed it in which it was accepted."""
+    """Per draft position i, the share of the steps that proposed it in which it was accepted
+    (for a draft tree, position i is depth i + 1: a tree proposes several tokens there)."""
     proposed, accepted = [], []
     for event in events:
-        for i in range(len(event.proposed)):
+        depth = max(event.extra["tree_depths"]) if "tree_depths" in event.extra else len(event.proposed)
+        for i in range(depth):
             if i == len(proposed):
                 proposed.append(0)
                 accepted.append(0)

@@ -139,7 +139,7 @@ def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
 def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     """The app's views read the step's tree like Medusa's: the accepted branch in green, the
     draft's favourite continuation after it in red, and a sentence that says what happened."""
-    from specdemo.views import COLOURS, explain_step, tree_figure
+    from specdemo.views import COLOURS, acceptance_by_position, explain_step, tree_figure
 
     events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
     step = next(e for e in events if isinstance(e, StepEvent) and e.extra.get("accept_length") and e.rejected)
@@ -147,4 +147,6 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     assert [colours[node] for node in step.extra["accepted_path"]] == [COLOURS["accepted"]] * (step.extra["accept_length"] + 1)
     assert colours.count(COLOURS["rejected"]) == len(step.rejected) >= 1
     text = explain_step(step, str)
+    by_depth = acceptance_by_position([step])  # one share per depth of the tree, not per node
+    assert len(by_depth) == max(step.extra["tree_depths"]) and by_depth[: step.extra["accept_length"]] == [1.0] * step.extra["accept_length"]
     assert f"a tree of {len(step.proposed)} tokens, {max(step.extra['tree_depths'])} deep" in text and f"followed one for {step.extra['accept_length']} token(s)" in text
