@@ -11,10 +11,15 @@ The draft is a token draft (`draft.Draft`: any small causal LM of the target's v
 feature draft (`eagle.FeatureDraft`, Li et al. 2024), which drafts from the target's own last
 hidden states: the verification pass then also returns them, and the draft's cache keeps only
 the pairs whose feature the target computed.
+
+Plain greedy decoding drafts a tree rather than a chain (`draft_tree`, EAGLE-2): one target pass
+verifies every branch with tree attention and keeps the branch it agrees with. Sampling drafts
+the chain, whose rejection rule above keeps the target's distribution.
 """
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -74,34 +79,47 @@ def generate(
             step = tree_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, draft_tree_top_k, draft_tree_size, eos)
         else:
             step = chain_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, choose, eos)
-        accepted_nodes, next_token, hidden, details = step
-        accept_length = len(accepted_nodes)
+        accept_length = len(step.accepted_nodes)
         # Roll back: the target keeps the committed tokens and the accepted draft tokens; the draft
         # keeps what it saw of them (a feature draft: only pairs fed the target's features).
-        keep_positions(target_cache, n, [n + node for node in accepted_nodes])
+        keep_positions(target_cache, n, [n + node for node in step.accepted_nodes])
         if on_features:
-            kept_rows = [*range(n - cached), *(n - cached + node for node in accepted_nodes)]
-            features = torch.cat([*([] if features is None else [features]), hidden[:, kept_rows]], dim=1)
+            kept_rows = [*range(n - cached), *(n - cached + node for node in step.accepted_nodes)]
+            features = torch.cat([*([] if features is None else [features]), step.hidden[:, kept_rows]], dim=1)
             keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n - 1))
         else:
             keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n + accept_length))
-        committed = [*details["accepted"], next_token]
+        committed = [*step.accepted, step.next_token]
         sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
-        for depth in range(details["depth"]):
+        for depth in range(step.depth):
             proposed_at[depth] += 1
             accepted_at[depth] += depth < accept_length
         yield recorder.step(
             committed=committed,
-            proposed=details.pop("proposed"),
-            accepted=details.pop("accepted"),
-            rejected=details.pop("rejected"),
-            draft_forwards=details["depth"],
-            extra={"gamma": details.pop("depth"), "accept_length": accept_length, "target_token": next_token, **details},
+            proposed=step.proposed,
+            accepted=step.accepted,
+            rejected=step.rejected,
+            draft_forwards=step.depth,
+            extra={"gamma": step.depth, "accept_length": accept_length, "target_token": step.next_token, **step.extra},
         )
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection.
         if adaptive_gamma and step_gamma == gamma:
             gamma = min(gamma + 2, MAX_GAMMA) if accept_length == gamma else max(gamma - 1, 1)
     yield recorder.summary(extra={"acceptance_by_position": [a / p for a, p in zip(accepted_at, proposed_at) if p]})
+
+
+@dataclass
+class Verified:
+    """What one target pass decided about a chain or a tree of draft tokens."""
+
+    accepted_nodes: list[int]  # the accepted draft tokens' indices among the drafted ones, in order
+    next_token: int  # the target's own token after them
+    hidden: torch.Tensor | None  # [1, f, H] the target's features at every fed position (feature drafts)
+    proposed: list[int]
+    accepted: list[int]
+    rejected: list[int]  # the drafted tokens after the last accepted one that the target turned down
+    depth: int  # draft positions proposed: the chain's length, the tree's depth
+    extra: dict  # the event's method-specific data
 
 
 AUTO_TREE_SIZE = 6  # with draft_tree_top_k = 2: the best of sizes 4 to 16 on our bench prompts (README)
@@ -124,9 +142,8 @@ def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, choose
     return draft_tree_size
 
 
-def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamma, choose, eos):
-    """Draft a chain of up to `gamma` tokens and verify it in one target pass (Leviathan et al.).
-    Returns the accepted draft positions, the target's token, its features and the event's details."""
+def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamma, choose, eos) -> Verified:
+    """Draft a chain of up to `gamma` tokens and verify it in one target pass (Leviathan et al.)."""
     cached = target_cache.get_seq_length()
     draft_tokens, q = propose(draft, draft_cache, sequence, features, gamma, choose, eos, model.config.vocab_size)
     g = draft_tokens.shape[1]
@@ -138,11 +155,10 @@ def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamm
     else:
         accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
     drafted = draft_tokens[0].tolist()
-    details |= {"proposed": drafted, "accepted": drafted[:accept_length], "rejected": drafted[accept_length:], "depth": g}
-    return list(range(accept_length)), next_token, hidden, details
+    return Verified(list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], g, details)
 
 
-def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth, top_k, size, eos):
+def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth, top_k, size, eos) -> Verified:
     """Draft a tree (`draft_tree.grow`) and verify every node in one target pass, each seeing
     the committed tokens and its own ancestors (tree attention, as Medusa's)."""
     n, cached = sequence.shape[1], target_cache.get_seq_length()
@@ -157,11 +173,7 @@ def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth
     path = draft_tree.accept_greedy(tree, choices)
     next_token = choices[path[-1] + 1 if path else 0]
     rejected = draft_tree.best_continuation(tree, path[-1] if path else -1)
-    details = {
-        "proposed": tree.tokens,
-        "accepted": [tree.tokens[node] for node in path],
-        "rejected": [tree.tokens[node] for node in rejected],
-        "depth": max(tree.depths),
+    extra = {
         "tree_tokens": [int(sequence[0, -1]), *tree.tokens],  # node 0 is the root, as in Medusa's events
         "tree_parents": [-1, *(p + 1 for p in tree.parents)],
         "tree_depths": [0, *tree.depths],
@@ -169,7 +181,8 @@ def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth
         "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
         "tree_scores": tree.scores,
     }
-    return path, next_token, hidden, details
+    accepted, turned_down = [tree.tokens[node] for node in path], [tree.tokens[node] for node in rejected]
+    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, max(tree.depths), extra)
 
 
 def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool, **tree):
