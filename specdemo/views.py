@@ -114,7 +114,9 @@ def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Fig
     """The share of steps in which draft position i was accepted: where a longer draft stops paying."""
     positions = list(range(1, len(acceptance_by_position) + 1))
     figure = go.Figure(go.Bar(x=positions, y=acceptance_by_position, marker_color=COLOURS["accepted"]))
-    figure.update_layout(title="Acceptance by draft position", xaxis_title="draft position", yaxis_title="accepted share", yaxis_range=[0, 1])
+    figure.update_layout(
+        title="Acceptance by draft position", xaxis=dict(title="draft position (a tree's depth)", dtick=1), yaxis_title="accepted share", yaxis_range=[0, 1]
+    )
     return compact(figure)
 
 
