@@ -99,6 +99,21 @@ def load_split(greedy_path: Path, sampled_path: Path | None, temperature: float,
     return data, train_ids, held_out_ids
 
 
+def length_groups(sequences, indices, tokens_per_batch: int, rng: random.Random | None) -> list[list[int]]:
+    """Indices in groups of similar length, about `tokens_per_batch` tokens (padded) each; shuffled by `rng`."""
+    order = sorted(indices, key=lambda i: len(sequences[i]))
+    groups, group = [], []
+    for index in order:
+        if group and (len(group) + 1) * len(sequences[index]) > tokens_per_batch:
+            groups.append(group)
+            group = []
+        group.append(index)
+    groups.append(group)
+    if rng is not None:
+        rng.shuffle(groups)
+    return groups
+
+
 def draft_vocabulary(sequences, answer_starts, size: int, always: list[int]) -> torch.Tensor:
     """The `size` token ids most frequent in the answers (plus `always`, e.g. EOS), ascending."""
     counts = torch.zeros(49152, dtype=torch.long)

@@ -23,21 +23,12 @@ import torch
 from specdemo.draft import EMBEDDED_DRAFT, build_shared_draft, save_shared_draft
 from specdemo.models import load_model
 
-from .selfdistill import draft_vocabulary, load_split
+from .selfdistill import draft_vocabulary, length_groups, load_split
 
 
 def batches(sequences, answer_starts, indices, tokens_per_batch: int, rng: random.Random):
     """Right-padded batches of similar length: (input_ids, attention_mask, first_label_position)."""
-    order = sorted(indices, key=lambda i: len(sequences[i]))
-    groups, group = [], []
-    for index in order:
-        if group and (len(group) + 1) * len(sequences[index]) > tokens_per_batch:
-            groups.append(group)
-            group = []
-        group.append(index)
-    groups.append(group)
-    rng.shuffle(groups)
-    for group in groups:
+    for group in length_groups(sequences, indices, tokens_per_batch, rng):
         width = max(len(sequences[i]) for i in group)
         input_ids = torch.zeros(len(group), width, dtype=torch.long)
         mask = torch.zeros(len(group), width, dtype=torch.long)

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 
 from specdemo.draft import EMBEDDED_DRAFT, load_draft
 from specdemo.eagle import (
+    EMBEDDED_EAGLE,
     VOCAB_FILE,
     FeatureDraft,
     init_from_target,
@@ -38,28 +39,11 @@ from specdemo.eagle import (
 )
 from specdemo.models import load_model
 
-from .selfdistill import load_split
+from .selfdistill import length_groups, load_split
 from .train_draft import answer_positions, label_targets
 from .train_draft import evaluate as evaluate_token_draft
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-EMBEDDED_EAGLE = ASSETS / "smollm2-135m-eagle"
 CURVE_GAMMA = 4  # the γ the per-epoch curve reports (every γ after the last epoch)
-
-
-def length_groups(sequences, indices, tokens_per_batch: int, rng: random.Random | None) -> list[list[int]]:
-    """Indices in groups of similar length, about `tokens_per_batch` tokens (padded) each; shuffled by `rng`."""
-    order = sorted(indices, key=lambda i: len(sequences[i]))
-    groups, group = [], []
-    for index in order:
-        if group and (len(group) + 1) * len(sequences[index]) > tokens_per_batch:
-            groups.append(group)
-            group = []
-        group.append(index)
-    groups.append(group)
-    if rng is not None:
-        rng.shuffle(groups)
-    return groups
 
 
 @torch.inference_mode()
