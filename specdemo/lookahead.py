@@ -34,6 +34,7 @@ from .events import StepEvent, Summary
 from .jacobi import check_greedy, leading_matches
 from .kvcache import keep_positions
 from .models import eos_token_ids as model_eos_token_ids
+from .prompt_lookup import copy_from_text
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
@@ -200,17 +201,6 @@ def choose_candidates(pool: NgramPool, tokens: list[int], limit: int, copy_lengt
             chosen.append((candidate, source))
     chosen = chosen[:limit]
     return [c for c, _ in chosen], [s for _, s in chosen]
-
-
-def copy_from_text(tokens: list[int], length: int, longest_match: int = 3) -> tuple[int, ...]:
-    """Prompt lookup decoding (Saxena 2023): the up to `length` tokens that followed the latest
-    earlier occurrence of the text's last k tokens, trying k = `longest_match` down to 1."""
-    for k in range(min(longest_match, len(tokens) - 1), 0, -1):
-        suffix = tokens[-k:]
-        for start in range(len(tokens) - k - 1, -1, -1):
-            if tokens[start : start + k] == suffix:
-                return tuple(tokens[start + k : start + k + length])
-    return ()
 
 
 def verify(choose: TokenChooser, sequence: torch.Tensor, tried: list[tuple[int, ...]], logits: torch.Tensor):

@@ -7,7 +7,8 @@ import torch
 from specdemo import SpecDemoError, ar, lookahead
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
-from specdemo.lookahead import Layout, NgramPool, choose_candidates, copy_from_text
+from specdemo.lookahead import Layout, NgramPool, choose_candidates
+from specdemo.prompt_lookup import copied_branch, copy_from_text
 from specdemo.sampling import SamplingConfig
 from test_jacobi import make_bigram_model
 
@@ -77,6 +78,14 @@ def test_copy_from_text_takes_the_latest_longest_match():
     assert copy_from_text([5, 1, 2, 3, 9, 3, 1, 2], 2) == (3, 9)
     assert copy_from_text([6, 1, 7, 2], 4) == ()  # 2 never occurred before
     assert copy_from_text([1, 1, 1], 5) == (1,)  # the continuation runs into the text's own end
+    assert copy_from_text([5, 1, 2, 3, 9, 3], 2, shortest_match=2) == ()  # only "3" repeats
+
+
+def test_a_copied_branch_needs_a_repeat_of_two_and_stops_at_eos():
+    assert copied_branch([5, 1, 2, 3, 9, 2, 6, 1, 2], 3, eos=(9,)) == [3, 9]  # after "1 2": "3 9 2", cut after the EOS
+    assert copied_branch([5, 1, 2, 3, 9, 2, 6, 1, 2], 3, eos=()) == [3, 9, 2]
+    assert copied_branch([5, 1, 2, 3, 9, 3], 4, eos=()) == []  # "3" alone repeats: too short a match to trust
+    assert copied_branch([5, 1, 2, 3, 9, 1, 2], 0, eos=()) == []
 
 
 def test_choose_candidates_puts_the_copy_first_and_drops_prefixes():

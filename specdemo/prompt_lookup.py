@@ -1,0 +1,45 @@
+"""Prompt lookup (Saxena 2023): guess the next tokens by copying what followed the text's end before.
+
+Answers that quote their input (summaries, answers from a passage, code edits, lists that repeat
+a pattern) continue an earlier stretch of the prompt or of the answer itself. Lookahead
+decoding verifies such a copy beside its pool's n-grams; speculative decoding hangs it as one
+more branch of the draft tree, Medusa beside its heads' tree. It costs no model pass, only a
+wider verification pass.
+"""
+
+from .errors import SpecDemoError
+
+COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (README)
+SHORTEST_MATCH = 2  # copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass
+MAX_COPY_LENGTH = 16
+
+
+def check_copy_length(copy_length: int | None) -> int:
+    """The copied branch's length for a `copy_length` setting: None means COPY_LENGTH, 0 none."""
+    if copy_length is None:
+        return COPY_LENGTH
+    if isinstance(copy_length, bool) or not isinstance(copy_length, int) or not 0 <= copy_length <= MAX_COPY_LENGTH:
+        raise SpecDemoError(
+            f"copy_length (tokens copied from the text into the tree) must be a whole number from 0 to {MAX_COPY_LENGTH}, got {copy_length!r}"
+        )
+    return copy_length
+
+
+def copy_from_text(tokens: list[int], length: int, longest_match: int = 3, shortest_match: int = 1) -> tuple[int, ...]:
+    """The up to `length` tokens that followed the latest earlier occurrence of the text's last
+    k tokens, trying k = `longest_match` down to `shortest_match`; () when none occurred."""
+    for k in range(min(longest_match, len(tokens) - 1), shortest_match - 1, -1):
+        suffix = tokens[-k:]
+        for start in range(len(tokens) - k - 1, -1, -1):
+            if tokens[start : start + k] == suffix:
+                return tuple(tokens[start + k : start + k + length])
+    return ()
+
+
+def copied_branch(tokens: list[int], length: int, eos: tuple[int, ...]) -> list[int]:
+    """The branch a tree gets from the text `tokens`: up to `length` tokens copied after a repeat
+    of at least SHORTEST_MATCH tokens, up to and including an EOS (nothing is proposed past the
+    end of an answer)."""
+    copied = copy_from_text(tokens, length, shortest_match=SHORTEST_MATCH) if length > 0 else ()
+    ends = [i for i, token in enumerate(copied) if token in eos]
+    return list(copied[: ends[0] + 1] if ends else copied)
