@@ -15,6 +15,9 @@ accepted node. That is AR's answer exactly, whatever the tree holds.
 
 A draft is a token draft (`draft.Draft`) or a feature draft (`eagle.FeatureDraft`); both step
 through `first_logits` and `branch_logits`, which the chain of `speculative` uses too.
+
+A tree may also hold a branch that no model drafted: tokens copied from the text (`add_copy`,
+prompt lookup), which win where the answer quotes its prompt and the draft does not.
 """
 
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ class DraftTree:
     parents: list[int]
     scores: list[float]  # log of the draft's probability of the path to the node
     depths: list[int]  # 1 for the root's children
+    sources: list[str]  # per node, "draft" or "copy" (`add_copy`)
 
     @property
     def size(self) -> int:
@@ -92,7 +96,7 @@ def grow(
     ends holding the prefix only: the branches it fed are dropped."""
     logits, state = first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
-    tree = DraftTree([], [], [], [])
+    tree = DraftTree([], [], [], [], [])
     states = []  # per node, the predicted feature its children's pairs read (feature drafts)
     frontier = add_children(tree, states, draft, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=top_k)
     fed = []  # nodes in the draft's cache after the prefix, in cache order
@@ -128,6 +132,7 @@ def add_children(tree, states, draft, logits, parent_states, *, parents, parent_
             tree.parents.append(parent)
             tree.scores.append(parent_score + log_prob)
             tree.depths.append(depth)
+            tree.sources.append("draft")
             states.append(None if parent_states is None else parent_states[row])
     return new
 
@@ -156,15 +161,36 @@ def best_nodes(tree: DraftTree, size: int) -> DraftTree:
         parents=[-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in chosen],
         scores=[tree.scores[n] for n in chosen],
         depths=[tree.depths[n] for n in chosen],
+        sources=[tree.sources[n] for n in chosen],
     )
+
+
+def add_copy(tree: DraftTree, copied: list[int]) -> DraftTree:
+    """The tree with `copied` as a branch from the root: the copy follows the draft's nodes while
+    they hold its tokens, and its remaining tokens hang below as new nodes (source "copy"). A
+    copied node has no draft probability of its own; it takes its parent's value."""
+    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources))
+    node, score, depth = -1, 0.0, 0
+    for token in copied:
+        child = next((c for c, p in enumerate(grown.parents) if p == node and grown.tokens[c] == token), None)
+        if child is None:
+            child = grown.size
+            grown.tokens.append(token)
+            grown.parents.append(node)
+            grown.scores.append(score)
+            grown.depths.append(depth + 1)
+            grown.sources.append("copy")
+        node, score, depth = child, grown.scores[child], depth + 1
+    return grown
 
 
 def best_continuation(tree: DraftTree, node: int) -> list[int]:
     """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
-    down to a leaf: what the target turned down when it stopped at `node`."""
+    down to a leaf (a copied branch only where the draft has none): what the target turned down
+    when it stopped at `node`."""
     path = []
     while children := [child for child, parent in enumerate(tree.parents) if parent == node]:
-        node = max(children, key=lambda child: tree.scores[child])
+        node = max(children, key=lambda child: (tree.sources[child] == "draft", tree.scores[child]))
         path.append(node)
     return path
 

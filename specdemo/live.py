@@ -24,8 +24,8 @@ SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the other
 PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam"})
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
-    "speculative": ("gamma", "adaptive_gamma", "draft_tree_size"),
-    "medusa": ("tree", "tree_size", "typical_acceptance"),
+    "speculative": ("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
+    "medusa": ("tree", "tree_size", "typical_acceptance", "copy_length"),
     "jacobi": ("block_size",),
     "cllm": ("block_size",),
     "lookahead": ("window", "ngram", "candidates"),

@@ -10,6 +10,11 @@ path (2, 0) is head 0's third-best token followed by head 1's best. One target p
 last committed token (the root) and every node, each node seeing only its ancestors; greedy
 verification keeps the longest root-to-leaf path whose every token is the target's argmax after
 its parent, then the target's own token after it. Only that path's KV entries are kept.
+
+Beside the heads' nodes the tree may hold a chain copied from the text (`prompt_lookup`): the
+tokens that followed the text's last few tokens where they occurred before. The heads guess
+from one hidden state and drift after a few tokens; a copy is often right for many more where
+the answer quotes its prompt or repeats itself. It is verified like any other branch.
 """
 
 import functools
@@ -31,6 +36,7 @@ from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
 from .kvcache import keep_positions
 from .models import eos_token_ids as model_eos_token_ids, local_folder
+from .prompt_lookup import check_copy_length, copied_branch
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
@@ -147,9 +153,11 @@ def published_to_ours(state: dict, num_layers: int) -> dict:
 @dataclass(frozen=True)
 class Tree:
     """A candidate tree. Node 0 is the root (the last committed token); node i > 0 follows
-    `paths[i - 1]`. Nodes are ordered by depth, so a parent always comes before its children."""
+    `paths[i - 1]`, heads' nodes ordered by depth, so a parent always comes before its children;
+    then `copy_depth` nodes chained from the root hold tokens copied from the text."""
 
     paths: tuple[tuple[int, ...], ...]
+    copy_depth: int
     parents: tuple[int, ...]  # parent node of each node; -1 for the root
     sees: torch.Tensor  # [n, n] bool: node i sees node j (its ancestors and itself)
     ancestry: tuple[tuple[int, ...], ...]  # node indices from the root to each node, itself included
@@ -166,14 +174,14 @@ class Tree:
         return self.depths[node]
 
 
-@functools.lru_cache(maxsize=32)
-def cached_tree(choices: tuple[tuple[int, ...], ...]) -> Tree:
+@functools.lru_cache(maxsize=128)
+def cached_tree(choices: tuple[tuple[int, ...], ...], copy_depth: int = 0) -> Tree:
     """`build_tree`, once per distinct tree: its mask and depths are reused by every pass and run."""
-    return build_tree(choices)
+    return build_tree(choices, copy_depth)
 
 
-def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
-    """The tree for `choices` (the medusa_choices form)."""
+def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Tree:
+    """The tree for `choices` (the medusa_choices form), with a copied chain `copy_depth` long."""
     paths = sorted({tuple(int(i) for i in path) for path in choices}, key=lambda path: (len(path), path))
     if not paths or any(not path or min(path) < 0 for path in paths):
         raise SpecDemoError("a Medusa tree is a non-empty list of non-empty paths of top-k indices (0 = the best)")
@@ -183,13 +191,16 @@ def build_tree(choices: Iterable[Sequence[int]]) -> Tree:
         raise SpecDemoError(f"the tree path {missing[0]} has no parent {missing[0][:-1]}: list every prefix too")
     parents = (-1, *(index[path[:-1]] for path in paths))
     ancestry = ((0,), *((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths))
+    for node in range(len(parents), len(parents) + copy_depth):  # the copied chain, from the root
+        parents += (0 if node == len(paths) + 1 else node - 1,)
+        ancestry += ((*ancestry[parents[-1]], node),)
     has_child = set(parents)
     candidates = tuple(nodes for node, nodes in enumerate(ancestry) if node not in has_child)
     candidate_through = tuple(next(c for c in candidates if c[: len(nodes)] == nodes) for nodes in ancestry)
     depth = max(len(path) for path in paths)
     top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(depth))
     depths = tuple(len(nodes) - 1 for nodes in ancestry)
-    return Tree(tuple(paths), parents, sees_from_parents(list(parents)), ancestry, candidates, candidate_through, depths, top_k)
+    return Tree(tuple(paths), copy_depth, parents, sees_from_parents(list(parents)), ancestry, candidates, candidate_through, depths, top_k)
 
 
 @torch.inference_mode()
@@ -205,6 +216,7 @@ def generate(
     typical_acceptance: bool = False,
     typical_epsilon: float = 0.09,
     typical_alpha: float = 0.3,
+    copy_length: int | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
@@ -214,12 +226,14 @@ def generate(
     (a tree grown by estimated acceptance lists parents first, so any prefix is a tree).
     Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
-    distribution (see `typical_verdicts`)."""
+    distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
+    tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
-    tree = resolve_tree(heads, tree, tree_size)
-    if len(tree.top_k) > heads.num_heads:
-        raise SpecDemoError(f"the tree is {len(tree.top_k)} deep but there are only {heads.num_heads} heads")
+    heads_tree = resolve_tree(heads, tree, tree_size)
+    copy_length = check_copy_length(copy_length)
+    if len(heads_tree.top_k) > heads.num_heads:
+        raise SpecDemoError(f"the tree is {len(heads_tree.top_k)} deep but there are only {heads.num_heads} heads")
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
     recorder = StepRecorder("medusa", max_new_tokens, eos, stop)
     choose = TokenChooser(sampling, input_ids.device)
@@ -232,8 +246,10 @@ def generate(
     yield recorder.step(committed=[root], extra={"accept_length": 0})
     while not recorder.done:
         # 1. Propose: the heads read the hidden state of the last committed token's parent
-        #    position and fill the tree with their top tokens.
-        tokens = tree_tokens(tree, root, heads.top_tokens(hidden, tree.top_k))
+        #    position and fill the tree with their top tokens; a copy from the text joins them.
+        copied = copied_branch(sequence[0].tolist(), min(copy_length, recorder.room - 1), eos)
+        tree = cached_tree(heads_tree.paths, len(copied))
+        tokens = [*tree_tokens(tree, root, heads.top_tokens(hidden, tree.top_k)), *copied]
         # 2. Verify: one target pass over the root and every node, each node seeing only its ancestors.
         cached = cache.get_seq_length()
         fed = torch.tensor([tokens], device=sequence.device)
@@ -274,6 +290,7 @@ def generate(
                 "tree_tokens": tokens,
                 "tree_parents": list(tree.parents),
                 "tree_depths": list(tree.depths),
+                "tree_sources": ["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
                 "accepted_path": [0, *accepted_nodes],
                 "best_candidate": list(best),
                 "accept_length": len(accepted_nodes),

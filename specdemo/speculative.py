@@ -13,8 +13,10 @@ hidden states: the verification pass then also returns them, and the draft's cac
 the pairs whose feature the target computed.
 
 Plain greedy decoding drafts a tree rather than a chain (`draft_tree`, EAGLE-2): one target pass
-verifies every branch with tree attention and keeps the branch it agrees with. Sampling drafts
-the chain, whose rejection rule above keeps the target's distribution.
+verifies every branch with tree attention and keeps the branch it agrees with. The tree also
+gets a branch copied from the text (`prompt_lookup`) where the text's end occurred before, so
+answers that quote their prompt commit runs the draft would not guess. Sampling drafts the
+chain, whose rejection rule above keeps the target's distribution.
 """
 
 import threading
@@ -32,6 +34,7 @@ from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
 from .kvcache import keep_positions, keep_prefix
 from .models import eos_token_ids as model_eos_token_ids
+from .prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
 from .recorder import StepRecorder
 from .sampling import GREEDY, SamplingConfig, TokenChooser
 
@@ -50,6 +53,7 @@ def generate(
     adaptive_gamma: bool = False,
     draft_tree_size: int | None = None,
     draft_tree_top_k: int = 2,
+    copy_length: int | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
@@ -57,12 +61,14 @@ def generate(
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
     `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
     AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
-    greedily, without logits processors)."""
+    greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
+    that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
         raise SpecDemoError(f"gamma (draft tokens per step) must be a whole number from 1 to {MAX_GAMMA}, got {gamma!r}")
     choose = TokenChooser(sampling, input_ids.device)
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, choose)
+    copy_length = resolve_copy_length(copy_length, draft_tree_size)
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
     recorder = StepRecorder("speculative", max_new_tokens, eos, stop)
     target_cache, draft_cache = DynamicCache(config=model.config), DynamicCache(config=draft.model.config)
@@ -76,7 +82,9 @@ def generate(
         # A feature draft needs the target's features of the prompt: the first pass drafts nothing.
         step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
         if draft_tree_size and step_gamma:
-            step = tree_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, draft_tree_top_k, draft_tree_size, eos)
+            tree = draft_tree.grow(draft, draft_cache, sequence, features, depth=step_gamma, top_k=draft_tree_top_k, size=draft_tree_size, eos=eos)
+            copied = copied_branch(sequence[0].tolist(), min(copy_length, recorder.room - 1), eos)
+            step = tree_step(model, target_cache, sequence, draft_tree.add_copy(tree, copied), on_features)
         else:
             step = chain_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, choose, eos)
         accept_length = len(step.accepted_nodes)
@@ -142,6 +150,15 @@ def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, choose
     return draft_tree_size
 
 
+def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:
+    """The number of tokens to copy into the draft tree (0: none), checked against the tree."""
+    if copy_length is None:
+        return COPY_LENGTH if draft_tree_size else 0
+    if check_copy_length(copy_length) and not draft_tree_size:
+        raise SpecDemoError("copied tokens are a branch of the draft tree: set draft_tree_size above 0, or copy_length=0 for a chain")
+    return copy_length
+
+
 def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamma, choose, eos) -> Verified:
     """Draft a chain of up to `gamma` tokens and verify it in one target pass (Leviathan et al.)."""
     cached = target_cache.get_seq_length()
@@ -158,17 +175,16 @@ def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamm
     return Verified(list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], g, details)
 
 
-def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth, top_k, size, eos) -> Verified:
-    """Draft a tree (`draft_tree.grow`) and verify every node in one target pass, each seeing
-    the committed tokens and its own ancestors (tree attention, as Medusa's)."""
+def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_features: bool) -> Verified:
+    """Verify every node of a draft tree in one target pass, each seeing the committed tokens
+    and its own ancestors (tree attention, as Medusa's)."""
     n, cached = sequence.shape[1], target_cache.get_seq_length()
-    tree = draft_tree.grow(draft, draft_cache, sequence, features, depth=depth, top_k=top_k, size=size, eos=eos)
     uncached = n - cached  # committed tokens the target has not seen; the last one is the tree's root
     parents = [*range(-1, uncached - 1), *(uncached - 1 if p < 0 else uncached + p for p in tree.parents)]
     sees = sees_from_parents(parents).to(sequence.device)
     fed = torch.cat([sequence[:, cached:], sequence.new_tensor([tree.tokens])], dim=-1)
     tree_attention = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
-    logits, hidden = verify_pass(model, fed, target_cache, tree.size + 1, isinstance(draft, FeatureDraft), **tree_attention)
+    logits, hidden = verify_pass(model, fed, target_cache, tree.size + 1, with_features, **tree_attention)
     choices = logits.argmax(dim=-1).tolist()  # [1 + size]: after the root, then after each node
     path = draft_tree.accept_greedy(tree, choices)
     next_token = choices[path[-1] + 1 if path else 0]
@@ -180,6 +196,7 @@ def tree_step(model, draft, target_cache, draft_cache, sequence, features, depth
         "accepted_path": [0, *(node + 1 for node in path)],
         "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
         "tree_scores": tree.scores,
+        "tree_sources": tree.sources,
     }
     accepted, turned_down = [tree.tokens[node] for node in path], [tree.tokens[node] for node in rejected]
     return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, max(tree.depths), extra)

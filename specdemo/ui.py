@@ -35,11 +35,14 @@ HOW_IT_WORKS = {
     "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution. "
     "The embedded model's draft is an EAGLE feature draft (Li et al. 2024): one layer that predicts the target's next hidden state from "
     "its current one, sharing its LM head. Greedy, it drafts a tree (EAGLE-2): each level expands the nodes whose whole path the draft "
-    "finds likeliest, and the target checks every branch in one pass with tree attention, keeping the branch it agrees with.",
+    "finds likeliest, and the target checks every branch in one pass with tree attention, keeping the branch it agrees with. "
+    "The tree also gets a branch copied from the text (prompt lookup, Saxena 2023): the tokens that followed the answer's last "
+    "few tokens where they occurred before, so an answer that quotes its prompt or repeats itself commits several tokens a pass.",
     "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
     "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
     "A node is accepted when its token is the target's argmax after its parent; the deepest accepted node's path is kept, plus the "
-    "target's own next token, and only that path's KV entries stay in the cache. Greedy: the output equals AR's. To sample, Medusa's "
+    "target's own next token, and only that path's KV entries stay in the cache. Beside the heads' nodes the tree holds a chain copied "
+    "from the text (prompt lookup; squares in the tree). Greedy: the output equals AR's. To sample, Medusa's "
     "typical acceptance keeps a node when p(x) > min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where "
     "the target is unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.",
     "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
@@ -111,7 +114,7 @@ def method_view(events: list[StepEvent], decode) -> dict:
 
 PLOTS = ("timeline", "detail", "trajectory", "tree")
 KNOBS = (  # in the order of the page's inputs
-    "gamma", "adaptive_gamma", "draft_tree_size", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
+    "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
 )
 
@@ -193,8 +196,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 
     def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size, *knobs) -> Request:
         values = dict(zip(KNOBS, knobs))
-        # the draft tree box: checked, speculative chooses (a tree when greedy); unchecked, a chain
-        convert = {"adaptive_gamma": bool, "draft_tree_size": lambda checked: None if checked else 0, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
+        # the draft tree and copy boxes: checked, speculative chooses (a tree, with a copy, when greedy); unchecked, none
+        chooses = lambda checked: None if checked else 0  # noqa: E731
+        convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
                    "length_penalty": float, "alpha": float, "amateur_temperature": float}
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
@@ -296,6 +300,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     draft_tree_size = gr.Checkbox(
                         True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"
                     )
+                    copy_length = gr.Checkbox(
+                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
+                    )
                     tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: the paths most often right on held-out answers; chain: top-1 only)")
                     tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree nodes (0: the default size; more: the next best paths)")
                     typical_acceptance = gr.Checkbox(
@@ -345,7 +352,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         history = gr.State(None)
 
         inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
-                  gamma, adaptive_gamma, draft_tree_size, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
+                  gamma, adaptive_gamma, draft_tree_size, copy_length, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
                   num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         running = gr.on(

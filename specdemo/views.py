@@ -295,10 +295,11 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
     if event.method == "ar":
         return pass_ + f"the target's next token is {own}: one token a pass, the baseline."
     if event.method == "speculative" and "tree_tokens" in event.extra:
-        depth = event.extra["gamma"]
+        grown, taken = copied_clauses(event.extra)
         return pass_ + (
-            f"the draft grew a tree of {len(event.proposed)} tokens, {depth} deep, keeping the branches it found likeliest; the target "
-            f"checked every branch in one pass and followed one for {accepted} token(s) ({quoted(event.accepted) or 'none'}), then added {own}. {done}"
+            f"the draft grew a tree of {event.extra['tree_sources'].count('draft')} tokens, keeping the branches it found likeliest{grown}, "
+            f"{event.extra['gamma']} deep in all; the target checked every branch in one pass and followed one for "
+            f"{accepted} token(s) ({quoted(event.accepted) or 'none'}){taken}, then added {own}. {done}"
         )
     if event.method == "speculative":
         proposed = len(event.proposed)
@@ -325,9 +326,10 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
     if event.method == "medusa" and not event.proposed:
         return pass_ + f"the prompt pass gave the target's first token {own}; the heads read its last hidden state to guess the tokens after it."
     if event.method == "medusa":
+        grown, taken = copied_clauses(event.extra)
         return pass_ + (
-            f"the heads proposed a tree of {len(event.proposed)} candidate tokens, checked in one pass with tree attention; "
-            f"the deepest path the target agreed with has {accepted} ({quoted(event.accepted) or 'none'}), then the target added {own}. {done}"
+            f"the heads proposed a tree of {event.extra['tree_sources'].count('head')} candidate tokens{grown}, checked in one pass with tree "
+            f"attention; the deepest path the target agreed with has {accepted} ({quoted(event.accepted) or 'none'}){taken}, then the target added {own}. {done}"
         )
     if event.method == "beam":
         return pass_ + explain_beam_step(event, quoted)
@@ -405,6 +407,16 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
     return compact(figure)
 
 
+def copied_clauses(extra: dict) -> tuple[str, str]:
+    """What a tree's copied branch adds to a step's sentence: how many nodes were copies, and how
+    many of the accepted tokens."""
+    sources = extra["tree_sources"]
+    copied = sources.count("copy")
+    accepted_copies = sum(sources[node - 1] == "copy" for node in extra["accepted_path"][1:])
+    grown = f", and {copied} more were copied from what followed the text's last tokens where they occurred before" if copied else ""
+    return grown, (f", {accepted_copies} of them copied" if accepted_copies else "")
+
+
 def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
     the accepted path in green and the rest of the best candidate in red."""
@@ -426,13 +438,15 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
                 line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
             )
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
+    copied = [False, *(source == "copy" for source in extra.get("tree_sources", []))]  # node 0 is the root
     figure.add_scatter(
         x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
-        marker=dict(size=14, color=colour, line=dict(color="#5f6368", width=1)),
-        hovertemplate="%{text}<extra></extra>",
+        marker=dict(size=14, color=colour, symbol=["square" if c else "circle" for c in copied], line=dict(color="#5f6368", width=1)),
+        customdata=["copied from the text" if c else "" for c in copied], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
+    copies = f", {sum(copied)} copied from the text (squares)" if any(copied) else ""
     figure.update_layout(
-        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes), {extra['accept_length']} accepted",
+        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {extra['accept_length']} accepted",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
     return compact(figure)

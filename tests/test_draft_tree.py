@@ -96,7 +96,7 @@ def test_eos_inside_an_accepted_branch(tiny_model, prompt_ids):
 
 
 def test_accept_greedy_walks_the_matching_branch():
-    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5], depths=[1, 1, 2, 2, 2])
+    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5], depths=[1, 1, 2, 2, 2], sources=["draft"] * 5)
     # choices[0] follows the root, choices[1 + i] follows node i
     assert draft_tree.accept_greedy(tree, [8, 0, 3, 0, 0, 0]) == [1, 4]
     assert draft_tree.accept_greedy(tree, [7, 7, 0, 0, 0, 0]) == [0, 3]
@@ -149,4 +149,61 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     text = explain_step(step, str)
     by_depth = acceptance_by_position([step])  # one share per depth of the tree, not per node
     assert len(by_depth) == max(step.extra["tree_depths"]) and by_depth[: step.extra["accept_length"]] == [1.0] * step.extra["accept_length"]
-    assert f"a tree of {len(step.proposed)} tokens, {max(step.extra['tree_depths'])} deep" in text and f"followed one for {step.extra['accept_length']} token(s)" in text
+    drafted = step.extra["tree_sources"].count("draft")
+    assert f"a tree of {drafted} tokens" in text and f"{max(step.extra['tree_depths'])} deep in all" in text
+    assert f"followed one for {step.extra['accept_length']} token(s)" in text
+
+
+def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
+    tree = draft_tree.DraftTree(tokens=[7, 8, 9], parents=[-1, -1, 0], scores=[-1, -2, -3], depths=[1, 1, 2], sources=["draft"] * 3)
+    grown = draft_tree.add_copy(tree, [7, 9, 4, 5])
+    assert grown.tokens == [7, 8, 9, 4, 5] and grown.parents == [-1, -1, 0, 2, 3] and grown.depths == [1, 1, 2, 3, 4]
+    assert grown.sources == ["draft"] * 3 + ["copy"] * 2 and grown.scores[3:] == [-3, -3]  # a copy keeps its parent's value
+    assert tree.size == 3  # the draft's own tree is left as it was
+    branched = draft_tree.add_copy(tree, [8, 1])
+    assert branched.parents == [-1, -1, 0, 1] and branched.depths[3] == 2
+    assert draft_tree.add_copy(tree, []) == tree
+    # the target walks into copied nodes like any other; the draft's favourite stays what it turned down
+    assert draft_tree.accept_greedy(grown, [7, 9, 0, 4, 5, 6]) == [0, 2, 3, 4]
+    assert draft_tree.best_continuation(draft_tree.add_copy(tree, [7, 6]), 0) == [2]
+
+
+def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids):
+    """A draft that is never right alone (a one-node tree of the target's runner-up) commits
+    nothing; with a copy of the text in the tree, the loops a tiny random model falls into are
+    committed several tokens a pass, and the answer is still AR's."""
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=60)).tokens
+    draft = RunnerUpDraft("runner-up", tiny_model)
+    settings = dict(draft=draft, max_new_tokens=60, gamma=1, draft_tree_size=1, draft_tree_top_k=1)
+    alone = answer(tiny_model, prompt_ids, copy_length=0, **settings)
+    assert alone.tokens == expected and alone.accepted == 0
+    events = [e for e in speculative.generate(tiny_model, prompt_ids, copy_length=6, **settings)]
+    assert events[-1].tokens == expected and events[-1].target_forwards < alone.target_forwards
+    steps = [e for e in events if isinstance(e, StepEvent) and "tree_sources" in e.extra]
+    copied = [e for e in steps if any(e.extra["tree_sources"][node - 1] == "copy" for node in e.extra["accepted_path"][1:])]
+    assert copied and max(e.extra["accept_length"] for e in copied) >= 2
+
+
+def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
+    draft = Draft("t", tiny_model)
+    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, sampling=SamplingConfig(do_sample=True, seed=0)))
+    assert "tree_sources" not in sampled.extra  # sampling drafts the chain, with nothing copied
+    for bad in [{"draft_tree_size": 0, "copy_length": 3}, {"copy_length": -1}, {"copy_length": 2.0}, {"copy_length": 17}]:
+        with pytest.raises(SpecDemoError, match="copy"):
+            next(speculative.generate(tiny_model, prompt_ids, draft=draft, **bad))
+
+
+def test_a_copied_branch_is_drawn_and_explained():
+    """Copied nodes are squares in the tree and the sentence says how many of the accepted tokens were copies."""
+    from specdemo.views import explain_step, tree_figure
+
+    extra = {
+        "tree_tokens": [5, 7, 8, 9, 4], "tree_parents": [-1, 0, 0, 1, 3], "tree_depths": [0, 1, 1, 2, 3],
+        "tree_sources": ["draft", "draft", "copy", "copy"], "accepted_path": [0, 1, 3, 4], "best_candidate": [0, 1, 3, 4],
+        "accept_length": 3, "gamma": 3, "target_token": 6,
+    }
+    step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), extra=extra)
+    markers = tree_figure(step, str).data[-1].marker
+    assert list(markers.symbol) == ["circle", "circle", "circle", "square", "square"]
+    text = explain_step(step, str)
+    assert "a tree of 2 tokens" in text and "2 more were copied" in text and "for 3 token(s)" in text and "2 of them copied" in text

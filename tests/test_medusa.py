@@ -27,6 +27,16 @@ def test_tree_mask_and_positions_match_the_reference():
     assert sorted(tuple(nodes[n] for n in c)[-1] for c in tree.candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
 
 
+def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
+    tree = build_tree(CHOICES, copy_depth=3)
+    nodes = [(), *tree.paths, ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
+    reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])
+    assert torch.equal(tree.sees, reference)
+    assert chain_positions(tree.sees, 10)[0].tolist() == [10 + len(path) for path in nodes]
+    assert tree.top_k == (3, 2, 1) and tree.ancestry[-1] == (0, 8, 9, 10)
+    assert tree.ancestry[-1] in tree.candidates  # its leaf is a candidate like the heads' leaves
+
+
 def test_tree_presets_and_size(tiny_model, prompt_ids):
     heads = random_heads(tiny_model)
     heads.choices = [list(p) for p in CHOICES]
@@ -145,6 +155,22 @@ def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, choices):
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
         assert len(event.extra["tree_tokens"]) == len(event.extra["tree_parents"]) == len(event.extra["tree_depths"])
+
+
+def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
+    """A tiny random model falls into loops: a copy of the text gets accepted where random heads
+    are not, in fewer passes, and the answer is still AR's."""
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=60, eos_token_ids=())).tokens
+    run = lambda copy_length: list(  # noqa: E731
+        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree="chain", max_new_tokens=60, copy_length=copy_length, eos_token_ids=())
+    )
+    alone, copying = run(0), run(6)
+    assert alone[-1].tokens == copying[-1].tokens == expected
+    assert copying[-1].target_forwards < alone[-1].target_forwards
+    copied = [e for e in copying[1:-1] if any(e.extra["tree_sources"][node - 1] == "copy" for node in e.extra["accepted_path"][1:])]
+    assert copied and max(e.extra["accept_length"] for e in copied) >= 2
+    with pytest.raises(SpecDemoError, match="copy_length"):
+        run(-1)
 
 
 def test_medusa_with_a_proposal_vocabulary_and_a_repetition_penalty_equals_ar(tiny_model, prompt_ids):
