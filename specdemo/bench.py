@@ -162,12 +162,12 @@ def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_
 def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int, settings: dict | None = None) -> dict:
     """Run every method on every prompt; return the report (the `--json` schema)."""
     settings = settings or {name: {} for name in methods}
-    encoded = [(row["question_id"], target.encode_chat(row["turns"][0])) for row in prompts]
+    encoded = [(row["question_id"], row.get("category", ""), target.encode_chat(row["turns"][0])) for row in prompts]
     for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
-        RUNNERS[name](target, encoded[0][1], WARMUP_TOKENS, **settings[name])
+        RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
     rows = []
     with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
-        for index, (question_id, input_ids) in enumerate(encoded):
+        for index, (question_id, category, input_ids) in enumerate(encoded):
             # rotate the order per prompt, so no method always runs first (or right after another)
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
             runs = {}
@@ -179,6 +179,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                 rows.append(
                     {
                         "question_id": question_id,
+                        "category": category,
                         "method": name,
                         "tokens": len(run.tokens),
                         "forward_passes": run.forward_passes,
@@ -212,6 +213,7 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             "tokens_per_s": tokens / wall_s if wall_s else 0.0,
             "tokens_per_forward": tokens / passes if passes else 0.0,
             "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
+            "tokens_per_forward_by_category": by_category(mine),
         }
     for name, stats in totals.items():
         stats["speedup_vs_ar"] = stats["tokens_per_s"] / totals["ar"]["tokens_per_s"]
@@ -220,6 +222,16 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             mine = [row for row in rows if row["method"] == name]
             stats["differs_from_base_ar"] = sum(not row["matches_base_ar"] for row in mine) / len(mine)
     return totals
+
+
+def by_category(rows: list[dict]) -> dict[str, float]:
+    """Tokens per target pass in each prompt category: where a method's proposals come true."""
+    categories = dict.fromkeys(row["category"] for row in rows if row["category"])
+    return {
+        category: sum(row["tokens"] for row in rows if row["category"] == category)
+        / max(1, sum(row["forward_passes"] for row in rows if row["category"] == category))
+        for category in categories
+    }
 
 
 def format_table(report: dict) -> str:
@@ -232,6 +244,9 @@ def format_table(report: dict) -> str:
             f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
             f"{s['tokens_per_forward']:>10.2f}{s['speedup_vs_ar']:>8.2f}x{s['matches_ar']:>12.2f}"
         )
+    for name, s in report["methods"].items():
+        if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
+            lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
     for name, s in report["methods"].items():
         if name in REFERENCES:
             lines.append(

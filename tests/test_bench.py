@@ -9,8 +9,8 @@ import pytest
 from specdemo import SpecDemoError, bench
 
 TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows"}
-METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar"}
-ROW_KEYS = {"question_id", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar"}
+METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category"}
+ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar"}
 
 
 def test_bench_json_schema(embedded, tmp_path):
@@ -29,6 +29,16 @@ def test_bench_json_schema(embedded, tmp_path):
     assert report["methods"]["hf_generate"]["forward_passes"] == report["methods"]["hf_generate"]["tokens"]
     assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
     assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2
+    assert report["methods"]["ar"]["tokens_per_forward_by_category"] == {"writing": 1.0}  # the first two prompts are writing
+
+
+def test_tokens_per_pass_by_category():
+    rows = [
+        {"category": "math", "tokens": 10, "forward_passes": 4},
+        {"category": "rag", "tokens": 9, "forward_passes": 3},
+        {"category": "math", "tokens": 6, "forward_passes": 4},
+    ]
+    assert bench.by_category(rows) == {"math": 2.0, "rag": 3.0}
 
 
 def test_default_prompt_file_covers_the_categories():
