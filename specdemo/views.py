@@ -444,7 +444,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
         marker=dict(size=14, color=colour, symbol=["square" if c else "circle" for c in copied], line=dict(color="#5f6368", width=1)),
         customdata=["copied from the text" if c else "" for c in copied], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
-    copies = f", {sum(copied)} copied from the text (squares)" if any(copied) else ""
+    copies = f", {sum(copied)} copied ■" if any(copied) else ""  # short: the title must fit a half-width plot
     figure.update_layout(
         title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {extra['accept_length']} accepted",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),

@@ -203,7 +203,8 @@ def test_a_copied_branch_is_drawn_and_explained():
         "accept_length": 3, "gamma": 3, "target_token": 6,
     }
     step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), extra=extra)
-    markers = tree_figure(step, str).data[-1].marker
-    assert list(markers.symbol) == ["circle", "circle", "circle", "square", "square"]
+    figure = tree_figure(step, str)
+    assert list(figure.data[-1].marker.symbol) == ["circle", "circle", "circle", "square", "square"]
+    assert "(4 nodes, 2 copied ■), 3 accepted" in figure.layout.title.text
     text = explain_step(step, str)
     assert "a tree of 2 tokens" in text and "2 more were copied" in text and "for 3 token(s)" in text and "2 of them copied" in text
