@@ -374,9 +374,10 @@ def typical_verdicts(tree: Tree, token_probs: list[float], probs: torch.Tensor, 
 
 def deepest_accepted(tree: Tree, verdicts: list[bool], token_probs: list[float] | None = None) -> int:
     """The deepest node whose whole path passes (0, the root, when none does): its path is the
-    longest accepted candidate. Greedy: siblings hold different tokens, so at most one node per
-    depth is accepted. Typical: on ties the path of highest likelihood wins (`token_probs`, each
-    node's probability after its parent), as in Medusa."""
+    longest accepted candidate. Greedy: the heads' siblings hold different tokens, so at most one
+    node per depth is accepted, or two when the copied chain repeats a head's path (both then
+    hold the same tokens, the target's). Typical: on ties the path of highest likelihood wins
+    (`token_probs`, each node's probability after its parent), as in Medusa."""
     accepted, log_likelihood, best = [True], [0.0], 0
     for node in range(1, tree.size):
         parent = tree.parents[node]
