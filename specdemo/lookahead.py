@@ -105,7 +105,7 @@ def generate(
     while not recorder.done:
         cached = cache.get_seq_length()
         pending = sequence[0, cached:].tolist()  # committed tokens the cache has not seen
-        tried, sources = choose_candidates(pool, sequence[0].tolist(), candidates, copy_length if text_ngrams else 0)
+        tried, sources = choose_candidates(pool, sequence[0], candidates, copy_length if text_ngrams else 0)
         layout = Layout(len(pending), [len(c) for c in tried], ngram - 1, window)
         fed = torch.tensor([pending + [t for c in tried for t in c] + [t for level in levels for t in level]], device=sequence.device)
         logits = model(
@@ -189,12 +189,12 @@ class Layout:
         return list(range(start, start + accept_length))
 
 
-def choose_candidates(pool: NgramPool, tokens: list[int], limit: int, copy_length: int) -> tuple[list[tuple[int, ...]], list[str]]:
+def choose_candidates(pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int) -> tuple[list[tuple[int, ...]], list[str]]:
     """Up to `limit` continuations of the text's last token to verify, and where each came from:
     first a copy from the text (when `copy_length` > 0), then the pool's n-grams, newest first,
     leaving out any that a longer candidate already starts with."""
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
-    found += [(ngram, "pool") for ngram in pool.lookup(tokens[-1])]
+    found += [(ngram, "pool") for ngram in pool.lookup(int(tokens[-1]))]
     chosen: list[tuple[tuple[int, ...], str]] = []
     for candidate, source in found:
         if candidate and not any(other[: len(candidate)] == candidate for other, _ in chosen):

@@ -247,7 +247,7 @@ def generate(
     while not recorder.done:
         # 1. Propose: the heads read the hidden state of the last committed token's parent
         #    position and fill the tree with their top tokens; a copy from the text joins them.
-        copied = copied_branch(sequence[0].tolist(), min(copy_length, recorder.room - 1), eos)
+        copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
         tree = cached_tree(heads_tree.paths, len(copied))
         tokens = [*tree_tokens(tree, root, heads.top_tokens(hidden, tree.top_k)), *copied]
         # 2. Verify: one target pass over the root and every node, each node seeing only its ancestors.

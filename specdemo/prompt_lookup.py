@@ -7,6 +7,8 @@ more branch of the draft tree, Medusa beside its heads' tree. It costs no model 
 wider verification pass.
 """
 
+import torch
+
 from .errors import SpecDemoError
 
 COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (README)
@@ -25,18 +27,23 @@ def check_copy_length(copy_length: int | None) -> int:
     return copy_length
 
 
-def copy_from_text(tokens: list[int], length: int, longest_match: int = 3, shortest_match: int = 1) -> tuple[int, ...]:
+def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match: int = 3, shortest_match: int = 1) -> tuple[int, ...]:
     """The up to `length` tokens that followed the latest earlier occurrence of the text's last
-    k tokens, trying k = `longest_match` down to `shortest_match`; () when none occurred."""
-    for k in range(min(longest_match, len(tokens) - 1), shortest_match - 1, -1):
-        suffix = tokens[-k:]
-        for start in range(len(tokens) - k - 1, -1, -1):
-            if tokens[start : start + k] == suffix:
-                return tuple(tokens[start + k : start + k + length])
+    k tokens (`tokens` [n]), trying k = `longest_match` down to `shortest_match`; () when none
+    occurred. Each k is one comparison of every earlier k-gram with the suffix, not a Python
+    loop over the text: this runs before every pass."""
+    tokens = torch.as_tensor(tokens)
+    n = tokens.shape[0]
+    for k in range(min(longest_match, n - 1), shortest_match - 1, -1):
+        earlier = tokens[: n - 1].unfold(0, k, 1)  # [n - k, k] the k-grams that end before the last token
+        starts = (earlier == tokens[n - k :]).all(dim=-1).nonzero()
+        if len(starts):
+            follow = int(starts[-1]) + k
+            return tuple(tokens[follow : follow + length].tolist())
     return ()
 
 
-def copied_branch(tokens: list[int], length: int, eos: tuple[int, ...]) -> list[int]:
+def copied_branch(tokens: torch.Tensor | list[int], length: int, eos: tuple[int, ...]) -> list[int]:
     """The branch a tree gets from the text `tokens`: up to `length` tokens copied after a repeat
     of at least SHORTEST_MATCH tokens, up to and including an EOS (nothing is proposed past the
     end of an answer)."""

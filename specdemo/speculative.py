@@ -83,7 +83,7 @@ def generate(
         step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
         if draft_tree_size and step_gamma:
             tree = draft_tree.grow(draft, draft_cache, sequence, features, depth=step_gamma, top_k=draft_tree_top_k, size=draft_tree_size, eos=eos)
-            copied = copied_branch(sequence[0].tolist(), min(copy_length, recorder.room - 1), eos)
+            copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
             step = tree_step(model, target_cache, sequence, draft_tree.add_copy(tree, copied), on_features)
         else:
             step = chain_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, choose, eos)
