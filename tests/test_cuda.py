@@ -1,0 +1,52 @@
+"""The CUDA path is the CPU path's code: on a GPU, every method's greedy output equals AR's there
+and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
+`python -m pytest tests/test_cuda.py`."""
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from specdemo import ar, jacobi, lookahead, medusa, speculative
+from specdemo.draft import Draft
+from specdemo.events import final_summary
+from specdemo.sampling import SamplingConfig
+from test_eagle import feature_draft
+from test_medusa import CHOICES, random_heads
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+RUNS = {
+    "speculative chain, token draft": lambda m, o: (speculative, dict(draft=Draft("other", o), gamma=3, draft_tree_size=0)),
+    "speculative tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
+    "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
+    "lookahead": lambda m, o: (lookahead, dict()),
+    "jacobi": lambda m, o: (jacobi, dict(block_size=8)),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return make_tiny_model().cuda(), make_tiny_model(seed=1).cuda()
+
+
+@pytest.fixture
+def cuda_prompt(prompt_ids):
+    return prompt_ids.cuda()
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_greedy_equals_ar_on_cuda(models, cuda_prompt, run):
+    model, other = models
+    method, options = RUNS[run](model, other)
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens
+    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), **options))
+    assert summary.tokens == expected
+    assert summary.target_forwards <= 48
+
+
+def test_sampling_runs_on_cuda(models, cuda_prompt):
+    model, other = models
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    for method, options in ((ar, {}), (speculative, dict(draft=Draft("other", other), gamma=3, draft_tree_size=0))):
+        tokens = final_summary(method.generate(model, cuda_prompt, max_new_tokens=32, sampling=sampling, eos_token_ids=(), **options)).tokens
+        assert len(tokens) == 32 and all(0 <= t < model.config.vocab_size for t in tokens)
