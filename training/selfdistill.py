@@ -83,6 +83,23 @@ def load_data(path: Path, selfdistill_args: list[str]) -> dict:
     return torch.load(path)
 
 
+SAMPLED_DATA = Path("build/selfdistill-sampled.pt")
+# for the manifests of the models trained on both data sets
+SAMPLED_COMMAND = (
+    " and the sampled data into `build/selfdistill-sampled.pt`\n"
+    "(`python -m training.selfdistill --out build/selfdistill-sampled.pt --seed 1 --temperature 0.8`, about 25 min here)"
+)
+SAMPLED_DATA_TEXT = (
+    ",\nand its answers sampled at temperature {} to a second set of prompts built the same way with another seed\n"
+    "(more varied text than the greedy answers alone)"
+)
+
+
+def optional_path(text: str) -> Path | None:
+    """An argparse type: a path, or None for the word 'none'."""
+    return None if text == "none" else Path(text)
+
+
 def load_split(greedy_path: Path, sampled_path: Path | None, temperature: float, held_out: int, seed: int, rng: random.Random):
     """The greedy answers, and the sampled ones unless `sampled_path` is None, with which of them
     train and which evaluate: (data, train_ids, held_out_ids). Held out are whole prompts, so no
