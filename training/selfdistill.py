@@ -21,6 +21,7 @@ from specdemo.bench import DEFAULT_PROMPTS
 from specdemo.models import LoadedModel, load_model
 
 from .prompts import first_stage_prompts, passage_prompts, passage_requests, without_bench_prompts
+from .prompts_varied import varied_first_stage, varied_passage_prompts, varied_passage_requests
 
 
 @torch.inference_mode()
@@ -58,13 +59,20 @@ def target_answers(
     return answers
 
 
-def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, temperature: float) -> dict:
+def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, temperature: float, family: str = "templates") -> dict:
+    """The target's answers to a family of our prompts ("templates": prompts.py, "varied":
+    prompts_varied.py): first the passages it writes, then the other prompts and the summaries
+    and passage questions built around those passages."""
     bench = {json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()}
-    requests = passage_requests()
+    requests = varied_passage_requests() if family == "varied" else passage_requests()
     passages = target_answers(target, requests, 200, batch_size)
-    topics = [request.split("about ")[-1].rstrip(".") for request in requests]
-    passage_text = {topic: target.decode(tokens) for topic, tokens in zip(topics, passages)}
-    prompts = without_bench_prompts(first_stage_prompts(seed) + passage_prompts(passage_text, seed), bench)
+    passage_text = [target.decode(tokens) for tokens in passages]
+    if family == "varied":
+        prompts = varied_first_stage(seed) + varied_passage_prompts(passage_text, seed)
+    else:
+        topics = [request.split("about ")[-1].rstrip(".") for request in requests]
+        prompts = first_stage_prompts(seed) + passage_prompts(dict(zip(topics, passage_text)), seed)
+    prompts = without_bench_prompts(prompts, bench)
     answers = target_answers(target, prompts, max_new_tokens, batch_size, temperature)
     prompts, answers = requests + prompts, passages + answers
     sequences, answer_starts = [], []
@@ -84,6 +92,7 @@ def load_data(path: Path, selfdistill_args: list[str]) -> dict:
 
 
 SAMPLED_DATA = Path("build/selfdistill-sampled.pt")
+VARIED_DATA = Path("build/selfdistill-varied.pt")
 # for the manifests of the models trained on both data sets
 SAMPLED_COMMAND = (
     " and the sampled data into `build/selfdistill-sampled.pt`\n"
@@ -93,6 +102,14 @@ SAMPLED_DATA_TEXT = (
     ",\nand its answers sampled at temperature {} to a second set of prompts built the same way with another seed\n"
     "(more varied text than the greedy answers alone)"
 )
+VARIED_COMMAND = (
+    " and the varied prompts' data into `build/selfdistill-varied.pt`\n"
+    "(`python -m training.selfdistill --prompts varied --out build/selfdistill-varied.pt --seed 2`, about 15 min here)"
+)
+VARIED_DATA_TEXT = (
+    ",\nand its greedy answers to the prompts of `training/prompts_varied.py` (emails, reviews, stories, code to write,\n"
+    "explain or fix, word problems, translations both ways, and summaries and questions of passages in several genres)"
+)
 
 
 def optional_path(text: str) -> Path | None:
@@ -100,17 +117,20 @@ def optional_path(text: str) -> Path | None:
     return None if text == "none" else Path(text)
 
 
-def load_split(greedy_path: Path, sampled_path: Path | None, temperature: float, held_out: int, seed: int, rng: random.Random):
-    """The greedy answers, and the sampled ones unless `sampled_path` is None, with which of them
-    train and which evaluate: (data, train_ids, held_out_ids). Held out are whole prompts, so no
-    answer to them (greedy or sampled) is trained on; they are evaluated on their greedy answers,
-    as greedy decoding runs."""
+def load_split(greedy_path: Path, sampled_path: Path | None, temperature: float, held_out: int, seed: int, rng: random.Random,
+               varied_path: Path | None = None):
+    """The greedy answers, the sampled ones unless `sampled_path` is None, and the greedy answers
+    to the varied prompts if `varied_path` is given, with which of them train and which evaluate:
+    (data, train_ids, held_out_ids). Held out are whole prompts of the first family, so no answer
+    to them (greedy or sampled) is trained on; they are evaluated on their greedy answers, as
+    greedy decoding runs."""
     greedy = load_data(greedy_path, ["--seed", str(seed)])
     sampled = load_data(sampled_path, ["--seed", str(seed + 1), "--temperature", str(temperature)]) if sampled_path else {}
+    varied = load_data(varied_path, ["--seed", str(seed + 2), "--prompts", "varied"]) if varied_path else {}
     prompts = sorted(set(greedy["prompts"]))
     rng.shuffle(prompts)
     held_out_prompts = set(prompts[:held_out])
-    data = {key: greedy[key] + sampled.get(key, []) for key in ("prompts", "sequences", "answer_starts")}
+    data = {key: greedy[key] + sampled.get(key, []) + varied.get(key, []) for key in ("prompts", "sequences", "answer_starts")}
     held_out_ids = [i for i, prompt in enumerate(greedy["prompts"]) if prompt in held_out_prompts]
     train_ids = [i for i, prompt in enumerate(data["prompts"]) if prompt not in held_out_prompts]
     return data, train_ids, held_out_ids
@@ -148,10 +168,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers; above 0: sampled")
+    parser.add_argument("--prompts", choices=["templates", "varied"], default="templates",
+                        help="the prompt family: training/prompts.py or training/prompts_varied.py")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     target = load_model("embedded", args.dtype, "cpu")
-    data = build(target, args.seed, args.max_new_tokens, args.batch_size, args.temperature)
+    data = build(target, args.seed, args.max_new_tokens, args.batch_size, args.temperature, args.prompts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, args.out)
     tokens = sum(len(s) - a for s, a in zip(data["sequences"], data["answer_starts"]))

@@ -230,7 +230,7 @@ def checksum(module: torch.nn.Module) -> str:
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng)
+    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     if args.train_limit:
         train_ids = train_ids[: args.train_limit]
     vocab = torch.tensor(json.loads(args.vocab.read_text()))  # the token draft's: both drafts propose the same K tokens
@@ -377,6 +377,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="greedy answers")
     parser.add_argument("--sampled-data", type=Path, default=None, help="sampled answers too (e.g. build/selfdistill-sampled.pt)")
     parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled answers")
+    parser.add_argument("--varied-data", type=Path, default=None, help="greedy answers to the varied prompts too (e.g. build/selfdistill-varied.pt)")
     parser.add_argument("--vocab", type=Path, default=EMBEDDED_DRAFT / VOCAB_FILE, help="the token ids the draft proposes")
     parser.add_argument("--out", type=Path, default=EMBEDDED_EAGLE)
     parser.add_argument("--seed", type=int, default=0)

@@ -29,7 +29,9 @@ import torch
 from specdemo.medusa import EMBEDDED_HEADS, MedusaHeads
 from specdemo.models import load_model
 
-from .selfdistill import SAMPLED_COMMAND, SAMPLED_DATA, SAMPLED_DATA_TEXT, draft_vocabulary, load_split, optional_path
+from .selfdistill import (
+    SAMPLED_COMMAND, SAMPLED_DATA, SAMPLED_DATA_TEXT, VARIED_COMMAND, VARIED_DATA_TEXT, draft_vocabulary, load_split, optional_path,
+)
 
 TEACHER_TOP = 32  # soft labels keep the teacher's 32 most likely tokens (renormalised)
 MAX_RANK = 10  # ranks measured per head, and so the widest a tree may branch
@@ -118,7 +120,7 @@ def expected_accept_length(paths: Counter, positions: int, tree: list[list[int]]
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng)
+    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     target = load_model("embedded", "bfloat16", "cpu")
     lm_head = target.model.get_output_embeddings()
     proposal_vocab = draft_vocabulary(
@@ -188,14 +190,14 @@ Loaded by `specdemo.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
 
     .venv/bin/python -m training.train_medusa
 
-It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here){SAMPLED_COMMAND if args.sampled_data else ""},
+It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here){SAMPLED_COMMAND if args.sampled_data else ""}{VARIED_COMMAND if args.varied_data else ""},
 computes the target's hidden states ({report['states_minutes']:.0f} min here), then trains
 ({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
 
 **Data.** Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
 to the prompts `training/prompts.py` builds from our own
 templates and word lists (writing, QA, explanations, coding, arithmetic, translation, summaries and
-passage questions){SAMPLED_DATA_TEXT.format(args.temperature) if args.sampled_data else ""}; no benchmark prompt. {report['train_sequences']} answers ({report['train_positions']} positions)
+passage questions){SAMPLED_DATA_TEXT.format(args.temperature) if args.sampled_data else ""}{VARIED_DATA_TEXT if args.varied_data else ""}; no benchmark prompt. {report['train_sequences']} answers ({report['train_positions']} positions)
 train; the greedy answers to {args.held_out} held-out prompts ({report['held_out_positions']} positions) measure.
 Loss: head k's cross-entropy against the target's own distribution for the token k + 2 ahead
 (its top {TEACHER_TOP} tokens, renormalised), weighted 0.8^k; AdamW lr {args.lr}, cosine,
@@ -230,6 +232,8 @@ def main() -> None:
     parser.add_argument("--sampled-data", type=optional_path, default=SAMPLED_DATA,
                         help="answers sampled at --temperature to a second set of prompts (generated when missing); 'none': greedy answers only")
     parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled answers")
+    parser.add_argument("--varied-data", type=optional_path, default=None,
+                        help="greedy answers to training/prompts_varied.py's prompts (generated when missing); 'none': leave them out")
     parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heads", type=int, default=4)
