@@ -2,7 +2,7 @@
 
 import argparse
 
-from specdemo.models import EMBEDDED, load_model
+from specdemo.models import AUTO, EMBEDDED, load_model
 from specdemo.ui import build_app
 
 QUEUE_SIZE = 16  # visitors waiting at most; one generation runs at a time (see specdemo.ui)
@@ -11,7 +11,10 @@ QUEUE_SIZE = 16  # visitors waiting at most; one generation runs at a time (see 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, "bfloat16", "float32"], default=AUTO,
+        help="auto (default): bfloat16 on CUDA and on CPUs that multiply it natively (AVX-512, AMX), else float32",
+    )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     args = parser.parse_args()

@@ -24,7 +24,7 @@ from . import ar, speculative
 from .errors import SpecDemoError
 from .events import final_summary
 from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options, token_draft
-from .models import EMBEDDED, LoadedModel, load_model
+from .models import AUTO, EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 8
@@ -265,7 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL file (question_id, category, turns)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--dtype", choices=[AUTO, "float32", "bfloat16"], default=AUTO, help="auto: as the app chooses (specdemo.models.default_dtype)")
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")

