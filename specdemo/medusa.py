@@ -11,6 +11,11 @@ last committed token (the root) and every node, each node seeing only its ancest
 verification keeps the longest root-to-leaf path whose every token is the target's argmax after
 its parent, then the target's own token after it. Only that path's KV entries are kept.
 
+The tree is chosen afresh each pass by default (`tree="dynamic"`): the nodes whose paths the heads
+are likeliest to get right at this step, by the product of their confidences (EAGLE-2's node
+value), so a pass goes deep where the heads are sure and wide where they are not. A static tree
+(`tree="static"`, the paths most often right on held-out answers) is the same every pass.
+
 Beside the heads' nodes the tree may hold a chain copied from the text (`prompt_lookup`): the
 tokens that followed the text's last few tokens where they occurred before. The heads guess
 from one hidden state and drift after a few tokens; a copy is often right for many more where
@@ -18,6 +23,7 @@ the answer quotes its prompt or repeats itself. It is verified like any other br
 """
 
 import functools
+import heapq
 import json
 import math
 import threading
@@ -44,6 +50,8 @@ HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from
 EMBEDDED_HEADS = ASSETS / "smollm2-135m-medusa"
 PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
+TREES = ("dynamic", "static", "chain")  # or a list of paths
+MAX_TREE_SIZE = 128  # heads' nodes in a dynamic tree
 
 
 class ResBlock(nn.Module):
@@ -94,11 +102,16 @@ class MedusaHeads(nn.Module):
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int]) -> list[list[int]]:
         """Head k's top_k[k] token ids, best first, for one hidden state [H]."""
-        logits = self(hidden)  # [K, S]
-        ranked = logits[: len(top_k)].topk(max(top_k), dim=-1).indices  # [depth, max k]
-        if self.vocab is not None:
-            ranked = self.vocab.to(ranked.device)[ranked]
-        return [row[:k] for row, k in zip(ranked.tolist(), top_k)]
+        ranked, _ = self.ranked(hidden, max(top_k))
+        return [row[:k] for row, k in zip(ranked, top_k)]
+
+    def ranked(self, hidden: torch.Tensor, k: int) -> tuple[list[list[int]], torch.Tensor]:
+        """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
+        the heads' vocabulary), for one hidden state [H]."""
+        log_probs = torch.log_softmax(self(hidden).float(), dim=-1)  # [K, S]
+        best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
+        ids = best.indices if self.vocab is None else self.vocab.to(best.indices.device)[best.indices]
+        return ids.tolist(), best.values
 
     def save(self, folder: Path, **metadata) -> None:
         """Our format: the residual blocks (the LM head is the target's), the proposal vocabulary
@@ -174,7 +187,7 @@ class Tree:
         return self.depths[node]
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=1024)  # dynamic trees of one size take a few hundred shapes
 def cached_tree(choices: tuple[tuple[int, ...], ...], copy_depth: int = 0) -> Tree:
     """`build_tree`, once per distinct tree: its mask and depths are reused by every pass and run."""
     return build_tree(choices, copy_depth)
@@ -203,13 +216,39 @@ def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Tree:
     return Tree(tuple(paths), copy_depth, parents, sees_from_parents(list(parents)), ancestry, candidates, candidate_through, depths, top_k)
 
 
+def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, ...], ...]:
+    """The `size` rank paths likeliest to be accepted at this step, best first. A path's value is
+    the product of its heads' confidences, log p_0(r_0) + ... + log p_d(r_d) (a node's value in
+    EAGLE-2's dynamic draft tree, Li et al. 2024, Sec. 4.1; Medusa's heads guess every position
+    from the same hidden state, so this treats their guesses as independent). `log_probs` [K][R]:
+    head k's log-probability of its r-th best token, best first.
+
+    Best-first search over the paths: each path enters the frontier when its elder sibling
+    (for rank r > 0) or its parent (for rank 0) is taken, and neither is worth less than it,
+    so paths are taken in order of value and every prefix of the result is a tree."""
+    value = lambda path: sum(log_probs[depth][rank] for depth, rank in enumerate(path))  # noqa: E731
+    frontier, chosen = [(-value((0,)), (0,))], []
+    while frontier and len(chosen) < size:
+        _, path = heapq.heappop(frontier)
+        chosen.append(path)
+        depth, rank = len(path) - 1, path[-1]
+        successors = []
+        if rank + 1 < len(log_probs[depth]):
+            successors.append((*path[:-1], rank + 1))  # the next sibling: this head's next token
+        if depth + 1 < len(log_probs):
+            successors.append((*path, 0))  # the first child: the next head's best token
+        for successor in successors:
+            heapq.heappush(frontier, (-value(successor), successor))
+    return tuple(chosen)
+
+
 @torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
     heads: MedusaHeads,
-    tree: str | Iterable[Sequence[int]] = "default",
+    tree: str | Iterable[Sequence[int]] = "dynamic",
     tree_size: int | None = None,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
@@ -221,19 +260,25 @@ def generate(
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
-    `tree`: "default" (the tree that came with the heads, else the chain), "chain" (each head's
-    best token only), or paths in the medusa_choices form; `tree_size` keeps its first paths
-    (a tree grown by estimated acceptance lists parents first, so any prefix is a tree).
+    `tree`: "dynamic" (each pass, the `tree_size` nodes of highest value by the heads'
+    confidences: `dynamic_paths`), "static" (the paths that came with the heads, else the
+    chain), "chain" (each head's best token only), or paths in the medusa_choices form. For a
+    static tree `tree_size` keeps its first paths (a tree grown by estimated acceptance lists
+    parents first, so any prefix is a tree); by default a dynamic tree has as many nodes as the
+    heads' default static tree.
     Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
     tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
-    heads_tree = resolve_tree(heads, tree, tree_size)
+    if tree == "dynamic":
+        static, dynamic_size = None, check_dynamic_size(heads, tree_size)
+    else:
+        static, dynamic_size = resolve_tree(heads, tree, tree_size), 0
     copy_length = check_copy_length(copy_length)
-    if len(heads_tree.top_k) > heads.num_heads:
-        raise SpecDemoError(f"the tree is {len(heads_tree.top_k)} deep but there are only {heads.num_heads} heads")
+    if static is not None and len(static.top_k) > heads.num_heads:
+        raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
     recorder = StepRecorder("medusa", max_new_tokens, eos, stop)
     choose = TokenChooser(sampling, input_ids.device)
@@ -246,10 +291,16 @@ def generate(
     yield recorder.step(committed=[root], extra={"accept_length": 0})
     while not recorder.done:
         # 1. Propose: the heads read the hidden state of the last committed token's parent
-        #    position and fill the tree with their top tokens; a copy from the text joins them.
+        #    position; a static tree takes their top tokens, a dynamic one first chooses which
+        #    paths by their confidences. A copy from the text joins them.
+        if static is None:
+            top, log_probs = heads.ranked(hidden, dynamic_size)
+            paths = tuple(sorted(dynamic_paths(log_probs.tolist(), dynamic_size)))  # sorted: one cache entry per shape
+        else:
+            paths, top = static.paths, heads.top_tokens(hidden, static.top_k)
         copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
-        tree = cached_tree(heads_tree.paths, len(copied))
-        tokens = [*tree_tokens(tree, root, heads.top_tokens(hidden, tree.top_k)), *copied]
+        tree = cached_tree(paths, len(copied))
+        tokens = [*tree_tokens(tree, root, top), *copied]
         # 2. Verify: one target pass over the root and every node, each node seeing only its ancestors.
         cached = cache.get_seq_length()
         fed = torch.tensor([tokens], device=sequence.device)
@@ -291,6 +342,7 @@ def generate(
                 "tree_parents": list(tree.parents),
                 "tree_depths": list(tree.depths),
                 "tree_sources": ["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
+                "tree_kind": "static" if static is not None else "dynamic",
                 "accepted_path": [0, *accepted_nodes],
                 "best_candidate": list(best),
                 "accept_length": len(accepted_nodes),
@@ -302,21 +354,34 @@ def generate(
 
 
 def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Tree:
+    """The static tree for a `tree` setting other than "dynamic"."""
     chain_paths = [[0] * depth for depth in range(1, heads.num_heads + 1)]
-    if tree == "default":
+    if tree == "static":
         paths = heads.choices or chain_paths
         tree_size = tree_size or heads.default_tree_size
     elif tree == "chain":
         paths = chain_paths
     elif isinstance(tree, str):
-        raise SpecDemoError(f"tree must be 'default', 'chain' or a list of paths, got {tree!r}")
+        raise SpecDemoError(f"tree must be one of {', '.join(TREES)} or a list of paths, got {tree!r}")
     else:
         paths = list(tree)
     if tree_size is not None:
-        if isinstance(tree_size, bool) or not isinstance(tree_size, int) or not 1 <= tree_size <= len(paths):
-            raise SpecDemoError(f"tree_size must be a whole number from 1 to {len(paths)} (this tree's size), got {tree_size!r}")
+        check_tree_size(tree_size, len(paths), "this tree's size")
         paths = paths[:tree_size]
     return cached_tree(tuple(tuple(path) for path in paths))
+
+
+def check_dynamic_size(heads: MedusaHeads, tree_size: int | None) -> int:
+    """The heads' nodes of a dynamic tree: `tree_size`, else as many as the heads' default static tree."""
+    if tree_size is None:
+        return heads.default_tree_size or len(heads.choices or ()) or heads.num_heads
+    check_tree_size(tree_size, MAX_TREE_SIZE, "the most a dynamic tree takes")
+    return tree_size
+
+
+def check_tree_size(tree_size: int, largest: int, what: str) -> None:
+    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or not 1 <= tree_size <= largest:
+        raise SpecDemoError(f"tree_size must be a whole number from 1 to {largest} ({what}), got {tree_size!r}")
 
 
 def tree_tokens(tree: Tree, root: int, top: list[list[int]]) -> list[int]:

@@ -40,6 +40,8 @@ HOW_IT_WORKS = {
     "few tokens where they occurred before, so an answer that quotes its prompt or repeats itself commits several tokens a pass.",
     "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
     "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
+    "Each pass the tree takes the paths the heads are surest of (the product of their confidences, as EAGLE-2 values a draft's "
+    "nodes): deep where they are sure, wide where they are not. "
     "A node is accepted when its token is the target's argmax after its parent; the deepest accepted node's path is kept, plus the "
     "target's own next token, and only that path's KV entries stay in the cache. Beside the heads' nodes the tree holds a chain copied "
     "from the text (prompt lookup; squares in the tree). Greedy: the output equals AR's. To sample, Medusa's "
@@ -303,8 +305,11 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     copy_length = gr.Checkbox(
                         True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
                     )
-                    tree = gr.Dropdown(["default", "chain"], value="default", label="medusa: tree (default: the paths most often right on held-out answers; chain: top-1 only)")
-                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: tree nodes (0: the default size; more: the next best paths)")
+                    tree = gr.Dropdown(
+                        ["dynamic", "static", "chain"], value="dynamic",
+                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out answers; chain: top-1 only)",
+                    )
+                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 8 for ours)")
                     typical_acceptance = gr.Checkbox(
                         False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
                     )

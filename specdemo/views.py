@@ -327,8 +327,9 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
         return pass_ + f"the prompt pass gave the target's first token {own}; the heads read its last hidden state to guess the tokens after it."
     if event.method == "medusa":
         grown, taken = copied_clauses(event.extra)
+        chosen = " (the paths they were surest of at this step)" if event.extra.get("tree_kind") == "dynamic" else ""
         return pass_ + (
-            f"the heads proposed a tree of {event.extra['tree_sources'].count('head')} candidate tokens{grown}, checked in one pass with tree "
+            f"the heads proposed a tree of {event.extra['tree_sources'].count('head')} candidate tokens{chosen}{grown}, checked in one pass with tree "
             f"attention; the deepest path the target agreed with has {accepted} ({quoted(event.accepted) or 'none'}){taken}, then the target added {own}. {done}"
         )
     if event.method == "beam":

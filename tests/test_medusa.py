@@ -11,7 +11,16 @@ from specdemo import SpecDemoError, ar, medusa
 from specdemo.attention import additive_mask, chain_positions
 from specdemo.events import StepEvent, final_summary
 from specdemo.kvcache import keep_positions
-from specdemo.medusa import MedusaHeads, build_tree, deepest_accepted, greedy_verdicts, load_heads, probs_after_parents, typical_verdicts
+from specdemo.medusa import (
+    MedusaHeads,
+    build_tree,
+    deepest_accepted,
+    dynamic_paths,
+    greedy_verdicts,
+    load_heads,
+    probs_after_parents,
+    typical_verdicts,
+)
 from specdemo.sampling import SamplingConfig
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
@@ -40,14 +49,48 @@ def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
 def test_tree_presets_and_size(tiny_model, prompt_ids):
     heads = random_heads(tiny_model)
     heads.choices = [list(p) for p in CHOICES]
-    run = lambda **kw: next(e for e in medusa.generate(tiny_model, prompt_ids, heads=heads, eos_token_ids=(), **kw) if e.step == 1)  # noqa: E731
-    assert len(run().extra["tree_tokens"]) == 1 + len(CHOICES)
+    run = lambda **kw: next(e for e in medusa.generate(tiny_model, prompt_ids, heads=heads, eos_token_ids=(), copy_length=0, **kw) if e.step == 1)  # noqa: E731
+    static = run(tree="static").extra
+    assert static["tree_kind"] == "static" and len(static["tree_tokens"]) == 1 + len(CHOICES)
+    assert static["tree_depths"] == [0, *(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))]
     assert run(tree="chain").extra["tree_depths"] == [0, 1, 2, 3]
-    assert len(run(tree_size=3).extra["tree_tokens"]) == 4
+    assert len(run(tree="static", tree_size=3).extra["tree_tokens"]) == 4
+    dynamic = run().extra  # the default: as many nodes as the heads' static tree, chosen for this pass
+    assert dynamic["tree_kind"] == "dynamic" and len(dynamic["tree_tokens"]) == 1 + len(CHOICES)
+    assert len(run(tree_size=12).extra["tree_tokens"]) == 13  # a dynamic tree may be larger than the static one
     with pytest.raises(SpecDemoError, match="tree_size"):
-        run(tree_size=99)
+        run(tree="static", tree_size=99)
+    with pytest.raises(SpecDemoError, match="tree_size"):
+        run(tree_size=0)
     with pytest.raises(SpecDemoError, match="no parent"):
         run(tree=[(1, 1)])
+    with pytest.raises(SpecDemoError, match="dynamic, static, chain"):
+        run(tree="default")
+
+
+def test_dynamic_paths_are_the_likeliest_paths_found_by_brute_force():
+    """Every path of ranks over 3 heads of 5 candidates each, valued by the sum of its heads'
+    log-probabilities: the dynamic tree of n nodes is exactly the n best, in order of value,
+    and each of its prefixes is a tree."""
+    import itertools
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        log_probs = torch.log_softmax(torch.randn(3, 40, generator=generator) * 3, dim=-1).topk(5).values.tolist()  # [K, R] best first
+        value = lambda path: sum(log_probs[d][r] for d, r in enumerate(path))  # noqa: E731
+        every = [path for depth in (1, 2, 3) for path in itertools.product(range(5), repeat=depth)]
+        for size in (1, 4, 8, 17, 40):
+            paths = dynamic_paths(log_probs, size)
+            assert set(paths) == set(sorted(every, key=value, reverse=True)[:size])
+            assert [value(path) for path in paths] == sorted((value(path) for path in paths), reverse=True)
+            assert all(path[:-1] in paths[:i] for i, path in enumerate(paths) if len(path) > 1)
+
+
+def test_a_dynamic_tree_goes_deep_where_the_heads_are_sure_and_wide_where_they_are_not():
+    sure = [[-0.01, -5.0, -6.0], [-0.02, -5.0, -6.0], [-0.05, -4.0, -6.0]]
+    assert dynamic_paths(sure, 3) == ((0,), (0, 0), (0, 0, 0))
+    unsure = [[-0.9, -1.0, -1.2], [-2.0, -2.1, -2.2], [-2.5, -2.6, -3.0]]
+    assert dynamic_paths(unsure, 3) == ((0,), (1,), (2,))
 
 
 def test_verification_keeps_the_deepest_accepted_node():
@@ -147,14 +190,29 @@ def random_heads(model, num_heads=3, seed=0, vocab=None):
     return heads.eval()
 
 
-@pytest.mark.parametrize("choices", [CHOICES, [(0,), (0, 0)], None])
-def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, choices):
+@pytest.mark.parametrize("tree, tree_size", [(CHOICES, None), ([(0,), (0, 0)], None), ("chain", None), ("dynamic", 3), ("dynamic", 12)])
+def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, tree, tree_size):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
-    events = list(medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=choices or "chain", max_new_tokens=40, eos_token_ids=()))
+    events = list(
+        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=tree, tree_size=tree_size, max_new_tokens=40, eos_token_ids=())
+    )
     assert events[-1].tokens == expected
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
         assert len(event.extra["tree_tokens"]) == len(event.extra["tree_parents"]) == len(event.extra["tree_depths"])
+
+
+def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
+    """Each pass's tree is the heads' likeliest paths at that step, so its shape changes with
+    their confidences (heads with LM heads of their own, peaked enough to be sure at times)."""
+    torch.manual_seed(0)
+    heads = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3).eval()
+    for lm_head in heads.lm_heads:
+        torch.nn.init.normal_(lm_head.weight, std=0.5)
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree_size=6, copy_length=0, max_new_tokens=30, eos_token_ids=()))[1:-1]
+    assert len({tuple(e.extra["tree_parents"]) for e in events}) > 1
+    for event in events:
+        assert len(event.extra["tree_tokens"]) == 7 and event.extra["tree_kind"] == "dynamic"
 
 
 def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
@@ -186,7 +244,8 @@ def test_medusa_with_a_proposal_vocabulary_and_a_repetition_penalty_equals_ar(ti
 
 def test_heads_that_know_the_model_get_accepted():
     """A model that counts (t -> t+1) and heads whose LM head maps a hidden state to t + k + 2:
-    every proposal is right, so each pass commits the chain's 3 tokens plus the target's."""
+    every proposal is right, and the heads are sure of it, so the dynamic tree of 3 nodes is the
+    chain of their best tokens and each pass commits its 3 tokens plus the target's."""
     from test_jacobi import make_bigram_model
 
     model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
@@ -221,7 +280,7 @@ def test_heads_round_trip_in_both_formats(tiny_model, tmp_path):
         load_heads(tmp_path, tiny_model)
 
 
-@pytest.mark.parametrize("tree", ["default", "chain"])
+@pytest.mark.parametrize("tree", ["dynamic", "static", "chain"])
 def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
     from specdemo.methods import method_options
 
@@ -230,4 +289,4 @@ def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
     heads = method_options("medusa", embedded)["heads"]
     summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
-    assert summary.tokens_per_forward > (1.1 if tree == "default" else 1.0)  # the trained heads do get accepted (4-node default tree)
+    assert summary.tokens_per_forward > (1.0 if tree == "chain" else 1.1)  # the trained heads do get accepted (8-node trees)

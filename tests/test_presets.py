@@ -76,9 +76,10 @@ def test_a_preset_with_local_companions_runs_speculative_exactly(tmp_path, monke
     assert answers["speculative"] == answers["ar"]
 
 
-def test_published_heads_get_their_presets_tree_as_default(tiny_model, tmp_path, monkeypatch, prompt_ids):
+def test_published_heads_get_their_presets_tree(tiny_model, tmp_path, monkeypatch, prompt_ids):
     """Published Medusa heads come without a tree; a preset that names one (the Vicuna preset:
-    the authors' mc_sim_7b_63) makes it their default, and decoding with it still equals AR."""
+    the authors' mc_sim_7b_63) makes it their static tree and the size of their dynamic one, and
+    decoding with either still equals AR."""
     from specdemo import ar, medusa as medusa_module
     from specdemo.presets import MC_SIM_7B_63
 
@@ -92,7 +93,11 @@ def test_published_heads_get_their_presets_tree_as_default(tiny_model, tmp_path,
     monkeypatch.setattr(presets, "GPU_PRESETS", (Preset("tiny with heads", "tiny/target", medusa_heads=str(tmp_path), medusa_tree=tree),))
     loaded = method_options("medusa", stand_in("tiny/target", tiny_model))["heads"]
     assert loaded.choices == [[0], [1], [0, 0], [0, 0, 0]]
-    events = list(medusa_module.generate(tiny_model, prompt_ids, heads=loaded, max_new_tokens=24, eos_token_ids=()))
-    assert final_summary(events).tokens == final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=24, eos_token_ids=())).tokens
-    assert len(events[1].proposed) == len(tree)  # the default tree is the preset's
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=24, eos_token_ids=())).tokens
+    for kind in ("static", "dynamic"):
+        events = list(medusa_module.generate(tiny_model, prompt_ids, heads=loaded, tree=kind, max_new_tokens=24, copy_length=0, eos_token_ids=()))
+        assert final_summary(events).tokens == expected
+        assert len(events[1].proposed) == len(tree)  # the preset's tree, or a dynamic tree of its size
+        if kind == "static":
+            assert events[1].extra["tree_depths"] == [0, 1, 1, 2, 3]  # the preset's tree itself
     assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4 and max(max(path) for path in MC_SIM_7B_63) == 9

@@ -183,3 +183,12 @@ def test_answers_are_shown_side_by_side_under_their_labels():
     page = answers_html({"contrastive": [1, 6], "expert <alone>": [1, 8]}, lambda tokens: "".join(decode(t) for t in tokens))
     assert "<h4>expert &lt;alone&gt;</h4>" in page
     assert page.index("The mat") < page.index("The the")
+
+
+def test_a_medusa_step_says_whether_its_tree_was_chosen_for_it():
+    step = medusa_step()
+    step.extra.update(tree_sources=["head"] * 3, tree_kind="dynamic")
+    text = explain_step(step, decode)
+    assert "a tree of 3 candidate tokens (the paths they were surest of at this step)" in text and "has 1 (' sat')" in text
+    step.extra["tree_kind"] = "static"
+    assert "surest" not in explain_step(step, decode)
