@@ -12,7 +12,8 @@ distribution for the token t + k + 2 (Cai et al. 2024: Medusa-1 heads, trained b
 self-distillation with the teacher's soft labels, Sec. 2.3.2). Each head is residual blocks in
 front of the target's own LM head, restricted to the 8,192 tokens the answers use most: the
 heads propose only from those, which makes proposing cheap, and the target still verifies
-exactly. The default tree is the set of rank paths most often right on held-out answers.
+exactly. The static tree is the set of rank paths most often right on held-out answers; its size is
+also the dynamic tree's (`medusa.dynamic_paths`), the default.
 Seeded; writes assets/smollm2-135m-medusa/ and its MANIFEST.md.
 """
 
@@ -182,8 +183,9 @@ block(s) x + SiLU(W x + b) on the target's last hidden state, followed by the ta
 (not stored here) restricted to the {args.vocab_size:,} tokens our answers use most (their ids are
 stored with the heads: proposals come only from them; the target verifies with its full head).
 Head k predicts the token k + 2 places ahead. `medusa_config.json` lists the {args.tree_nodes}
-rank paths most often right on held-out answers, best first (`medusa_choices`); the default tree is
-the first {args.tree_size} (`default_tree_size`), and any prefix of the list is a tree.
+rank paths most often right on held-out answers, best first (`medusa_choices`); the static tree is
+the first {args.tree_size} (`default_tree_size`), and any prefix of the list is a tree. `medusa` chooses
+a tree of {args.tree_size} nodes afresh each pass by default (`tree="dynamic"`), by the heads' confidences.
 Loaded by `specdemo.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
 
 **Command** (from a clean checkout, after `make setup`):
@@ -244,7 +246,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1024, help="positions per training step")
     parser.add_argument("--held-out", type=int, default=80)
     parser.add_argument("--tree-nodes", type=int, default=64, help="rank paths stored, best first")
-    parser.add_argument("--tree-size", type=int, default=8, help="nodes of the default tree (8: fastest of 4, 8 and 12 on this CPU, README)")
+    parser.add_argument("--tree-size", type=int, default=8, help="nodes of the static and the dynamic tree (8: fastest of 4, 8 and 12 on this CPU, README)")
     args = parser.parse_args()
     report = train(args)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
