@@ -40,6 +40,7 @@ class DraftTree:
     scores: list[float]  # log of the draft's probability of the path to the node
     depths: list[int]  # 1 for the root's children
     sources: list[str]  # per node, "draft" or "copy" (`add_copy`)
+    draft_passes: int = 0  # the draft's passes that grew it: one per level
 
     @property
     def size(self) -> int:
@@ -96,7 +97,7 @@ def grow(
     ends holding the prefix only: the branches it fed are dropped."""
     logits, state = first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
-    tree = DraftTree([], [], [], [], [])
+    tree = DraftTree([], [], [], [], [], draft_passes=1)
     states = []  # per node, the predicted feature its children's pairs read (feature drafts)
     frontier = add_children(tree, states, draft, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=top_k)
     fed = []  # nodes in the draft's cache after the prefix, in cache order
@@ -112,6 +113,7 @@ def grow(
             draft, cache, tokens, parent_states, attention_mask=additive(allowed, draft.model.dtype), position_ids=positions
         )
         fed += expand
+        tree.draft_passes = level
         frontier = add_children(
             tree, states, draft, logits, new_states, parents=expand, parent_scores=[tree.scores[n] for n in expand], depth=level, top_k=top_k
         )
@@ -162,6 +164,7 @@ def best_nodes(tree: DraftTree, size: int) -> DraftTree:
         scores=[tree.scores[n] for n in chosen],
         depths=[tree.depths[n] for n in chosen],
         sources=[tree.sources[n] for n in chosen],
+        draft_passes=tree.draft_passes,
     )
 
 
@@ -169,7 +172,7 @@ def add_copy(tree: DraftTree, copied: list[int]) -> DraftTree:
     """The tree with `copied` as a branch from the root: the copy follows the draft's nodes while
     they hold its tokens, and its remaining tokens hang below as new nodes (source "copy"). A
     copied node has no draft probability of its own; it takes its parent's value."""
-    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources))
+    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources), tree.draft_passes)
     node, score, depth = -1, 0.0, 0
     for token in copied:
         child = next((c for c, p in enumerate(grown.parents) if p == node and grown.tokens[c] == token), None)

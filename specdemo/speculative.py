@@ -107,7 +107,7 @@ def generate(
             proposed=step.proposed,
             accepted=step.accepted,
             rejected=step.rejected,
-            draft_forwards=step.depth,
+            draft_forwards=step.draft_passes,
             extra={"gamma": step.depth, "accept_length": accept_length, "target_token": step.next_token, **step.extra},
         )
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection.
@@ -126,7 +126,8 @@ class Verified:
     proposed: list[int]
     accepted: list[int]
     rejected: list[int]  # the drafted tokens after the last accepted one that the target turned down
-    depth: int  # draft positions proposed: the chain's length, the tree's depth
+    depth: int  # draft positions proposed: the chain's length, the tree's depth (a copied branch's included)
+    draft_passes: int  # the draft's passes that proposed them (a copy takes none)
     extra: dict  # the event's method-specific data
 
 
@@ -172,7 +173,7 @@ def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamm
     else:
         accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
     drafted = draft_tokens[0].tolist()
-    return Verified(list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], g, details)
+    return Verified(list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], g, g, details)
 
 
 def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_features: bool) -> Verified:
@@ -199,7 +200,7 @@ def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_fe
         "tree_sources": tree.sources,
     }
     accepted, turned_down = [tree.tokens[node] for node in path], [tree.tokens[node] for node in rejected]
-    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, max(tree.depths), extra)
+    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, max(tree.depths), tree.draft_passes, extra)
 
 
 def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool, **tree):

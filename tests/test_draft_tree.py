@@ -68,6 +68,7 @@ def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
     tree = draft_tree.grow(draft, cache, prompt_ids, None, depth=4, top_k=3, size=100)
     assert cache.get_seq_length() == prompt_ids.shape[1]  # the branches are dropped again
     assert tree.size == 3 + 3 * 9 and sorted(set(tree.depths)) == [1, 2, 3, 4]  # 3 children of 3 expanded nodes per level
+    assert tree.draft_passes == 4 and draft_tree.best_nodes(tree, 3).draft_passes == 4  # a pass per level grown, kept or not
     for node in range(tree.size):
         parent = tree.parents[node]
         assert parent < node and (parent < 0 or tree.scores[node] <= tree.scores[parent])
@@ -182,6 +183,8 @@ def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids)
     steps = [e for e in events if isinstance(e, StepEvent) and "tree_sources" in e.extra]
     copied = [e for e in steps if any(e.extra["tree_sources"][node - 1] == "copy" for node in e.extra["accepted_path"][1:])]
     assert copied and max(e.extra["accept_length"] for e in copied) >= 2
+    # a copy costs no draft pass: the one-level draft runs once a step however deep the copy goes
+    assert max(e.extra["gamma"] for e in steps) > 1 and events[-1].draft_forwards == len(steps) == events[-1].steps
 
 
 def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
