@@ -173,7 +173,9 @@ def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamm
     else:
         accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
     drafted = draft_tokens[0].tolist()
-    return Verified(list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], g, g, details)
+    return Verified(
+        list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], depth=g, draft_passes=g, extra=details
+    )
 
 
 def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_features: bool) -> Verified:
@@ -200,7 +202,7 @@ def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_fe
         "tree_sources": tree.sources,
     }
     accepted, turned_down = [tree.tokens[node] for node in path], [tree.tokens[node] for node in rejected]
-    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, max(tree.depths), tree.draft_passes, extra)
+    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, depth=max(tree.depths), draft_passes=tree.draft_passes, extra=extra)
 
 
 def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool, **tree):
