@@ -76,14 +76,14 @@ class StepRecorder:
         )
 
     def _apply_stop_rules(self, committed: list[int]) -> list[int]:
+        # The length cut comes first: an EOS past it is never part of the answer, as with AR.
+        committed = committed[: self.room]
         for index, token in enumerate(committed):
             if token in self.eos_token_ids:
-                committed = committed[: index + 1]
                 self.finish_reason = "eos"
-                break
-        if len(committed) >= self.room:
-            committed = committed[: self.room]
-            self.finish_reason = self.finish_reason or "length"
+                return committed[: index + 1]
+        if len(committed) == self.room:
+            self.finish_reason = "length"
         return committed
 
     def summary(self, extra: dict[str, Any] | None = None) -> Summary:

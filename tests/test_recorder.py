@@ -25,3 +25,11 @@ def test_eos_as_the_last_allowed_token_is_eos():
     recorder.step(committed=[3])
     recorder.step(committed=[2])
     assert recorder.summary().finish_reason == "eos"
+
+
+def test_an_eos_past_the_length_cap_is_not_the_answer_s_end():
+    """A pass may commit past max_new_tokens; an EOS there is cut off with the rest, so the answer
+    ended by length, as AR's does (it never reaches that EOS)."""
+    recorder = StepRecorder("medusa", max_new_tokens=3, eos_token_ids=[2])
+    event = recorder.step(committed=[5, 6, 7, 2], proposed=[5, 6, 7], accepted=[5, 6, 7])
+    assert event.committed == (5, 6, 7) and recorder.summary().finish_reason == "length"
