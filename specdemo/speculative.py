@@ -110,9 +110,10 @@ def generate(
             draft_forwards=step.draft_passes,
             extra={"gamma": step.depth, "accept_length": accept_length, "target_token": step.next_token, **step.extra},
         )
-        # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection.
+        # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
+        # (a copied branch can commit more than γ: that is no rejection).
         if adaptive_gamma and step_gamma == gamma:
-            gamma = min(gamma + 2, MAX_GAMMA) if accept_length == gamma else max(gamma - 1, 1)
+            gamma = min(gamma + 2, MAX_GAMMA) if accept_length >= gamma else max(gamma - 1, 1)
     yield recorder.summary(extra={"acceptance_by_position": [a / p for a, p in zip(accepted_at, proposed_at) if p]})
 
 
@@ -156,7 +157,10 @@ def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:
     if copy_length is None:
         return COPY_LENGTH if draft_tree_size else 0
     if check_copy_length(copy_length) and not draft_tree_size:
-        raise SpecDemoError("copied tokens are a branch of the draft tree: set draft_tree_size above 0, or copy_length=0 for a chain")
+        raise SpecDemoError(
+            "copied tokens are a branch of the draft tree, which only plain greedy decoding drafts: "
+            "decode greedily with a draft_tree_size above 0, or set copy_length=0"
+        )
     return copy_length
 
 

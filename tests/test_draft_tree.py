@@ -187,6 +187,18 @@ def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids)
     assert max(e.extra["gamma"] for e in steps) > 1 and events[-1].draft_forwards == len(steps) == events[-1].steps
 
 
+def test_adaptive_gamma_does_not_shrink_when_a_copy_commits_more(tiny_model, prompt_ids):
+    """Adaptive γ shrinks only after an early rejection: a step whose copied branch commits more
+    than its γ drafted is no rejection, and the next step drafts at least as deep."""
+    settings = dict(draft=Draft("self", tiny_model), gamma=2, adaptive_gamma=True, draft_tree_top_k=1, eos_token_ids=())
+    events = speculative.generate(tiny_model, prompt_ids, max_new_tokens=120, draft_tree_size=2, copy_length=8, **settings)
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    gammas = [e.draft_forwards - before.draft_forwards for before, e in zip([StepEvent("", 0, ())] + steps, steps)]  # totals -> per step
+    past_gamma = [i for i, e in enumerate(steps[:-2]) if e.extra["accept_length"] > gammas[i]]
+    assert past_gamma  # the copy went past γ
+    assert all(gammas[i + 1] >= gammas[i] for i in past_gamma), list(zip(gammas, (e.extra["accept_length"] for e in steps)))
+
+
 def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
     draft = Draft("t", tiny_model)
     sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, sampling=SamplingConfig(do_sample=True, seed=0)))
@@ -194,6 +206,9 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
     for bad in [{"draft_tree_size": 0, "copy_length": 3}, {"copy_length": -1}, {"copy_length": 2.0}, {"copy_length": 17}]:
         with pytest.raises(SpecDemoError, match="copy"):
             next(speculative.generate(tiny_model, prompt_ids, draft=draft, **bad))
+    # sampling drafts no tree: the sentence must not send the user to draft_tree_size, which sampling refuses
+    with pytest.raises(SpecDemoError, match="only plain greedy decoding drafts"):
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, copy_length=3, sampling=SamplingConfig(do_sample=True, seed=0)))
 
 
 def test_a_copied_branch_is_drawn_and_explained():
