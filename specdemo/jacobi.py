@@ -71,7 +71,8 @@ def generate(
             keep_prefix(cache, sequence.shape[1] + accept_length)
             sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
             iteration = len(trajectory) - 1
-            newly_correct = mark_correct(correct_since, trajectory, settled, committed, iteration)
+            # only what enters the answer settles: block positions after an EOS never do
+            newly_correct = mark_correct(correct_since, trajectory, settled, recorder.kept(committed), accept_length, iteration)
             yield recorder.step(
                 committed=committed,
                 proposed=guess,
@@ -117,13 +118,14 @@ def leading_matches(guess: list[int], choices: list[int]) -> int:
 
 
 def mark_correct(
-    correct_since: list[int | None], trajectory: list[list[int]], settled: int, committed: list[int], iteration: int
+    correct_since: list[int | None], trajectory: list[list[int]], settled: int, committed: list[int], accept_length: int, iteration: int
 ) -> list[int]:
     """Record, for the block positions this pass committed, the iteration from which each held its
-    final token without change (the target's own token: the next iteration). Returns those positions."""
+    final token without change (the target's own token, after the `accept_length` accepted
+    guesses: the next iteration). Returns those positions."""
     positions = [p for p in range(settled, settled + len(committed)) if p < len(correct_since)]
     for offset, position in enumerate(positions):
-        if offset == len(committed) - 1:  # the target's token: wrong in this state, right in the next
+        if offset == accept_length:  # the target's token: wrong in this state, right in the next
             correct_since[position] = iteration + 1
             continue
         since = iteration

@@ -75,16 +75,20 @@ class StepRecorder:
             extra=extra or {},
         )
 
+    def kept(self, committed: Sequence[int]) -> list[int]:
+        """What of `committed` the stop rules let into the answer; changes nothing. The length cut
+        comes first: an EOS past it is never part of the answer, as with AR."""
+        committed = list(committed[: self.room])
+        ends = [index for index, token in enumerate(committed) if token in self.eos_token_ids]
+        return committed[: ends[0] + 1] if ends else committed
+
     def _apply_stop_rules(self, committed: list[int]) -> list[int]:
-        # The length cut comes first: an EOS past it is never part of the answer, as with AR.
-        committed = committed[: self.room]
-        for index, token in enumerate(committed):
-            if token in self.eos_token_ids:
-                self.finish_reason = "eos"
-                return committed[: index + 1]
-        if len(committed) == self.room:
+        kept = self.kept(committed)
+        if kept and kept[-1] in self.eos_token_ids:
+            self.finish_reason = "eos"
+        elif len(kept) == self.room:
             self.finish_reason = "length"
-        return committed
+        return kept
 
     def summary(self, extra: dict[str, Any] | None = None) -> Summary:
         return Summary(

@@ -53,6 +53,16 @@ def test_jacobi_stops_at_eos_inside_a_block(tiny_model, prompt_ids):
     assert list(summary.tokens) == greedy[: greedy.index(eos) + 1] and summary.finish_reason == "eos"
 
 
+def test_block_positions_after_an_eos_never_settle():
+    """Successor 7 -> 7 with 7 the EOS: the first pass accepts the whole guessed block, but the
+    answer ends at its first token, so no later position is reported settled or fast-forwarded."""
+    model = make_bigram_model({7: 7}, default=7)
+    events = steps(jacobi.generate(model, torch.tensor([[1, 7]]), max_new_tokens=10, block_size=6, eos_token_ids=(7,)))
+    assert [e.committed for e in events] == [(7,)]
+    assert events[0].extra["correct_since"] == [0, None, None, None, None, None]
+    assert events[0].extra["fast_forwarded"] == [] and events[0].extra["fixed_early"] == []
+
+
 def test_trajectory_of_one_token_a_pass():
     """Successor t -> t+1, block of 4 after token 10: the fixed point is 11 12 13 14, and
     each pass settles exactly one more position: nothing is fast-forwarded."""
