@@ -13,8 +13,10 @@ class SpecDemoError(ValueError):
     """A request SpecDemo cannot serve: an empty prompt, an unknown method, a bad setting..."""
 
 
-def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None) -> int:
-    """Check a prompt of token ids [1, L] and a token budget; return the prompt length L."""
+def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None, lookahead_positions: int = 0) -> int:
+    """Check a prompt of token ids [1, L] and a token budget; return the prompt length L.
+    `lookahead_positions`: how far past the request's last position a method's passes feed
+    tokens that are never committed (lookahead's window), which must fit the context too."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise SpecDemoError("the prompt must be a tensor of token ids of shape [1, length] (one prompt at a time)")
     prompt_length = input_ids.shape[1]
@@ -28,5 +30,11 @@ def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: 
         raise SpecDemoError(
             f"the prompt ({prompt_length} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"context of {context_length} tokens: shorten the prompt or ask for fewer new tokens"
+        )
+    if context_length is not None and prompt_length + max_new_tokens + lookahead_positions > context_length:
+        raise SpecDemoError(
+            f"the lookahead window reaches {lookahead_positions} positions past the answer's last token, past the "
+            f"model's context of {context_length} tokens: ask for at most {context_length - prompt_length - lookahead_positions} "
+            "new tokens, or choose a smaller window or n-gram size"
         )
     return prompt_length

@@ -88,11 +88,13 @@ def generate(
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
     on a 2-core CPU (README); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
-    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_greedy(sampling, "lookahead")
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    # The last pass's root is 2 before the request's end; its window reaches W + N - 2 past the root.
+    window_reach = max(window + ngram - 3, 0)
+    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), window_reach)
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
     recorder = StepRecorder("lookahead", max_new_tokens, eos, stop)
     choose = TokenChooser(sampling, input_ids.device)
@@ -105,7 +107,7 @@ def generate(
     while not recorder.done:
         cached = cache.get_seq_length()
         pending = sequence[0, cached:].tolist()  # committed tokens the cache has not seen
-        tried, sources = choose_candidates(pool, sequence[0], candidates, copy_length if text_ngrams else 0)
+        tried, sources = choose_candidates(pool, sequence[0], candidates, copy_length if text_ngrams else 0, recorder.room - 1)
         layout = Layout(len(pending), [len(c) for c in tried], ngram - 1, window)
         fed = torch.tensor([pending + [t for c in tried for t in c] + [t for level in levels for t in level]], device=sequence.device)
         logits = model(
@@ -189,12 +191,16 @@ class Layout:
         return list(range(start, start + accept_length))
 
 
-def choose_candidates(pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int) -> tuple[list[tuple[int, ...]], list[str]]:
+def choose_candidates(
+    pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None
+) -> tuple[list[tuple[int, ...]], list[str]]:
     """Up to `limit` continuations of the text's last token to verify, and where each came from:
     first a copy from the text (when `copy_length` > 0), then the pool's n-grams, newest first,
-    leaving out any that a longer candidate already starts with."""
+    leaving out any that a longer candidate already starts with. Each is cut to `max_length`
+    tokens (None: uncut): near the end of the answer, what could no longer be committed is not fed."""
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
     found += [(ngram, "pool") for ngram in pool.lookup(int(tokens[-1]))]
+    found = [(candidate[:max_length], source) for candidate, source in found]
     chosen: list[tuple[tuple[int, ...], str]] = []
     for candidate, source in found:
         if candidate and not any(other[: len(candidate)] == candidate for other, _ in chosen):

@@ -293,11 +293,14 @@ def generate(
         # 1. Propose: the heads read the hidden state of the last committed token's parent
         #    position; a static tree takes their top tokens, a dynamic one first chooses which
         #    paths by their confidences. A copy from the text joins them.
+        #    Near the end of the answer no path goes deeper than what can still be committed, so
+        #    no node sits past the request's last position (nor past the model's context).
+        depth_limit = max(recorder.room - 1, 1)
         if static is None:
             top, log_probs = heads.ranked(hidden, dynamic_size)
-            paths = tuple(sorted(dynamic_paths(log_probs.tolist(), dynamic_size)))  # sorted: one cache entry per shape
+            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], dynamic_size)))  # sorted: one cache entry per shape
         else:
-            paths, top = static.paths, heads.top_tokens(hidden, static.top_k)
+            paths, top = tuple(p for p in static.paths if len(p) <= depth_limit), heads.top_tokens(hidden, static.top_k)
         copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
         tree = cached_tree(paths, len(copied))
         tokens = [*tree_tokens(tree, root, top), *copied]
