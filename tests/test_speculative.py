@@ -106,8 +106,9 @@ def test_summary_reports_acceptance_by_position(tiny_model, prompt_ids):
     assert summary.draft_forwards == summary.proposed
 
 
-def target_marginals(model, prompt_ids, sampling):
-    """Exact distributions of the first and second sampled tokens under `sampling`."""
+def target_marginals(model, prompt_ids, sampling, count: int = 2):
+    """Exact distributions of each of the first `count` sampled tokens under `sampling`, summed
+    over every prefix the target can sample before it."""
     processors = logits_processors(sampling)
 
     def next_probs(ids):
@@ -115,11 +116,16 @@ def target_marginals(model, prompt_ids, sampling):
             logits = model(ids).logits[:, -1].float()
         return torch.softmax(processors(ids, logits), dim=-1)[0]
 
-    first = next_probs(prompt_ids)
-    second = torch.zeros_like(first)
-    for token in first.nonzero()[:, 0]:
-        second += first[token] * next_probs(torch.cat([prompt_ids, token.view(1, 1)], dim=-1))
-    return first, second
+    marginals, prefixes = [], [(prompt_ids, 1.0)]  # each prefix the target can sample, with its probability
+    for _ in range(count):
+        marginal, longer = 0, []
+        for ids, weight in prefixes:
+            probs = next_probs(ids)
+            marginal = marginal + weight * probs
+            longer += [(torch.cat([ids, token.view(1, 1)], dim=-1), weight * float(probs[token])) for token in probs.nonzero()[:, 0]]
+        marginals.append(marginal)
+        prefixes = longer
+    return marginals
 
 
 def chi_square_p(samples, probs):
@@ -131,18 +137,22 @@ def chi_square_p(samples, probs):
 
 
 def test_sampling_keeps_the_target_distribution(tiny_model, other_model, prompt_ids):
-    """Chi-square of the first two tokens over many seeded runs against the exact target marginals;
-    the draft alone, sampled the same way, fails the same test (so the test has power)."""
+    """Chi-square of the first three tokens over many seeded runs against the exact target
+    marginals: the first pass drafts two tokens, so the rule decides the first two (accept, or
+    resample from the residual) and the third is its bonus or the next pass's. The draft alone,
+    sampled the same way, fails the same test (so the test has power)."""
     settings = dict(do_sample=True, temperature=1.0, top_k=6)
-    first, second = target_marginals(tiny_model, prompt_ids, SamplingConfig(**settings))
+    marginals = target_marginals(tiny_model, prompt_ids, SamplingConfig(**settings), count=3)
+    first = marginals[0]
     runs = 1500
     draft = Draft("other", other_model)
-    tokens = [
-        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=2, gamma=2, sampling=SamplingConfig(seed=seed, **settings)).tokens
+    summaries = [
+        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=3, gamma=2, sampling=SamplingConfig(seed=seed, **settings))
         for seed in range(runs)
     ]
-    assert chi_square_p([t[0] for t in tokens], first) > 0.01
-    assert chi_square_p([t[1] for t in tokens], second) > 0.01
+    assert sum(s.proposed for s in summaries) >= 2 * runs  # every run's first pass drafted 2 tokens
+    for position, marginal in enumerate(marginals):
+        assert chi_square_p([s.tokens[position] for s in summaries], marginal) > 0.01
     draft_only = [
         answer(ar, other_model, prompt_ids, max_new_tokens=1, sampling=SamplingConfig(seed=seed, **settings)).tokens[0]
         for seed in range(runs)
