@@ -73,14 +73,39 @@ def sampling_numbers(event: StepEvent) -> dict[int, str]:
     }
 
 
-def stream_html(events: Iterable[StepEvent], decode: Callable[[int], str]) -> str:
-    """The answer so far, every token a span coloured by its origin."""
+def stream_html(events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None) -> str:
+    """The answer so far, every token a span coloured by its origin. With `decode_tokens`, a
+    committed token shows what it adds to the text (`committed_texts`), so a character split
+    over several tokens is whole; a rejected one is never part of the text and shows alone."""
+    events = list(events)
+    committed = [token for event in events for token in event.committed]
+    texts = iter(committed_texts(committed, decode_tokens) if decode_tokens else map(decode, committed))
     spans = []
     for event in events:
         for token, origin, tooltip in token_origins(event):
-            text = html.escape(decode(token))
+            text = html.escape(decode(token) if origin == "rejected" else next(texts))
             spans.append(f'<span class="tok" data-origin="{origin}" title="{html.escape(tooltip)}">{text}</span>')
     return f'{STYLE}<div class="specdemo-stream">{"".join(spans)}</div>'
+
+
+INCOMPLETE = "\ufffd"  # what decoding shows for the first bytes of a character split over tokens
+
+
+def committed_texts(tokens: list[int], decode_tokens: Callable[[list[int]], str], context: int = 4) -> list[str]:
+    """Per token, the text it adds to the answer: decoded after up to `context` tokens before it
+    and minus what those decode to. A token that ends inside a character (byte-level BPE splits
+    emoji and many non-Latin characters) adds "" and the token that completes it adds the whole
+    character, as transformers' TextStreamer holds back text until it is printable."""
+    texts, shown_to = [], 0  # tokens[:shown_to] are in the texts so far
+    for end in range(1, len(tokens) + 1):
+        start = max(0, shown_to - context)
+        before, now = decode_tokens(tokens[start:shown_to]), decode_tokens(tokens[start:end])
+        if now.endswith(INCOMPLETE) and end < len(tokens):
+            texts.append("")
+            continue
+        texts.append(now[len(before) :] if now.startswith(before) else decode_tokens(tokens[shown_to:end]))
+        shown_to = end
+    return texts
 
 
 def legend_html() -> str:

@@ -192,3 +192,15 @@ def test_a_medusa_step_says_whether_its_tree_was_chosen_for_it():
     assert "a tree of 3 candidate tokens (the paths they were surest of at this step)" in text and "has 1 (' sat')" in text
     step.extra["tree_kind"] = "static"
     assert "surest" not in explain_step(step, decode)
+
+
+def test_a_character_split_over_tokens_shows_whole():
+    """Byte-level BPE splits 'é' and emoji over tokens; decoded alone each piece is '\ufffd'. The
+    stream shows the whole character on the token that completes it, and the text reads right."""
+    pieces = {1: b"Caf", 2: b"\xc3", 3: b"\xa9 ", 4: b"\xf0\x9f", 5: b"\x98\x80", 6: b"!"}
+    decode_tokens = lambda tokens: b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")  # noqa: E731
+    decode = lambda token: decode_tokens([token])  # noqa: E731
+    events = [StepEvent("ar", step=i, committed=(t,)) for i, t in enumerate(pieces)]
+    shown = [text for _, _, text in spans(stream_html(events, decode, decode_tokens))]
+    assert shown == ["Caf", "", "é ", "", "😀", "!"]
+    assert "\ufffd" in "".join(text for _, _, text in spans(stream_html(events, decode)))  # token by token: broken
