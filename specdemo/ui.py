@@ -191,7 +191,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
     `presets`: the models a person may switch to (default: those this machine can run)."""
     baselines = Baselines()
-    targets = Targets(target, available_presets() if presets is None else presets)
+    # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets
+    targets = Targets(target, available_presets(cuda=target.device.type == "cuda") if presets is None else presets)
     # One generation at a time on this model: every event that decodes shares one queue slot,
     # so Gradio's queue tells each waiting visitor how many are ahead.
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
@@ -224,12 +225,12 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 run_stats = {**stats(events, summary), "speedup_vs_ar": None}
                 run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
                 yield (
-                    views.stream_html(events, decode),
+                    views.stream_html(events, decode, target.decode),
                     *view_updates(method_view(events, decode)),
                     views.speed_figure(events, baseline_events),
                     run_stats,
                     why_html(run_stats, baseline_stats, events) + answers_beside(target, request, summary, baseline_summary) if summary else "",
-                    (events, summary, decode),
+                    (events, summary, decode, target.decode),
                     export_events(events, summary) if summary else None,
                     gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
                 )
@@ -237,12 +238,12 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             raise gr.Error(str(error)) from error
 
     def on_step(history, step):
-        events, summary, decode = history or ([], None, str)
+        events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
             return "", *view_updates(method_view([], decode)), "Generate an answer first, then walk through it step by step here."
         step = max(0, min(int(step), len(events) - 1))
         shown = view_updates(method_view(events[: step + 1], decode))
-        return views.stream_html(events[: step + 1], decode), *shown, views.explain_step(events[step], decode)
+        return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, views.explain_step(events[step], decode)
 
     @on_gpu
     def on_race(model_name, prompt, methods, max_new_tokens):
@@ -260,8 +261,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 reference = own_reference(target, Request(base.prompt, method, base.max_new_tokens))
                 own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
                 rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode, reference, own_differs))
-                columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode)}</div>")
-            ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode)}</div>"
+                columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode, target.decode)}</div>")
+            ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode, target.decode)}</div>"
             table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
             grid = f'<div style="display:grid;grid-template-columns:repeat({len(columns) + 1},1fr);gap:12px">{ar_column}{"".join(columns)}</div>'
             return table, grid
@@ -360,16 +361,19 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                   gamma, adaptive_gamma, draft_tree_size, copy_length, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
                   num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
+        step_outputs = [step_stream, *step_plots, step_html, explanation]
         running = gr.on(
             [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time
         )
+        # the slider fires no change when a new run ends on the same step number as the last one
+        running.then(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         stop.click(None, cancels=[running])  # closing the generator ends the decoding loop between passes
         method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private")
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private")
-        step_outputs = [step_stream, *step_plots, step_html, explanation]
         step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private")
-        forward.click(lambda s: s + 1, inputs=step, outputs=step, api_visibility="private")
+        # the slider refuses a value past its maximum, and would then refuse every later one too
+        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private")
         race_button.click(
             on_race, inputs=[model, prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
         )
@@ -392,7 +396,8 @@ def same_tokens(differs: int | None, summary, decode) -> str:
     if differs is None:
         return "yes"
     if differs < len(summary.tokens):
-        return f"no: first differs at token {differs} ({decode(summary.tokens[differs])!r})"
+        token = repr(decode(summary.tokens[differs])).replace("|", "\\|")  # a | would end the table's cell
+        return f"no: first differs at token {differs} ({token})"
     return f"no: differs at token {differs}"
 
 

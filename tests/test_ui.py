@@ -4,8 +4,8 @@ import gradio as gr
 import pytest
 
 from specdemo import ar
-from specdemo.events import final_summary
-from specdemo.ui import build_app, stream_answer
+from specdemo.events import Summary, final_summary
+from specdemo.ui import build_app, race_row, stream_answer
 
 
 def test_stream_answer_grows_to_the_full_answer(embedded):
@@ -89,3 +89,35 @@ def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
         targets(GPU_PRESETS[0].name)
     with pytest.raises(SpecDemoError, match="unknown model preset"):
         targets("no such preset")
+
+
+def handler(app, name):
+    return [f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == name]
+
+
+def test_step_through_follows_every_run_and_stops_at_its_last_step(embedded):
+    """Next at the last step stays there (the slider refuses a value past its maximum, and then
+    every later one), and each run ends by showing its own last step even when the slider's value
+    does not change (two runs of 128 passes both end on step 127)."""
+    app = build_app(embedded, presets=())
+    forward = next(f.fn for f in app.fns.values() if [getattr(b, "elem_id", None) for b in f.inputs] == ["step", None])
+    ten_steps = ([object()] * 10, None, str, None)
+    assert forward(9, ten_steps) == 9 and forward(3, ten_steps) == 4 and forward(0, None) == 0
+    assert len(handler(app, "on_step")) == 2  # on the slider's change, and after every run
+
+
+def test_a_cpu_target_is_offered_no_gpu_presets(embedded, monkeypatch):
+    """On a CUDA machine with the app started on the CPU (--device cpu), a 7B preset would load on the CPU."""
+    import torch
+
+    from specdemo.presets import EMBEDDED_PRESET
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    picker = model_picker(build_app(embedded))  # the embedded model runs on the CPU in the tests
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name]
+
+
+def test_a_bar_in_a_token_stays_in_its_race_cell():
+    summary = Summary("speculative", (1, 2), "length", 2, 2)
+    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 1, summary, {2: " | x"}.get)
+    assert row.replace("\\|", "").count("|") == 6  # five cells
