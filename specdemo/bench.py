@@ -10,6 +10,7 @@ method's tokens equal AR's token for token.
 """
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -133,15 +134,33 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+# the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate, which checks its own)
+SETTINGS_OF = dict(METHODS) | {"speculative_token": speculative.generate, "cllm_ar": ar.generate}
+NOT_SETTINGS = {"max_new_tokens", "sampling", "eos_token_ids", "stop", "method_name", "draft", "heads", "cllm_model", "amateur"}  # the bench's, or loaded
+
+
+def settable(method: str) -> list[str] | None:
+    """The settings `--set METHOD.SETTING=VALUE` may give `method`; None when not ours to check."""
+    if method not in SETTINGS_OF:
+        return None
+    parameters = inspect.signature(SETTINGS_OF[method]).parameters.values()
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in NOT_SETTINGS]
+
+
 def parse_settings(items: list[str], methods: list[str]) -> dict[str, dict]:
     """`--set lookahead.window=5` items as {method: {setting: value}} (values read as JSON when
-    they parse, e.g. 5, 0.5, true; else as text)."""
+    they parse, e.g. 5, 0.5, true; else as text). A setting the method does not take is refused
+    here, before a model loads."""
     settings: dict[str, dict] = {name: {} for name in methods}
     for item in items:
         key, separator, text = item.partition("=")
-        method, dot, name = key.partition(".")
+        method, dot, name = (part.strip() for part in key.partition("."))
         if not separator or not dot or method not in settings:
             raise SpecDemoError(f"--set {item!r}: write METHOD.SETTING=VALUE for one of the methods run ({', '.join(methods)})")
+        known = settable(method)
+        if known is not None and name not in known:
+            raise SpecDemoError(f"--set {item!r}: {method} has no setting {name!r}; its settings: {', '.join(known) or 'none'}")
+        text = text.strip()
         try:
             settings[method][name] = json.loads(text)
         except json.JSONDecodeError:
@@ -168,7 +187,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     rows = []
     with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
         for index, (question_id, category, input_ids) in enumerate(encoded):
-            # rotate the order per prompt, so no method always runs first (or right after another)
+            # rotate the order per prompt, so no method always runs first (each still follows the same one)
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
             runs = {}
             for name in order:

@@ -76,6 +76,13 @@ def test_bad_setting_is_refused():
         bench.parse_settings(["window=5"], ["ar", "lookahead"])
     with pytest.raises(SpecDemoError, match="medusa.width"):
         bench.parse_settings(["medusa.width=5"], ["ar", "lookahead"])
+    # a misspelt setting, or one the bench loads itself, is refused before any model loads, naming the right ones
+    with pytest.raises(SpecDemoError, match="no setting 'windw'.*window, ngram"):
+        bench.parse_settings(["lookahead.windw=5"], ["ar", "lookahead"])
+    with pytest.raises(SpecDemoError, match="no setting 'draft'"):
+        bench.parse_settings(["speculative.draft=other"], ["ar", "speculative"])
+    assert bench.parse_settings(["lookahead.window = 5"], ["ar", "lookahead"])["lookahead"] == {"window": 5}
+    assert bench.parse_settings(["hf_generate.top_k=4"], ["ar", "hf_generate"])["hf_generate"] == {"top_k": 4}  # transformers checks its own
 
 
 def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
