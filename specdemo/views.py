@@ -326,6 +326,11 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
             f"{event.extra['gamma']} deep in all; the target checked every branch in one pass and followed one for "
             f"{accepted} token(s) ({quoted(event.accepted) or 'none'}){taken}, then added {own}. {done}"
         )
+    if event.method == "speculative" and not event.proposed:  # a feature draft's first pass, or no room left to draft
+        return pass_ + (
+            "nothing was drafted this pass (a feature draft drafts from the target's features, which its first pass computes; "
+            f"an answer's last token leaves no room for a draft), so the target gave {own}, as AR would. {done}"
+        )
     if event.method == "speculative":
         proposed = len(event.proposed)
         if accepted == proposed:

@@ -204,3 +204,8 @@ def test_a_character_split_over_tokens_shows_whole():
     shown = [text for _, _, text in spans(stream_html(events, decode, decode_tokens))]
     assert shown == ["Caf", "", "é ", "", "😀", "!"]
     assert "\ufffd" in "".join(text for _, _, text in spans(stream_html(events, decode)))  # token by token: broken
+
+
+def test_a_speculative_pass_that_drafted_nothing_says_so():
+    text = explain_step(StepEvent("speculative", step=0, committed=(7,)), decode)
+    assert "nothing was drafted" in text and "proposed 0" not in text and "accepted all" not in text
