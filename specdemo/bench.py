@@ -69,12 +69,19 @@ def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: in
             do_sample=False,
             num_beams=1,
             eos_token_id=list(target.eos_token_ids),
-            pad_token_id=target.tokenizer.pad_token_id or target.eos_token_ids[0],
+            pad_token_id=pad_token_id(target),
             **generate_options,
         )
     finally:
         hook.remove()
     return Run(output[0, input_ids.shape[1] :].tolist(), len(passes))
+
+
+def pad_token_id(target: LoadedModel) -> int | None:
+    """The tokenizer's pad id (0 is a real id), else the first EOS id, else none: generate needs
+    one only to pad finished rows, and our batch is a single row."""
+    pad = target.tokenizer.pad_token_id
+    return pad if pad is not None else next(iter(target.eos_token_ids), None)
 
 
 def hf_assisted(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **generate_options) -> Run:

@@ -42,11 +42,11 @@ class FeatureDraft(nn.Module):
         self.model.norm = nn.Identity()  # the target's features are already normalised; the LM head reads f̂ as is
         del self.model.embed_tokens  # shared with the target, kept outside this module's weights
         self.shared = {"embed": target.get_input_embeddings()}  # a dict: not a submodule, so never saved
-        self.vocab = vocab  # [K] token ids it may propose, ascending (None: all)
+        self.vocab = None if vocab is None else vocab.to(target.device)  # [K] token ids it may propose, ascending (None: all)
         self.to(device=target.device, dtype=target.dtype)
         head = target.get_output_embeddings().weight  # [V, H]
         # the rows it may propose, gathered once: slicing 8,192 of 49,152 rows each step cost 5x the matmul
-        self.head = head if vocab is None else head[vocab.to(head.device)]  # [K, H], not a parameter
+        self.head = head if vocab is None else head[self.vocab]  # [K, H], not a parameter
 
     def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: DynamicCache | None, **tree) -> torch.Tensor:
         """Predicted features [1, n, H] at positions t+1 from pairs (f_t [1, n, H], x_{t+1} [1, n]).
