@@ -21,7 +21,7 @@ MAX_WALL_S = 120.0
 
 SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the others verify greedily by construction
 # greedy with a repetition penalty or n-gram blocking, each prefix processed as one-token AR would
-PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam"})
+PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam", "medusa", "lookahead", "jacobi", "cllm"})
 METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
     "ar": (),
     "speculative": ("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),

@@ -287,7 +287,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; beam takes the repetition penalty and n-gram blocking; the others decode deterministically)", open=False):
+            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; the others decode greedily, and all but contrastive "
+                             "take the repetition penalty and n-gram blocking, with the answer AR would give under them)", open=False):
                 with gr.Row():
                     do_sample = gr.Checkbox(False, label="Sample")
                     temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")

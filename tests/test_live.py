@@ -20,7 +20,7 @@ from specdemo.sampling import SamplingConfig
         (dict(prompt="hi", max_new_tokens=live.MAX_NEW_TOKENS + 1), "max_new_tokens"),
         (dict(prompt="hi", method="jacobi", sampling=SamplingConfig(do_sample=True)), "does not sample"),
         (dict(prompt="hi", method="contrastive", sampling=SamplingConfig(do_sample=True)), "does not sample"),
-        (dict(prompt="hi", method="medusa", sampling=SamplingConfig(no_repeat_ngram_size=3)), "n-gram blocking"),
+        (dict(prompt="hi", method="contrastive", sampling=SamplingConfig(no_repeat_ngram_size=3)), "n-gram blocking"),
         (dict(prompt="hi", method="beam", settings={"gamma": 3}), "no setting gamma"),
         (dict(prompt="hi", method="jacobi", settings={"gamma": 3}), "no setting gamma"),
     ],
@@ -103,3 +103,18 @@ def test_beam_takes_its_settings_and_n_gram_blocking():
     request = Request("hi", "beam", settings={"num_beams": 2, "length_penalty": 0.5, "early_stopping": True},
                       sampling=SamplingConfig(no_repeat_ngram_size=2))
     assert request.settings["num_beams"] == 2
+
+
+@pytest.mark.parametrize("method", ["medusa", "lookahead", "jacobi", "cllm"])
+def test_greedy_methods_take_a_repetition_penalty_and_n_gram_blocking(embedded, method):
+    """They verify each prefix as one-token AR with the same processors would, so the app lets a
+    person set both, and the answer is AR's under them (cllm: AR's on its own weights; float32)."""
+    from specdemo import ar
+    from specdemo.events import final_summary
+    from specdemo.methods import decoded_model
+
+    prompt, sampling = "List three fruits, then three more.", SamplingConfig(repetition_penalty=1.3, no_repeat_ngram_size=3)
+    _, summary = live.collect(live.run(embedded, Request(prompt, method, 24, sampling)))
+    reference = ar.generate(decoded_model(method, embedded), embedded.encode_chat(prompt), max_new_tokens=24, sampling=sampling,
+                            eos_token_ids=embedded.eos_token_ids)
+    assert summary.tokens == final_summary(reference).tokens
