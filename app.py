@@ -1,7 +1,9 @@
 """SpecDemo's web app: `python app.py` serves it on GRADIO_SERVER_PORT (default 7860)."""
 
 import argparse
+import sys
 
+from specdemo.errors import SpecDemoError
 from specdemo.models import AUTO, EMBEDDED, load_model
 from specdemo.ui import build_app
 
@@ -18,7 +20,10 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     args = parser.parse_args()
-    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    try:
+        target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
+        sys.exit(f"error: {error}")
     build_app(target).queue(max_size=QUEUE_SIZE).launch()  # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
 
 

@@ -121,3 +121,13 @@ def test_a_bar_in_a_token_stays_in_its_race_cell():
     summary = Summary("speculative", (1, 2), "length", 2, 2)
     row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 1, summary, {2: " | x"}.get)
     assert row.replace("\\|", "").count("|") == 6  # five cells
+
+
+def test_the_app_refuses_a_model_it_cannot_load_with_a_sentence():
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "app.py", "--model", "no/such-model"], capture_output=True, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode != 0 and "no/such-model" in result.stderr and "Traceback" not in result.stderr
