@@ -14,7 +14,7 @@ from .events import StepEvent
 from .live import (
     MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, amateur_reference, collect, first_difference, own_reference, run, speedup, stats, timed_events,
 )
-from .methods import METHODS, OTHER_ANSWER
+from .methods import METHODS, OTHER_ANSWER, method_options
 from .models import LoadedModel, load_model
 from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
@@ -215,6 +215,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             target = targets(model_name)
             decode = decoder(target)
             request = make_request(*inputs)
+            method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
             if not baselines.has(target, request):
                 waiting = "<p><i>Measuring the AR baseline on this prompt first (once per prompt and settings)...</i></p>"
                 yield waiting, *[gr.skip()] * 11
