@@ -15,7 +15,8 @@ def main() -> None:
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument(
         "--dtype", choices=[AUTO, "bfloat16", "float32"], default=AUTO,
-        help="auto (default): bfloat16 on CUDA and on CPUs that multiply it natively (AVX-512, AMX), else float32",
+        help="auto (default): bfloat16 where the GPU or CPU multiplies it natively (Ampere+, AVX-512, AMX), "
+        "else float16 on a GPU and float32 on a CPU",
     )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")

@@ -94,10 +94,13 @@ def parse_dtype(name: str | torch.dtype, device: torch.device | None = None) -> 
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 where the hardware multiplies it natively (CUDA, and CPUs whose oneDNN does
-    bfloat16: AVX-512 or AMX), else float32. On a CPU without it (AVX2 only) a bfloat16 pass of
-    k tokens costs about k one-token passes, which would hide every gain of verifying several
-    tokens in one pass (README, "Measuring speed")."""
+    """bfloat16 where the hardware multiplies it natively (Ampere and later GPUs, and CPUs whose
+    oneDNN does bfloat16: AVX-512 or AMX). Else float32 on a CPU: without it (AVX2 only) a
+    bfloat16 pass of k tokens costs about k one-token passes, which would hide every gain of
+    verifying several tokens in one pass (README, "Measuring speed"). Else float16 on a GPU (a T4
+    or V100 emulates bfloat16 but has float16 tensor cores)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if gpu_multiplies_bfloat16() else torch.float16
     if device.type == "cpu" and not cpu_multiplies_bfloat16():
         return torch.float32
     return torch.bfloat16
@@ -105,6 +108,10 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def cpu_multiplies_bfloat16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # what torch itself asks before a oneDNN bfloat16 matmul
+
+
+def gpu_multiplies_bfloat16() -> bool:
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def embedded_gguf_path() -> Path | None:

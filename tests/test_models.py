@@ -34,11 +34,13 @@ def test_chat_template_wraps_the_prompt(embedded):
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_is_bfloat16_only_where_the_hardware_multiplies_it(monkeypatch, embedded, native):
     """On a CPU without native bfloat16 (AVX2 only) a k-token bfloat16 pass costs about k one-token
-    passes, so "auto" (the app's and the bench's default) takes float32 there; CUDA always has it."""
+    passes, so "auto" (the app's and the bench's default) takes float32 there; a GPU without it
+    (T4, V100) takes float16."""
     monkeypatch.setattr(models, "cpu_multiplies_bfloat16", lambda: native)
+    monkeypatch.setattr(models, "gpu_multiplies_bfloat16", lambda: native)
     expected = torch.bfloat16 if native else torch.float32
     assert models.parse_dtype("auto", torch.device("cpu")) == models.default_dtype(torch.device("cpu")) == expected
-    assert models.default_dtype(torch.device("cuda")) == torch.bfloat16
+    assert models.default_dtype(torch.device("cuda")) == (torch.bfloat16 if native else torch.float16)
     if not native:
         assert load_model("embedded", "auto", "cpu") is embedded  # the same load as asking for float32
     with pytest.raises(SpecDemoError, match="auto, float32"):
