@@ -209,6 +209,17 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
         return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
 
+    def stream_baseline(target, request, decode):
+        """AR on this prompt first, streamed with the same page updates as the run it is compared
+        with: on a CPU drawing takes time from decoding, as much in both runs, so the speedup
+        compares like with like. Stop ends it as it ends a run (nothing is kept then)."""
+        stop = threading.Event()
+        note = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
+        for events, summary in timed_events(run(target, baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
+            if summary:
+                baselines.put(target, request, (events, summary))
+            yield note + views.stream_html(events, decode, target.decode), *view_updates(method_view(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
+
     @on_gpu
     def on_generate(model_name, *inputs):
         try:
@@ -217,8 +228,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             request = make_request(*inputs)
             method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
             if not baselines.has(target, request):
-                waiting = "<p><i>Measuring the AR baseline on this prompt first (once per prompt and settings)...</i></p>"
-                yield waiting, *[gr.skip()] * 11
+                yield from stream_baseline(target, request, decode)
             baseline_events, baseline_summary = baselines.get(target, request)
             baseline_stats = stats(baseline_events, baseline_summary)
             stop = threading.Event()

@@ -131,3 +131,18 @@ def test_the_app_refuses_a_model_it_cannot_load_with_a_sentence():
     result = subprocess.run([sys.executable, "app.py", "--model", "no/such-model"], capture_output=True, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert result.returncode != 0 and "no/such-model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded):
+    """The first run of a prompt streams AR before the method, drawn as the method is (so both pay
+    the same for drawing); the next run of the same prompt reuses it and streams the method at once."""
+    app = build_app(embedded, presets=())
+    on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
+    inputs = ["", "Name a colour.", "speculative", 8, False, 1.0, 0, 1.0, 1.0, -1, 0,
+              2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+    updates = list(on_generate(*inputs))
+    baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
+    assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1][0]
+    assert updates[-1][7]["speedup_vs_ar"] is not None and '<span class="tok" data-origin="ar"' not in updates[-1][0]
+    again = list(on_generate(*inputs))
+    assert not any(isinstance(u[0], str) and "First the AR baseline" in u[0] for u in again)
