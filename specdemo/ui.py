@@ -1,6 +1,7 @@
 """The web page: layout and event wiring only. Decoding lives in the methods, running them in
 `specdemo.live`, drawing in `specdemo.views`; this module connects them to Gradio components."""
 
+import html
 import json
 import tempfile
 import threading
@@ -254,7 +255,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             return "", *view_updates(method_view([], decode)), "Generate an answer first, then walk through it step by step here."
         step = max(0, min(int(step), len(events) - 1))
         shown = view_updates(method_view(events[: step + 1], decode))
-        return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, views.explain_step(events[step], decode)
+        # as HTML, escaped: a token such as '*' or '_' would be Markdown's formatting
+        explained = f"<p>{html.escape(views.explain_step(events[step], decode))}</p>"
+        return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, explained
 
     @on_gpu
     def on_race(model_name, prompt, methods, max_new_tokens):
@@ -356,7 +359,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             with gr.Row():
                 back = gr.Button("◀ Back")
                 forward = gr.Button("Next ▶")
-            explanation = gr.Markdown(elem_id="explanation")
+            explanation = gr.HTML(elem_id="explanation")
             step_stream = gr.HTML()
             step_plots = [gr.Plot(visible=False) for _ in PLOTS]
             step_html = gr.HTML()

@@ -146,3 +146,13 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     assert updates[-1][7]["speedup_vs_ar"] is not None and '<span class="tok" data-origin="ar"' not in updates[-1][0]
     again = list(on_generate(*inputs))
     assert not any(isinstance(u[0], str) and "First the AR baseline" in u[0] for u in again)
+
+
+def test_a_step_explanation_shows_tokens_as_written(embedded):
+    """The sentence is HTML-escaped text: a token like '<b>' or '**' is shown, not rendered."""
+    from specdemo.events import StepEvent
+
+    on_step = handler(build_app(embedded, presets=()), "on_step")[0]
+    history = ([StepEvent("ar", step=0, committed=(5,))], None, {5: "<b>**"}.get, None)
+    explained = on_step(history, 0)[-1]
+    assert "&lt;b&gt;**" in explained and "<b>" not in explained
