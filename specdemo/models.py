@@ -28,6 +28,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 AUTO = "auto"  # the dtype this device multiplies fastest: `default_dtype`
 
 
+# Chat models whose tokenizer brings no chat template: the GPU presets' Vicuna-family targets,
+# prompted with FastChat's vicuna_v1.1 conversation, as the Medusa and CLLM papers evaluate them.
+VICUNA_CHAT = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+    "detailed, and polite answers to the user's questions. USER: {prompt} ASSISTANT:"
+)
+CHAT_FORMATS = {"lmsys/vicuna-7b-v1.3": VICUNA_CHAT, "cllm/vicuna-7b-sharegpt-gpt4-48k": VICUNA_CHAT}
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A loaded target: the model, its tokenizer, and where it came from."""
@@ -55,6 +64,8 @@ class LoadedModel:
             encoded = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
             )
+        elif self.spec in CHAT_FORMATS:  # a chat model from before chat templates
+            encoded = self.tokenizer(CHAT_FORMATS[self.spec].format(prompt=prompt), return_tensors="pt")
         else:  # a base model: the prompt is the text to continue
             encoded = self.tokenizer(prompt, return_tensors="pt")
         input_ids = encoded["input_ids"].to(self.device)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdemo import SpecDemoError, models
-from specdemo.models import EMBEDDED_GGUF, embedded_gguf_path, load_model
+from specdemo.models import EMBEDDED_GGUF, LoadedModel, embedded_gguf_path, load_model
 
 
 def test_embedded_gguf_is_found_without_importing_its_package():
@@ -45,3 +45,24 @@ def test_auto_dtype_is_bfloat16_only_where_the_hardware_multiplies_it(monkeypatc
         assert load_model("embedded", "auto", "cpu") is embedded  # the same load as asking for float32
     with pytest.raises(SpecDemoError, match="auto, float32"):
         models.parse_dtype("float8")
+
+
+def test_a_chat_model_without_a_chat_template_gets_its_known_format():
+    """Vicuna's tokenizer predates chat templates: its prompt is wrapped in FastChat's USER/ASSISTANT
+    conversation; an unknown model without a template gets the bare text to continue."""
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text, return_tensors="pt"):
+            self.text = text
+            return {"input_ids": torch.tensor([[1, 2, 3]])}
+
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048))
+    vicuna = LoadedModel("lmsys/vicuna-7b-v1.3", "", model, Tokenizer(), torch.device("cpu"), torch.float32)
+    vicuna.encode_chat("Hi?")
+    assert vicuna.tokenizer.text.endswith("USER: Hi? ASSISTANT:")
+    other = LoadedModel("some/base-model", "", model, Tokenizer(), torch.device("cpu"), torch.float32)
+    other.encode_chat("Hi?")
+    assert other.tokenizer.text == "Hi?"
