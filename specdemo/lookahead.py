@@ -92,7 +92,8 @@ def generate(
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
-    # The last pass's root is 2 before the request's end; its window reaches W + N - 2 past the root.
+    # A pass's root (the last committed token) is at least 1 before the request's last position,
+    # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     window_reach = max(window + ngram - 3, 0)
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), window_reach)
     eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
