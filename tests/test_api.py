@@ -29,7 +29,7 @@ def test_generate_for_each_method(client, method, embedded):
         (dict(prompt="hi", method="ar", max_new_tokens=100000), "max_new_tokens"),
         (dict(prompt="hi " * 3000, method="ar"), "at most"),
         (dict(prompt="hi", method="jacobi", do_sample=True), "does not sample"),
-        (dict(prompt="hi", method="lookahead", repetition_penalty=1.3), "does not apply a repetition penalty"),
+        (dict(prompt="hi", method="contrastive", repetition_penalty=1.3), "does not apply a repetition penalty"),
     ],
 )
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client, kwargs, message):
