@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import StaticCache
 
 from specdemo.bench import DEFAULT_PROMPTS
 from specdemo.models import LoadedModel, load_model
@@ -24,38 +25,79 @@ from .prompts import first_stage_prompts, passage_prompts, passage_requests, wit
 from .prompts_varied import varied_first_stage, varied_passage_prompts, varied_passage_requests
 
 
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [B, W], attention_mask [B, W]): the rows right-aligned, padding on the left."""
+    width = max(len(row) for row in rows)
+    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    return input_ids, mask
+
+
 @torch.inference_mode()
+def batch_decode(
+    target: LoadedModel, prompts_ids: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+    features: bool = False, generator: torch.Generator | None = None,
+) -> list[tuple[list[int], torch.Tensor | None]]:
+    """The target's answer to each prompt, decoded together: left padding, one attention mask,
+    one KV cache for the batch. Greedy (`temperature` 0) or sampled from softmax(logits / T).
+    With `features`, also each sequence's feature f_t (the decoder's last hidden state after its
+    final norm, what the LM head reads) at every position that predicts a token: [len(prompt) +
+    len(answer) - 1, H] in the target's dtype. A row leaves the batch (and the cache) once it
+    has ended, so long answers do not make short ones wait. Returns (answer tokens ending with
+    EOS unless cut at `max_new_tokens`, features or None) per prompt, in order."""
+    model, decoder = target.model, target.model.get_decoder()
+    eos = torch.tensor(target.eos_token_ids, device=target.device)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    input_ids, mask = (t.to(target.device) for t in left_padded(prompts_ids, pad))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]: each row counts from its own first token
+    cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)  # written in place: no copy a step
+    hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                     use_cache=True).last_hidden_state  # [B, W, H]
+    answers: list[list[int]] = [[] for _ in prompts_ids]
+    feats = [[hidden[b, hidden.shape[1] - len(ids):]] if features else [] for b, ids in enumerate(prompts_ids)]
+    rows = torch.arange(len(prompts_ids))  # which prompt each batch row answers
+    last = hidden[:, -1]  # [B, H]
+    for step in range(max_new_tokens):
+        logits = model.lm_head(last).float()  # [B, V]
+        if temperature > 0:
+            tokens = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            tokens = logits.argmax(-1)  # [B]
+        for row, token in zip(rows.tolist(), tokens.tolist()):
+            answers[row].append(token)
+        ended = torch.isin(tokens, eos)
+        if step == max_new_tokens - 1 or bool(ended.all()):
+            break
+        if bool(ended.any()):  # drop the finished rows from the batch and the cache
+            keep = (~ended).nonzero()[:, 0]
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            rows, tokens, mask, positions = rows[keep.cpu()], tokens[keep], mask[keep], positions[keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        positions = positions[:, -1:] + 1
+        last = decoder(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True).last_hidden_state[:, -1]  # [B, H]
+        if features:
+            for row, state in zip(rows.tolist(), last):
+                feats[row].append(state[None])
+    return [(answer, torch.cat(f)[: len(ids) + len(answer) - 1].cpu() if features else None)
+            for answer, f, ids in zip(answers, feats, prompts_ids)]
+
+
 def target_answers(
     target: LoadedModel, prompts: list[str], max_new_tokens: int, batch_size: int, temperature: float = 0.0
 ) -> list[list[int]]:
-    """The target's answer tokens to each prompt, batched with left padding (longest first):
-    greedy, or sampled at `temperature` (seeded by the caller's torch.manual_seed)."""
+    """The target's answer tokens to each prompt, in batches of similar prompt length (longest
+    first): greedy, or sampled at `temperature` (seeded by the caller's torch.manual_seed)."""
     encoded = [target.encode_chat(prompt)[0].tolist() for prompt in prompts]
     order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
     answers: list[list[int]] = [[] for _ in prompts]
     start = time.time()
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
-        width = max(len(encoded[i]) for i in batch)
-        input_ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in batch])
-        attention_mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in batch])
-        output = target.model.generate(
-            input_ids.to(target.device),
-            attention_mask=attention_mask.to(target.device),
-            max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0,
-            temperature=temperature or None,
-            top_k=None,
-            eos_token_id=list(target.eos_token_ids),
-            pad_token_id=pad,
-        )
-        for row, index in enumerate(batch):
-            answer = output[row, width:].tolist()
-            ends = [k for k, token in enumerate(answer) if token in target.eos_token_ids]
-            answers[index] = answer[: ends[0] + 1] if ends else answer
-        done = first + len(batch)
-        print(f"  {done}/{len(prompts)} answers, {time.time() - start:.0f}s", flush=True)
+        for index, (answer, _) in zip(batch, batch_decode(target, [encoded[i] for i in batch], max_new_tokens, temperature)):
+            answers[index] = answer
+        print(f"  {first + len(batch)}/{len(prompts)} answers, {time.time() - start:.0f}s", flush=True)
     return answers
 
 

@@ -1,0 +1,121 @@
+"""Batched self-distillation (training/distill.py, selfdistill.batch_decode) and the real-prompt
+reader and sampling plan (training/real_prompts.py). A padding bug would poison the training data
+silently, so the batched answers are checked token for token against unbatched greedy decoding."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdemo import ar
+from training import distill
+from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, plan, read_prompts, word_runs
+from training.selfdistill import batch_decode
+
+from conftest import make_tiny_model
+
+
+def tiny_target(eos: int = 3):
+    """A stand-in for LoadedModel around a tiny random model: what batch_decode reads."""
+    model = make_tiny_model(seed=1)
+    return SimpleNamespace(model=model, device=torch.device("cpu"), eos_token_ids=(eos,),
+                           tokenizer=SimpleNamespace(pad_token_id=0),
+                           encode_chat=lambda text: torch.tensor([[1 + (ord(c) % 90) for c in text]]))
+
+
+def greedy_alone(model, prompt: list[int], max_new_tokens: int, eos: tuple[int, ...]) -> list[int]:
+    tokens = []
+    for event in ar.generate(model, torch.tensor([prompt]), max_new_tokens=max_new_tokens, eos_token_ids=eos):
+        tokens += list(getattr(event, "committed", []))
+    return tokens
+
+
+def test_batched_greedy_equals_unbatched_on_a_tiny_model():
+    target = tiny_target()
+    prompts = [[5, 17, 42], [8, 63, 21, 9, 11, 30, 2, 77], [40], [12, 12, 12, 12, 12]]
+    for (answer, features), prompt in zip(batch_decode(target, prompts, 24, features=True), prompts):
+        assert answer == greedy_alone(target.model, prompt, 24, target.eos_token_ids)
+        full = target.model.get_decoder()(input_ids=torch.tensor([prompt + answer])).last_hidden_state[0]
+        assert features.shape == (len(prompt) + len(answer) - 1, full.shape[-1])
+        torch.testing.assert_close(features, full[:-1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_that_ends_leaves_the_batch_and_the_others_go_on():
+    target = tiny_target()
+    prompts = [[5, 17, 42], [8, 63, 21, 9], [40, 2]]
+    reference = [greedy_alone(target.model, p, 30, ()) for p in prompts]
+    eos = reference[1][4]  # a token the second answer reaches early: that row ends there
+    target.eos_token_ids = (eos,)
+    answers = [answer for answer, _ in batch_decode(target, prompts, 30)]
+    assert answers == [greedy_alone(target.model, prompt, 30, (eos,)) for prompt in prompts]
+    assert answers[1][-1] == eos and len(answers[1]) <= 5 and max(map(len, answers)) > 5
+
+
+def test_sampled_answers_follow_the_seed():
+    target = tiny_target()
+    prompts = [[5, 17, 42], [8, 63]]
+    first = batch_decode(target, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    again = batch_decode(target, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    other = batch_decode(target, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(4))
+    assert [a for a, _ in first] == [a for a, _ in again] != [a for a, _ in other]
+
+
+def test_batched_greedy_equals_unbatched_on_the_embedded_model(embedded):
+    texts = ["Hi!", "Explain gravity in two sentences to a child.", "What is 17 times 23?"]
+    prompts = [embedded.encode_chat(text)[0].tolist() for text in texts]
+    for (answer, _), prompt in zip(batch_decode(embedded, prompts, 20), prompts):
+        assert answer == greedy_alone(embedded.model, prompt, 20, embedded.eos_token_ids)
+
+
+def test_shards_resume_and_refuse_another_plan(tmp_path, monkeypatch):
+    target = tiny_target()
+    prompts = [Prompt(text, "test") for text in ["abc", "hello there", "x", "a longer prompt", "zz"]]
+    settings = {"seed": 0, "temperature": 0.0, "max_new_tokens": 6}
+    distill.run(target, prompts, tmp_path, settings, shard_size=2, batch_size=2)
+    data = distill.load_shards(tmp_path)
+    assert data["prompts"] == [p.text for p in prompts] and len(data["features"]) == 5
+    for sequence, start, features in zip(data["sequences"], data["answer_starts"], data["features"]):
+        assert len(features) == len(sequence) - 1 and 0 < start < len(sequence)
+    distill.shard_path(tmp_path, 1).unlink()
+    answered = []
+    real = distill.answer_shard
+    monkeypatch.setattr(distill, "answer_shard", lambda t, ps, *a: answered.append(ps) or real(t, ps, *a))
+    distill.run(target, prompts, tmp_path, settings, shard_size=2, batch_size=2)
+    assert answered == [prompts[2:4]]  # only the missing shard is answered again
+    assert distill.load_shards(tmp_path)["sequences"] == data["sequences"]
+    with pytest.raises(SystemExit, match="another plan"):
+        distill.run(target, prompts, tmp_path, {**settings, "temperature": 0.8}, shard_size=2, batch_size=2)
+
+
+def test_prompt_reader_and_sampling_plan(tmp_path):
+    lines = [{"prompt": f"question {i} " + "word " * (i % 7), "source": "a/x" if i % 3 else "b"} for i in range(60)]
+    lines.append({"prompt": "too long " * 100, "source": "a/x"})
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    prompts = read_prompts([path])
+    assert len(prompts) == 61 and prompts[0] == Prompt(lines[0]["prompt"], "b")
+    sampling = SamplingPlan(cap_per_source=5, caps=(("b", 8),), max_chars=200, seed=1)
+    chosen = plan(prompts, sampling, bench=[])
+    assert sum(p.source == "a/x" for p in chosen) == 5 and sum(p.source == "b" for p in chosen) == 8
+    assert all(len(p.text) <= 200 for p in chosen)
+    assert plan(prompts, sampling, bench=[]) == chosen  # seeded
+    assert plan(prompts, SamplingPlan(5, (("b", 8),), 200, None, 2), bench=[]) != chosen
+    assert len(plan(prompts, SamplingPlan(5, (("b", 8),), 200, 4, 1), bench=[])) == 4
+    bench = ["please answer " + lines[1]["prompt"] + " now, in ten more words of text"]
+    assert all(p.text != lines[1]["prompt"] for p in plan(prompts, SamplingPlan(100, (), 200), bench=[lines[1]["prompt"]]))
+    near = Prompt("one two three four five six seven eight nine ten eleven", "a/x")
+    assert plan([near], SamplingPlan(), bench=["zero one two three four five six seven eight nine ten"]) == []
+    assert plan([near], SamplingPlan(), bench=bench) == [near]
+
+
+@pytest.mark.skipif(not SHARED_TRAIN.exists(), reason="no ../shared/train beside the project")
+def test_no_planned_training_prompt_is_or_nearly_copies_a_bench_prompt():
+    """The default plan over the shared prompts, against our bench prompts and Spec-Bench's."""
+    args = SimpleNamespace(cap_per_source=30, cap=["gsm8k=2000"], max_chars=1500, limit=None, plan_seed=0)
+    chosen = plan(read_prompts(sorted(SHARED_TRAIN.glob("*.jsonl"))), distill.sampling_plan(args), bench_prompts())
+    assert len(chosen) > 5000
+    bench = bench_prompts()
+    bench_runs = set().union(*(word_runs(text) for text in bench))
+    assert not {p.text.strip() for p in chosen} & {text.strip() for text in bench}
+    assert not [p.text for p in chosen if word_runs(p.text) & bench_runs]

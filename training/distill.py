@@ -1,0 +1,180 @@
+"""Batched self-distillation on real prompts, in shards that a killed run resumes from.
+
+    python -m training.distill --prompts ../shared/train/*.jsonl --out build/distill
+
+The target answers the prompts a `SamplingPlan` picks (training/real_prompts.py), in batches of
+similar prompt length (`selfdistill.batch_decode`: left padding, one attention mask, one KV cache a
+batch), greedy or sampled. Every `--shard-size` prompts make one file `shard-NNNNN.pt` holding
+{"prompts", "sources", "sequences", "answer_starts", "features"}: each sequence is the
+chat-formatted prompt followed by the answer, and its features are the target's f_t at every
+position that predicts a token ([len - 1, H], bfloat16), which the feature draft and the Medusa
+heads train on without a second pass of the target. `plan.json` records the plan; a rerun with the
+same plan skips the shards already written, and a different plan is refused. `load_shards` reads
+them back as one data set.
+"""
+
+import argparse
+import random
+import subprocess
+import sys
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdemo.models import LoadedModel, load_model
+
+from .real_prompts import SHARED_TRAIN, SamplingPlan, bench_prompts, plan, read_prompts
+from .selfdistill import batch_decode
+
+DEFAULT_OUT = Path("build/distill")
+DEFAULT_CAPS = (("gsm8k", 2000),)  # GSM8K is one source of 7,473 prompts; T0 is 283 of about 200 each
+
+
+def shard_path(out: Path, number: int) -> Path:
+    return out / f"shard-{number:05d}.pt"
+
+
+def length_batches(lengths: list[int], batch_size: int, batch_tokens: int) -> list[list[int]]:
+    """Indices, longest first, in batches of at most `batch_size` rows and, padded to the
+    longest prompt plus the answer room, at most about `batch_tokens` tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = []
+    while order:
+        rows = max(1, min(batch_size, batch_tokens // lengths[order[0]]))
+        batches.append(order[:rows])
+        order = order[rows:]
+    return batches
+
+
+def answer_shard(target: LoadedModel, prompts, max_new_tokens: int, batch_size: int, temperature: float,
+                 generator: torch.Generator, progress, batch_tokens: int = 16384) -> dict:
+    """One shard: the target's answers to `prompts`, batched by prompt length (longest first)."""
+    encoded = [target.encode_chat(prompt.text)[0].tolist() for prompt in prompts]
+    results = [None] * len(prompts)
+    for batch in length_batches([len(ids) + max_new_tokens for ids in encoded], batch_size, batch_tokens):
+        decoded = batch_decode(target, [encoded[i] for i in batch], max_new_tokens, temperature, features=True, generator=generator)
+        for index, result in zip(batch, decoded):
+            results[index] = result
+        progress(len(batch), sum(len(answer) for answer, _ in decoded))
+    return {
+        "prompts": [prompt.text for prompt in prompts],
+        "sources": [prompt.source for prompt in prompts],
+        "sequences": [ids + answer for ids, (answer, _) in zip(encoded, results)],
+        "answer_starts": [len(ids) for ids in encoded],
+        "features": [features.to(torch.bfloat16) for _, features in results],
+    }
+
+
+def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int, batch_size: int) -> None:
+    """Answer `prompts` into shards under `out`, skipping the shards already there."""
+    out.mkdir(parents=True, exist_ok=True)
+    recorded = out / "plan.json"
+    record = {**settings, "prompts": len(prompts), "shard_size": shard_size}
+    if recorded.exists() and json.loads(recorded.read_text()) != record:
+        raise SystemExit(f"{out} holds shards of another plan ({recorded}): choose another --out or delete it")
+    recorded.write_text(json.dumps(record, indent=2) + "\n")
+    shards = range((len(prompts) + shard_size - 1) // shard_size)
+    todo = [n for n in shards if not shard_path(out, n).exists()]
+    done_prompts = len(prompts) - sum(len(prompts[n * shard_size : (n + 1) * shard_size]) for n in todo)
+    bar = tqdm(total=len(prompts), initial=done_prompts, unit="answer", smoothing=0.05)
+    clock, tokens = time.time(), 0
+
+    def progress(answers: int, new_tokens: int) -> None:
+        nonlocal tokens
+        tokens += new_tokens
+        bar.set_postfix_str(f"{tokens / (time.time() - clock):.0f} tokens/s")
+        bar.update(answers)
+
+    for number in todo:
+        generator = torch.Generator().manual_seed(settings["seed"] * 100_003 + number)  # a resumed shard samples as a fresh one
+        shard = answer_shard(target, prompts[number * shard_size : (number + 1) * shard_size], settings["max_new_tokens"],
+                             batch_size, settings["temperature"], generator, progress)
+        partial = shard_path(out, number).with_suffix(".tmp")
+        torch.save(shard, partial)
+        partial.rename(shard_path(out, number))  # a killed run never leaves half a shard
+    bar.close()
+
+
+def load_shards(out: Path, features: bool = True) -> dict:
+    """Every shard under `out` as one data set (the keys of a shard, lists concatenated)."""
+    paths = sorted(out.glob("shard-*.pt"))
+    if not paths:
+        raise SystemExit(f"no shards in {out}: run `python -m training.distill --out {out}` first")
+    data: dict[str, list] = {}
+    for path in paths:
+        shard = torch.load(path)
+        if not features:
+            shard.pop("features")
+        for key, values in shard.items():
+            data.setdefault(key, []).extend(values)
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The prompt files and the sampling plan, shared by every trainer that reads real prompts."""
+    parser.add_argument("--prompts", type=Path, nargs="+", default=None,
+                        help=f"JSONL files with a 'prompt' field (e.g. {SHARED_TRAIN}/*.jsonl); without it, our own templates")
+    parser.add_argument("--cap-per-source", type=int, default=30, help="at most this many prompts of one source")
+    parser.add_argument("--cap", nargs="*", default=[f"{p}={c}" for p, c in DEFAULT_CAPS], metavar="PREFIX=N",
+                        help="the cap for the sources under a prefix instead")
+    parser.add_argument("--max-chars", type=int, default=1500, help="leave out longer prompts")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many prompts in all")
+    parser.add_argument("--plan-seed", type=int, default=0)
+
+
+def sampling_plan(args) -> SamplingPlan:
+    caps = tuple((item.split("=")[0], int(item.split("=")[1])) for item in args.cap)
+    return SamplingPlan(args.cap_per_source, caps, args.max_chars, args.limit, args.plan_seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--seed", type=int, default=0, help="of the sampled answers")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers; above 0: sampled")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--shard-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", help="float32 prefills faster than bfloat16 on an AVX-512 CPU without AMX")
+    args = parser.parse_args()
+    if not args.prompts:
+        parser.error("--prompts: give the JSONL files to answer")
+    sampling = sampling_plan(args)
+    prompts = plan(read_prompts(args.prompts), sampling, bench_prompts())
+    settings = {"plan": {**vars(sampling), "caps": [list(c) for c in sampling.caps]},
+                "files": sorted(p.name for p in args.prompts), "seed": args.seed, "temperature": args.temperature,
+                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
+    print(f"{len(prompts)} prompts from {len(args.prompts)} files", flush=True)
+    target = load_model("embedded", args.dtype, "cpu")
+    run(target, prompts, args.out, settings, args.shard_size, args.batch_size)
+
+
+if __name__ == "__main__":
+    main()
+
+
+def load_split(out: Path, held_out: int, seed: int) -> tuple[dict, list[int], list[int]]:
+    """The shards under `out` with `held_out` whole prompts (chosen by `seed`) set aside for
+    evaluation: (data, train_ids, held_out_ids); data["features"][i] is [len(sequence), H], its
+    last row zero (no position after the last token is ever predicted from)."""
+    data = load_shards(out)
+    data["features"] = [torch.cat([f, f.new_zeros(1, f.shape[-1])]) for f in data["features"]]
+    ids = list(range(len(data["prompts"])))
+    random.Random(seed).shuffle(ids)
+    held = set(ids[:held_out])
+    return data, [i for i in range(len(ids)) if i not in held], sorted(held)
+
+
+def ensure_split(args, out: Path, held_out: int, seed: int) -> tuple[dict, list[int], list[int]]:
+    """`load_split`, answering the prompts of `args` (a trainer's `add_arguments`) into `out` first
+    when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""
+    if not any(out.glob("shard-*.pt")):
+        plan_args = ["--cap-per-source", str(args.cap_per_source), "--cap", *args.cap, "--max-chars", str(args.max_chars),
+                     "--plan-seed", str(args.plan_seed), *(["--limit", str(args.limit)] if args.limit else [])]
+        command = [sys.executable, "-m", "training.distill", "--prompts", *map(str, args.prompts), "--out", str(out), *plan_args]
+        subprocess.run(command, check=True)
+    return load_split(out, held_out, seed)
