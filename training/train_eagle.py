@@ -39,7 +39,8 @@ from specdemo.eagle import (
 )
 from specdemo.models import load_model
 
-from .selfdistill import length_groups, load_split
+from . import distill
+from .selfdistill import draft_vocabulary, length_groups, load_split
 from .train_draft import answer_positions, label_targets
 from .train_draft import evaluate as evaluate_token_draft
 
@@ -230,15 +231,27 @@ def checksum(module: torch.nn.Module) -> str:
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
+    clock = time.time()
+    runner = load_model("embedded", "bfloat16", "cpu")  # the target as the app runs it
+    if args.prompts:  # real prompts: the shards hold the target's features already
+        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
+        features = dict(enumerate(data["features"]))
+    else:
+        data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     if args.train_limit:
         train_ids = train_ids[: args.train_limit]
-    vocab = torch.tensor(json.loads(args.vocab.read_text()))  # the token draft's: both drafts propose the same K tokens
+    if args.prompts and args.vocab is None:  # the K tokens the real answers use most
+        vocab = draft_vocabulary([data["sequences"][i] for i in train_ids], [data["answer_starts"][i] for i in train_ids],
+                                 args.vocab_size, list(runner.eos_token_ids))
+        args.vocab = args.out / VOCAB_FILE
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.vocab.write_text(json.dumps(vocab.tolist()))
+    args.vocab = args.vocab or EMBEDDED_DRAFT / VOCAB_FILE  # the token draft's: both drafts propose the same K tokens
+    vocab = torch.tensor(json.loads(args.vocab.read_text()))
     to_subset = torch.full((49152,), -100, dtype=torch.long)
     to_subset[vocab] = torch.arange(len(vocab))
-    clock = time.time()
-    runner = load_model("embedded", "bfloat16", "cpu")  # the target as the app runs it: it computes the features
-    features = target_features(runner.model.get_decoder(), data["sequences"], train_ids + held_out)
+    if not args.prompts:  # the target computes every feature, in one pass a sequence
+        features = target_features(runner.model.get_decoder(), data["sequences"], train_ids + held_out)
     timings = {"features_minutes": (time.time() - clock) / 60}
     target = load_model("embedded", "float32", "cpu").model  # the draft's shared embedding and LM head, float32, frozen
     target.requires_grad_(False)
@@ -378,7 +391,11 @@ def main() -> None:
     parser.add_argument("--sampled-data", type=Path, default=None, help="sampled answers too (e.g. build/selfdistill-sampled.pt)")
     parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled answers")
     parser.add_argument("--varied-data", type=Path, default=None, help="greedy answers to the varied prompts too (e.g. build/selfdistill-varied.pt)")
-    parser.add_argument("--vocab", type=Path, default=EMBEDDED_DRAFT / VOCAB_FILE, help="the token ids the draft proposes")
+    parser.add_argument("--vocab", type=Path, default=None,
+                        help="the token ids the draft proposes (default: with --prompts, the answers' most frequent; else the token draft's)")
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    distill.add_arguments(parser)
+    parser.add_argument("--distill-out", type=Path, default=distill.DEFAULT_OUT, help="the shards of `training.distill` for --prompts")
     parser.add_argument("--out", type=Path, default=EMBEDDED_EAGLE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=13)

@@ -30,6 +30,7 @@ import torch
 from specdemo.medusa import EMBEDDED_HEADS, MedusaHeads
 from specdemo.models import load_model
 
+from . import distill
 from .selfdistill import (
     SAMPLED_COMMAND, SAMPLED_DATA, SAMPLED_DATA_TEXT, VARIED_COMMAND, VARIED_DATA_TEXT, draft_vocabulary, load_split, optional_path,
 )
@@ -41,14 +42,18 @@ MAX_RANK = 10  # ranks measured per head, and so the widest a tree may branch
 @torch.inference_mode()
 def answer_states(target, data: dict, ids: list[int], proposal_weight: torch.Tensor) -> dict:
     """For every answer position of the sequences `ids`: the target's last hidden state [N, H]
-    (bfloat16), the token that follows it, the teacher's top tokens and probabilities over the
+    (bfloat16; from `data["features"]` when the data hold them, else one target pass a
+    sequence), the token that follows it, the teacher's top tokens and probabilities over the
     proposal vocabulary, and `rest`, how many more positions its sequence has after it."""
     decoder = target.model.get_decoder()
     hidden, next_tokens, teacher_ids, teacher_probs, rest = [], [], [], [], []
     start = time.time()
     for count, i in enumerate(ids):
         sequence, first = data["sequences"][i], data["answer_starts"][i] - 1  # position `first` predicts the answer's first token
-        states = decoder(input_ids=torch.tensor([sequence])).last_hidden_state[0, first:-1]  # [n, H]
+        if "features" in data:
+            states = data["features"][i][first : len(sequence) - 1].to(target.dtype)  # [n, H]
+        else:
+            states = decoder(input_ids=torch.tensor([sequence])).last_hidden_state[0, first:-1]  # [n, H]
         probs = torch.softmax(states.float() @ proposal_weight.T, dim=-1).topk(TEACHER_TOP)
         hidden.append(states)
         next_tokens.append(torch.tensor(sequence[first + 1 :]))
@@ -121,7 +126,10 @@ def expected_accept_length(paths: Counter, positions: int, tree: list[list[int]]
 def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
+    if args.prompts:  # real prompts: the shards hold the target's hidden states already
+        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
+    else:
+        data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     target = load_model("embedded", "bfloat16", "cpu")
     lm_head = target.model.get_output_embeddings()
     proposal_vocab = draft_vocabulary(
@@ -236,6 +244,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8, help="of the sampled answers")
     parser.add_argument("--varied-data", type=optional_path, default=None,
                         help="greedy answers to training/prompts_varied.py's prompts (generated when missing); 'none': leave them out")
+    distill.add_arguments(parser)
+    parser.add_argument("--distill-out", type=Path, default=distill.DEFAULT_OUT, help="the shards of `training.distill` for --prompts")
     parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heads", type=int, default=4)
