@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from . import ar, speculative
 from .errors import SpecDemoError
+from .divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from .events import final_summary
 from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options, token_draft
 from .models import AUTO, EMBEDDED, LoadedModel, load_model
@@ -130,14 +131,26 @@ def parse_methods(text: str) -> list[str]:
     return list(dict.fromkeys(["ar", *names, *(REFERENCES[name] for name in names if name in REFERENCES)]))
 
 
-def read_prompts(path: Path, limit: int | None) -> list[dict]:
-    """Rows of a JSONL prompt file (MT-bench / Spec-Bench format); the first turn is the prompt."""
+def read_prompts(path: Path, limit: int | None, per_category: int | None = None) -> list[dict]:
+    """Rows of a JSONL prompt file (MT-bench / Spec-Bench format); the first turn is the prompt.
+    `per_category`: the first N rows of each category, in file order; then `limit`: the first N."""
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, json.JSONDecodeError) as error:
         raise SpecDemoError(f"cannot read prompts from {path}: {error}") from error
     if not rows or not all({"question_id", "turns"} <= set(row) and row["turns"] for row in rows):
         raise SpecDemoError(f"{path} must hold JSON lines with 'question_id' and a non-empty 'turns' list")
+    if per_category is not None:
+        if per_category < 1:
+            raise SpecDemoError(f"--per-category must be at least 1, got {per_category}")
+        taken: dict[str, int] = {}
+        sample = []
+        for row in rows:
+            category = row.get("category", "")
+            if taken.get(category, 0) < per_category:
+                taken[category] = taken.get(category, 0) + 1
+                sample.append(row)
+        rows = sample
     return rows[:limit] if limit else rows
 
 
@@ -185,9 +198,27 @@ def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_
     return run, time.perf_counter() - start
 
 
-def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int, settings: dict | None = None) -> dict:
-    """Run every method on every prompt; return the report (the `--json` schema)."""
+def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: list[str], answers: dict[str, list[int]]) -> dict:
+    """For each method that should give its reference's answer but did not: where and by what
+    margin it first differs (`divergence.divergences`, on the reference's weights)."""
+    parted = {}
+    for reference in dict.fromkeys(REFERENCES.get(name, "ar") for name in methods):
+        others = {name: answers[name] for name in methods if REFERENCES.get(name, "ar") == reference
+                  and name != reference and name not in OTHER_ANSWER}
+        others = {name: answer for name, answer in others.items() if answer != answers[reference]}
+        if others:
+            model = decoded_model("cllm", target) if reference == "cllm_ar" else target.model
+            parted |= divergences(model, input_ids, answers[reference], others)
+    return parted
+
+
+def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int, settings: dict | None = None,
+              rounding: bool = False) -> dict:
+    """Run every method on every prompt; return the report (the `--json` schema). With
+    `rounding`, also measure on each prompt how far the dtype's rounding moves AR's top-two logit
+    gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged."""
     settings = settings or {name: {} for name in methods}
+    noise: list[float] = []
     encoded = [(row["question_id"], row.get("category", ""), target.encode_chat(row["turns"][0])) for row in prompts]
     for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
         RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
@@ -200,6 +231,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
             for name in order:
                 runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens, settings[name])
                 progress.update()
+            parted = explain_differences(target, input_ids, methods, {name: run.tokens for name, (run, _) in runs.items()})
             for name in methods:
                 run, wall_s = runs[name]
                 rows.append(
@@ -212,8 +244,11 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                         "wall_s": wall_s,
                         "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
                         "matches_base_ar": run.tokens == runs["ar"][0].tokens,
+                        "divergence": asdict(parted[name]) if parted.get(name) else None,
                     }
                 )
+            if rounding:
+                noise.append(rounding_noise(target.model, input_ids, runs["ar"][0].tokens))
     return {
         "model": target.spec,
         "device": str(target.device),
@@ -222,6 +257,8 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "settings": settings,
         "methods": aggregate(methods, rows),
         "rows": rows,
+        **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
+        "suspect_margin": SUSPECT_MARGIN,
     }
 
 
@@ -240,7 +277,11 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             "tokens_per_forward": tokens / passes if passes else 0.0,
             "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
             "tokens_per_forward_by_category": by_category(mine),
+            "differs": sum(not row["matches_ar"] for row in mine) / len(mine),
+            "divergences": [{"question_id": row["question_id"], **row["divergence"]} for row in mine if row.get("divergence")],
         }
+        margins = [d["margin"] for d in totals[name]["divergences"]]
+        totals[name]["max_divergence_margin"] = max(margins) if margins else None
     for name, stats in totals.items():
         stats["speedup_vs_ar"] = stats["tokens_per_s"] / totals["ar"]["tokens_per_s"]
         if name in REFERENCES:  # a changed model: its gain without Jacobi, and how often its answer changed
@@ -279,6 +320,15 @@ def format_table(report: dict) -> str:
                 f"{name}: matches_ar is against {REFERENCES[name]} (AR on its own weights); {s['speedup_vs_own_ar']:.2f}x against it; "
                 f"its answer differs from the base model's AR on {s['differs_from_base_ar']:.0%} of the prompts"
             )
+    for name, s in report["methods"].items():
+        if s["divergences"]:
+            parts = ", ".join(f"{d['question_id']}@{d['position']} {d['margin']:.3f}{' SUSPECT' if d['margin'] > report['suspect_margin'] else ''}"
+                              for d in s["divergences"])
+            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, AR's top-two "
+                         f"logit margin there): {parts}; max {s['max_divergence_margin']:.3f} (a possible bug above {report['suspect_margin']})")
+    if "rounding_noise" in report:
+        lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} between AR's passes "
+                     "and one wide pass over the same text")
     for name in report["methods"]:
         if name in OTHER_ANSWER:
             lines.append(f"{name}: matches_ar is reported, {OTHER_ANSWER[name]}")
@@ -290,6 +340,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default="ar,hf_generate", help=f"comma list from: {', '.join(RUNNERS)}")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL file (question_id, category, turns)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category (a stratified sample)")
+    parser.add_argument("--rounding-noise", action="store_true",
+                        help="also measure how far the dtype's rounding moves AR's top-two logit gaps (docs/divergence.md)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=[AUTO, "float32", "bfloat16"], default=AUTO, help="auto: as the app chooses (specdemo.models.default_dtype)")
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
@@ -307,9 +360,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.limit is not None and args.limit < 1:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
-    prompts = read_prompts(args.prompts, args.limit)
+    prompts = read_prompts(args.prompts, args.limit, args.per_category)
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
-    report = benchmark(target, methods, prompts, args.max_new_tokens, settings)
+    report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

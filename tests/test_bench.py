@@ -8,9 +8,10 @@ import pytest
 
 from specdemo import SpecDemoError, bench
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows"}
-METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category"}
-ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar"}
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows", "suspect_margin"}
+METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
+               "differs", "divergences", "max_divergence_margin"}
+ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar", "divergence"}
 
 
 def test_bench_json_schema(embedded, tmp_path):
@@ -26,6 +27,7 @@ def test_bench_json_schema(embedded, tmp_path):
         assert stats["tokens"] > 0 and stats["wall_s"] > 0
     assert report["methods"]["ar"]["speedup_vs_ar"] == 1.0
     assert report["methods"]["hf_generate"]["matches_ar"] == 1.0
+    assert report["methods"]["hf_generate"]["divergences"] == [] and report["methods"]["hf_generate"]["differs"] == 0.0
     assert report["methods"]["hf_generate"]["forward_passes"] == report["methods"]["hf_generate"]["tokens"]
     assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
     assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2

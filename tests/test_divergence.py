@@ -1,0 +1,87 @@
+"""The margin at an answer's first difference from AR (specdemo/divergence.py): computed exactly on
+a tiny model where a tie is forced, and flagged on a forced bug (a method that commits a wrong token)."""
+
+import torch
+
+from conftest import make_tiny_model
+from specdemo import ar
+from specdemo.bench import explain_differences
+from specdemo.divergence import SUSPECT_MARGIN, divergences, first_difference, rounding_noise
+
+
+def ar_answer(model, prompt, n):
+    tokens = []
+    for event in ar.generate(model, prompt, max_new_tokens=n, eos_token_ids=()):
+        tokens += list(getattr(event, "committed", []))
+    return tokens
+
+
+@torch.no_grad()
+def brute_logits(model, prompt, answer, i):
+    """The logits for answer position i from a plain full pass (the reference)."""
+    return model(torch.cat([prompt, torch.tensor([answer[:i]], dtype=prompt.dtype)], dim=-1)).logits[0, -1]
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_margin_is_zero_at_a_forced_tie_and_matches_a_full_pass():
+    model = make_tiny_model(seed=3)
+    prompt = torch.tensor([[5, 17, 42, 8]])
+    answer = ar_answer(model, prompt, 8)
+    i = min(range(len(answer)), key=lambda k: answer[k])  # the smallest id, so that a larger unused twin exists
+    winner = answer[i]
+    twin = next(t for t in range(winner + 1, model.config.vocab_size) if t not in answer)
+    with torch.no_grad():  # the twin's output row equals the winner's: the two logits tie exactly at every position
+        model.lm_head.weight[twin] = model.lm_head.weight[winner]
+    assert ar_answer(model, prompt, 8) == answer  # argmax keeps the first of equal logits (winner < twin): AR is unchanged
+    flipped = answer[:i] + [twin] + answer[i + 1 :]
+    found = divergences(model, prompt, answer, {"tied": flipped})["tied"]
+    assert (found.position, found.ar_token, found.other_token) == (i, winner, twin)
+    assert found.margin == 0.0 and found.top_two == 0.0 and not found.suspect
+    # a position without a tie: the margin is AR's logit gap, as a full pass computes it
+    j = (i + 1) % len(answer)
+    other = answer[:j] + [(answer[j] + 7) % model.config.vocab_size] + answer[j + 1 :]
+    found = divergences(model, prompt, answer, {"other": other})["other"]
+    logits = brute_logits(model, prompt, answer, j)
+    torch.testing.assert_close(found.margin, float(logits[answer[j]] - logits[other[j]]), atol=1e-4, rtol=0)
+    top = logits.topk(2).values
+    torch.testing.assert_close(found.top_two, float(top[0] - top[1]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(found.wide_gap, found.margin, atol=1e-4, rtol=0)  # float32: the wide pass agrees
+
+
+def test_a_method_that_commits_a_wrong_token_is_flagged():
+    model = make_tiny_model(seed=4)
+    prompt = torch.tensor([[9, 3, 33]])
+    answer = ar_answer(model, prompt, 10)
+    i = 5
+    worst = int(brute_logits(model, prompt, answer, i).argmin())
+    with torch.no_grad():  # scale the output layer so that logit gaps are far above the threshold
+        model.lm_head.weight.mul_(50)
+    answer = ar_answer(model, prompt, 10)
+    buggy = answer[:i] + [worst] + answer[i + 1 :]
+    found = divergences(model, prompt, answer, {"buggy": buggy, "same": list(answer)})
+    assert found["same"] is None
+    assert found["buggy"].position == i and found["buggy"].margin > SUSPECT_MARGIN and found["buggy"].suspect
+
+
+def test_a_shorter_answer_is_no_divergence_and_float32_rounding_is_tiny():
+    model = make_tiny_model(seed=5)
+    prompt = torch.tensor([[1, 2, 3]])
+    answer = ar_answer(model, prompt, 6)
+    assert divergences(model, prompt, answer, {"short": answer[:3]})["short"] is None
+    assert rounding_noise(model, prompt, answer) < 1e-3
+
+
+def test_the_bench_explains_only_methods_that_should_equal_ar():
+    model = make_tiny_model(seed=6)
+    prompt = torch.tensor([[4, 4, 8]])
+    answer = ar_answer(model, prompt, 6)
+    other = answer[:2] + [(answer[2] + 1) % 97] + answer[3:]
+    target = type("T", (), {"model": model})()
+    parted = explain_differences(target, prompt, ["ar", "speculative", "medusa", "beam"],
+                                 {"ar": answer, "speculative": other, "medusa": answer, "beam": other})
+    assert parted["speculative"].position == 2 and parted.get("medusa") is None and "beam" not in parted
