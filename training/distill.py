@@ -14,10 +14,10 @@ them back as one data set.
 """
 
 import argparse
+import json
 import random
 import subprocess
 import sys
-import json
 import time
 from pathlib import Path
 
@@ -178,3 +178,25 @@ def ensure_split(args, out: Path, held_out: int, seed: int) -> tuple[dict, list[
         command = [sys.executable, "-m", "training.distill", "--prompts", *map(str, args.prompts), "--out", str(out), *plan_args]
         subprocess.run(command, check=True)
     return load_split(out, held_out, seed)
+
+
+def describe(out: Path, data: dict, train_ids: list[int]) -> str:
+    """The data paragraph of a MANIFEST.md for an asset trained on the shards under `out`."""
+    recorded = json.loads((out / "plan.json").read_text())
+    sources: dict[str, int] = {}
+    for i in train_ids:
+        family = data["sources"][i].split("/")[0]
+        sources[family] = sources.get(family, 0) + 1
+    mix = ", ".join(f"{family} {count}" for family, count in sorted(sources.items(), key=lambda item: -item[1]))
+    plan_ = recorded["plan"]
+    caps = ", ".join(f"{prefix} {cap}" for prefix, cap in plan_["caps"])
+    positions = sum(len(data["sequences"][i]) - data["answer_starts"][i] for i in train_ids)
+    kind = "greedy" if recorded["temperature"] == 0 else f"sampled at temperature {recorded['temperature']}"
+    return (
+        f"Self-distillation on real prompts: the target's own {kind} answers ({recorded['dtype']}, at most "
+        f"{recorded['max_new_tokens']} new tokens; `python -m training.distill`) to {len(data['prompts'])} of the "
+        f"{recorded['prompts']} prompts its plan drew from `{', '.join(recorded['files'])}` (docs/training.md says where they "
+        f"come from): at most {plan_['cap_per_source']} a source ({caps} instead), at most {plan_['max_chars']} characters, seed "
+        f"{plan_['seed']}, none sharing a run of 10 words with a bench prompt (ours or Spec-Bench's). Training answers by family: "
+        f"{mix}; {positions} answer positions."
+    )

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -296,13 +297,17 @@ def train(args) -> dict:
     saved = load_feature_draft(args.out, runner.model)  # as the app loads it: float16 on disk, bfloat16 here
     as_saved = evaluate(saved, data, features, held_out, to_subset, gammas)
     token_draft = load_draft("embedded", load_model("embedded", "float32", "cpu"))  # for comparison, on the same text
-    token_draft = evaluate_token_draft(token_draft.model, token_draft.head, data, held_out, to_subset, gammas)
+    token_vocab = torch.tensor(json.loads((EMBEDDED_DRAFT / VOCAB_FILE).read_text()))  # its head's rows
+    token_subset = torch.full((49152,), -100, dtype=torch.long)
+    token_subset[token_vocab] = torch.arange(len(token_vocab))
+    token_draft = evaluate_token_draft(token_draft.model, token_draft.head, data, held_out, token_subset, gammas)
     timings["final_eval_minutes"] = (time.time() - clock) / 60
     answers = torch.cat([torch.tensor(data["sequences"][i][data["answer_starts"][i]:]) for i in held_out])
     return {"history": history, "as_saved_bfloat16": as_saved, "token_draft_same_held_out": token_draft,
             "target_unchanged": True, "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
             "train_positions": sum(len(data["sequences"][i]) - data["answer_starts"][i] for i in train_ids),
-            "vocab_coverage_held_out": (to_subset[answers] >= 0).float().mean().item(), **timings}
+            "vocab_coverage_held_out": (to_subset[answers] >= 0).float().mean().item(), **timings,
+            **({"data_text": distill.describe(args.distill_out, data, train_ids)} if args.prompts else {})}
 
 
 def write_manifest(args, report: dict) -> None:
@@ -318,34 +323,51 @@ def write_manifest(args, report: dict) -> None:
     )
     steps = " / ".join(f"{rate:.2f}" for rate in final["accept_rate_by_step"])
     minutes = report["features_minutes"] + report["train_minutes"] + report["final_eval_minutes"]
-    (args.out / "MANIFEST.md").write_text(f"""# EAGLE feature draft for the embedded SmolLM2-135M-Instruct
+    vocab_text = "the tokens the training answers use most" if args.prompts else "the token draft's vocabulary, shared so the two propose the same tokens"
+    if args.prompts:
+        command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
 
-**What it is.** A feature-level draft (EAGLE, Li et al. 2024; `specdemo.eagle.FeatureDraft`): pair t,
-the target's feature f_t (its last hidden state after the final norm) and the token x_(t+1) that
-followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer of the target's shape
-to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
-tokens of `draft_vocab.json` (the token draft's vocabulary, shared so the two propose the same tokens;
-{report['vocab_coverage_held_out']:.1%} of the held-out answer tokens), turns it into the next token. It drafts
-further on its own features. Initialised from the target's last layer with fc passing f_t through
-(`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
-shares (and never changes) the target's embedding and LM head, which are not stored here.
-Loaded by `specdemo.eagle.load_feature_draft(folder, target)`, no network.
+    .venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl
+    .venv/bin/python -m training.train_eagle {' '.join(sys.argv[1:])}
 
-**Command** (from a clean checkout, after `make setup`; {minutes:.0f} minutes here on 2 CPU cores, plus the data):
+The first answers the prompts into `build/distill/` shards that keep the target's features (resumable;
+docs/training.md gives its rate here); the second trains ({report['train_minutes']:.1f} min here on 2 CPU cores,
+evaluation after each epoch included, {report['features_minutes']:.1f} min of loading before), evaluates the saved draft
+and, for comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder."""
+        data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts
+of the same plan ({report['held_out_sequences']} sequences, {final['eval_tokens']} positions) evaluate, and nothing of them is
+trained on. The features are the target's own, stored by the data run (float32 there, kept in bfloat16)."""
+    else:
+        command_text = f"""**Command** (from a clean checkout, after `make setup`; {minutes:.0f} minutes here on 2 CPU cores, plus the data):
 
     .venv/bin/python -m training.train_eagle
 
 It generates the greedy self-distillation data into `build/selfdistill.pt` when missing
 (`python -m training.selfdistill`, 15 to 20 min here), computes the target's features ({report['features_minutes']:.1f} min),
 trains ({report['train_minutes']:.1f} min, evaluation after each epoch included), evaluates the saved draft and, for
-comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder.
-
-**Data.** Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
+comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder."""
+        data_text = f"""Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
 to the prompts `training/prompts.py` builds from our own templates and word lists; no benchmark prompt.
 {report['train_sequences']} sequences ({report['train_positions']} answer positions) train; the greedy answers to {args.held_out}
 held-out prompts ({report['held_out_sequences']} sequences, {final['eval_tokens']} positions; the token draft's held-out split)
 evaluate, and nothing of them is trained on. The features come from one bfloat16 pass of the target
-over each whole sequence (prompt and answer), kept in memory in bfloat16.
+over each whole sequence (prompt and answer), kept in memory in bfloat16."""
+    (args.out / "MANIFEST.md").write_text(f"""# EAGLE feature draft for the embedded SmolLM2-135M-Instruct
+
+**What it is.** A feature-level draft (EAGLE, Li et al. 2024; `specdemo.eagle.FeatureDraft`): pair t,
+the target's feature f_t (its last hidden state after the final norm) and the token x_(t+1) that
+followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer of the target's shape
+to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
+tokens of `draft_vocab.json` ({vocab_text};
+{report['vocab_coverage_held_out']:.1%} of the held-out answer tokens), turns it into the next token. It drafts
+further on its own features. Initialised from the target's last layer with fc passing f_t through
+(`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
+shares (and never changes) the target's embedding and LM head, which are not stored here.
+Loaded by `specdemo.eagle.load_feature_draft(folder, target)`, no network.
+
+{command_text}
+
+**Data.** {data_text}
 Loss (EAGLE Sec. 4), on answer positions only: SmoothL1(f̂_(t+1), f_(t+1)) + {args.w_cls} x the cross-entropy
 of the draft's token distribution (over its vocabulary) against the target's next token x_(t+2); inputs
 are all pairs of each sequence (causal, in one pass), f_t with uniform noise U(-{args.noise}, {args.noise}) added.
@@ -363,7 +385,7 @@ the first draft token equals the target's next token. Tokens per target pass: gr
 text with γ draft steps, the draft running on its own features after the first step (the pass commits the
 accepted draft tokens and the target's own next one), simulated as `training/train_draft.py` simulates the
 token draft's. Before and after training in float32; "as saved": the stored float16 weights run in bfloat16 on
-the bfloat16 target, as the app runs them; the token draft (assets/smollm2-135m-draft, float32) measured on the same text.
+the bfloat16 target, as the app runs them; the token draft (assets/smollm2-135m-draft, float32, its own vocabulary) measured on the same text.
 
 | | before | after | as saved | token draft |
 | --- | --- | --- | --- | --- |

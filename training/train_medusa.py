@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -175,6 +176,7 @@ def train(args) -> dict:
         "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
         "train_positions": positions, "held_out_positions": eval_positions,
         "states_minutes": states_minutes, "train_minutes": (time.time() - start) / 60,
+        **({"data_text": distill.describe(args.distill_out, data, train_ids)} if args.prompts else {}),
     }
 
 
@@ -184,6 +186,30 @@ def write_manifest(args, report: dict) -> None:
     curve = "\n".join(f"| {h['epoch']} | {h['train_loss']:.3f} | {' / '.join(f'{a:.3f}' for a in h['top1'])} |" for h in report["history"][1:])
     expected = "\n".join(f"| {n} | {value:.2f} |" for n, value in report["expected_tokens_per_pass"].items())
     size = (args.out / "medusa_heads.safetensors").stat().st_size / 1e6
+    if args.prompts:
+        command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
+
+    .venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl
+    .venv/bin/python -m training.train_medusa {' '.join(sys.argv[1:])}
+
+The first answers the prompts into `build/distill/` shards that keep the target's hidden states (resumable;
+docs/training.md gives its rate here); the second reads them ({report['states_minutes']:.0f} min here) and trains
+({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}."""
+        data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts of the same plan
+({report['held_out_positions']} positions) measure; nothing of them is trained on."""
+    else:
+        command_text = f"""**Command** (from a clean checkout, after `make setup`):
+
+    .venv/bin/python -m training.train_medusa
+
+It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here){SAMPLED_COMMAND if args.sampled_data else ""}{VARIED_COMMAND if args.varied_data else ""},
+computes the target's hidden states ({report['states_minutes']:.0f} min here), then trains
+({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}."""
+        data_text = f"""Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
+to the prompts `training/prompts.py` builds from our own
+templates and word lists (writing, QA, explanations, coding, arithmetic, translation, summaries and
+passage questions){SAMPLED_DATA_TEXT.format(args.temperature) if args.sampled_data else ""}{VARIED_DATA_TEXT if args.varied_data else ""}; no benchmark prompt. {report['train_sequences']} answers ({report['train_positions']} positions)
+train; the greedy answers to {args.held_out} held-out prompts ({report['held_out_positions']} positions) measure."""
     (args.out / "MANIFEST.md").write_text(f"""# Medusa heads for the embedded SmolLM2-135M-Instruct
 
 **What it is.** {args.heads} Medusa heads (Cai et al. 2024, Medusa-1): head k is {args.layers} residual
@@ -196,19 +222,9 @@ the first {args.tree_size} (`default_tree_size`), and any prefix of the list is 
 a tree of {args.tree_size} nodes afresh each pass by default (`tree="dynamic"`), by the heads' confidences.
 Loaded by `specdemo.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
 
-**Command** (from a clean checkout, after `make setup`):
+{command_text}
 
-    .venv/bin/python -m training.train_medusa
-
-It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here){SAMPLED_COMMAND if args.sampled_data else ""}{VARIED_COMMAND if args.varied_data else ""},
-computes the target's hidden states ({report['states_minutes']:.0f} min here), then trains
-({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
-
-**Data.** Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
-to the prompts `training/prompts.py` builds from our own
-templates and word lists (writing, QA, explanations, coding, arithmetic, translation, summaries and
-passage questions){SAMPLED_DATA_TEXT.format(args.temperature) if args.sampled_data else ""}{VARIED_DATA_TEXT if args.varied_data else ""}; no benchmark prompt. {report['train_sequences']} answers ({report['train_positions']} positions)
-train; the greedy answers to {args.held_out} held-out prompts ({report['held_out_positions']} positions) measure.
+**Data.** {data_text}
 Loss: head k's cross-entropy against the target's own distribution for the token k + 2 ahead
 (its top {TEACHER_TOP} tokens, renormalised), weighted 0.8^k; AdamW lr {args.lr}, cosine,
 {args.epochs} epochs, batches of {args.batch} positions.
