@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from . import ar
+from .divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from .errors import SpecDemoError
 from .events import StepEvent, Summary, final_summary
 from .methods import METHODS, decoded_model, get_method, method_options
@@ -172,6 +173,16 @@ def greedy_answer(model, target: LoadedModel, request: Request) -> Summary:
     return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
 
 
+def divergence_from(target: LoadedModel, request: Request, tokens, reference_tokens) -> Divergence | None:
+    """Where a greedy answer first parts from its reference answer (AR on the weights it decodes),
+    with AR's logit margin there (`divergence.divergences`); None when they are equal, when one
+    only stops earlier, or when the request samples (a sampled answer may differ anyway)."""
+    if request.sampling.do_sample or first_difference(tokens, reference_tokens) is None:
+        return None
+    model = decoded_model(request.method, target)
+    return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)})["other"]
+
+
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
     """What a person reads off a run: tokens, passes, time, and the rates that follow."""
     tokens = sum(len(e.committed) for e in events)
@@ -196,14 +207,6 @@ def speedup(run_stats: dict, baseline_stats: dict) -> float | None:
     if not run_stats["tokens_per_s"] or not baseline_stats["tokens_per_s"]:
         return None
     return round(run_stats["tokens_per_s"] / baseline_stats["tokens_per_s"], 3)
-
-
-def first_difference(tokens: tuple[int, ...] | list[int], reference: tuple[int, ...] | list[int]) -> int | None:
-    """The index of the first token where two answers differ (None: identical)."""
-    for index, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            return index
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def timed_events(

@@ -13,7 +13,8 @@ from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
 from .live import (
-    MAX_NEW_TOKENS, METHOD_SETTINGS, Baselines, Request, amateur_reference, collect, first_difference, own_reference, run, speedup, stats, timed_events,
+    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, collect, divergence_from, first_difference, own_reference, run, speedup,
+    stats, timed_events,
 )
 from .methods import METHODS, OTHER_ANSWER, method_options
 from .models import LoadedModel, load_model
@@ -241,7 +242,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     *view_updates(method_view(events, decode)),
                     views.speed_figure(events, baseline_events),
                     run_stats,
-                    why_html(run_stats, baseline_stats, events) + answers_beside(target, request, summary, baseline_summary) if summary else "",
+                    why_html(run_stats, baseline_stats, events) + same_as_ar_html(target, request, summary, baseline_summary, decode)
+                    + answers_beside(target, request, summary, baseline_summary) if summary else "",
                     (events, summary, decode, target.decode),
                     export_events(events, summary) if summary else None,
                     gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
@@ -271,10 +273,12 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             for method in methods:
                 events, summary = collect(run(target, Request(base.prompt, method, base.max_new_tokens)))
                 run_stats = stats(events, summary)
+                request = Request(base.prompt, method, base.max_new_tokens)
                 differs = first_difference(summary.tokens, baseline_summary.tokens)
-                reference = own_reference(target, Request(base.prompt, method, base.max_new_tokens))
+                reference = own_reference(target, request)
                 own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
-                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode, reference, own_differs))
+                why = difference_note(target, request, summary, reference or baseline_summary, decode)
+                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode, reference, own_differs, why))
                 columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode, target.decode)}</div>")
             ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode, target.decode)}</div>"
             table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
@@ -396,14 +400,37 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     return app
 
 
-def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None) -> str:
+def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
+    """Why a greedy answer that should equal its reference's does not: one sentence, or ''."""
+    if request.method in OTHER_ANSWER:
+        return ""
+    found = divergence_from(target, request, summary.tokens, reference_summary.tokens)
+    dtype = str(target.dtype).removeprefix("torch.")
+    return views.divergence_sentence(found, dtype, decode, SUSPECT_MARGIN) if found else ""
+
+
+def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_summary, decode) -> str:
+    """Generate's verdict: does the answer equal AR's, and if not, why (methods that should)."""
+    if request.method == "ar" or request.method in OTHER_ANSWER or own_reference(target, request) is not None:
+        return ""
+    if request.sampling.do_sample:
+        return "<p><b>Same answer as AR?</b> Not expected: this run samples.</p>"
+    if first_difference(summary.tokens, baseline_summary.tokens) is None:
+        return "<p><b>Same answer as AR?</b> Yes, token for token.</p>"
+    return f"<p><b>Same answer as AR?</b> No. {html.escape(difference_note(target, request, summary, baseline_summary, decode))}</p>"
+
+
+def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="") -> str:
     """One row of the race table. A method on other weights (cllm) is checked against AR on its
-    own weights (`reference`); beside it, whether its answer also equals the target's AR."""
-    same = same_tokens(differs, summary, decode)
+    own weights (`reference`); beside it, whether its answer also equals the target's AR; `why`
+    explains a difference (`difference_note`)."""
+    same = same_tokens(differs if reference is None else own_differs, summary, decode)
+    if why:
+        same = f"{same}. " + why.replace("|", "\\|")  # a | would end the table's cell
     if method in OTHER_ANSWER:
         same = f"{same} ({OTHER_ANSWER[method]})"
     if reference is not None:
-        same = f"as its own AR: {same_tokens(own_differs, summary, decode)}; as the target's AR: {same} (a fine-tuned copy may answer differently)"
+        same = f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned copy may answer differently)"
     return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"
 
 

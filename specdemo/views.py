@@ -398,6 +398,19 @@ def explain_contrastive_step(event: StepEvent, decode: Callable[[int], str]) -> 
     return text + f". {implausible} of the top candidates fell below the plausibility cut-off and could not win."
 
 
+def divergence_sentence(found, dtype: str, decode: Callable[[int], str], suspect_margin: float) -> str:
+    """One sentence on why an answer first differs from AR's (`divergence.Divergence`): a
+    near-tie that the dtype's rounding flipped, or a margin too wide for rounding (a possible bug)."""
+    chosen, other = repr(decode(found.ar_token)), repr(decode(found.other_token))
+    where = f"At token {found.position}, AR chose {chosen} and this method {other}."
+    if found.margin > suspect_margin or dtype == "float32":
+        return (f"{where} AR preferred {chosen} by {found.margin:.2f} in logit, more than {dtype} rounding moves a logit "
+                f"(up to {suspect_margin} measured): this may be a bug; please report the prompt.")
+    wide = (f" A pass over many tokens at once even preferred {other}." if found.wide_gap < 0 else "")
+    return (f"{where} AR's two likeliest tokens here were only {found.top_two:.2f} apart in logit. {dtype} rounds a pass "
+            f"of many tokens differently from a pass of one, which flipped this near-tie.{wide} In float32 the answers are equal.")
+
+
 def answers_html(answers: dict[str, Iterable[int]], decode_tokens: Callable[[list[int]], str]) -> str:
     """Answers side by side under their labels (contrastive beside the expert and the amateur alone)."""
     columns = "".join(

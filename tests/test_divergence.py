@@ -85,3 +85,17 @@ def test_the_bench_explains_only_methods_that_should_equal_ar():
     parted = explain_differences(target, prompt, ["ar", "speculative", "medusa", "beam"],
                                  {"ar": answer, "speculative": other, "medusa": answer, "beam": other})
     assert parted["speculative"].position == 2 and parted.get("medusa") is None and "beam" not in parted
+
+
+def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
+    from specdemo.divergence import Divergence
+    from specdemo.views import divergence_sentence
+
+    decode = {5: " sky", 9: " air"}.get
+    tie = Divergence(position=7, ar_token=5, other_token=9, margin=0.03, top_two=0.03, wide_gap=-0.01)
+    said = divergence_sentence(tie, "bfloat16", decode, SUSPECT_MARGIN)
+    assert "token 7" in said and "' sky'" in said and "' air'" in said and "0.03 apart" in said
+    assert "near-tie" in said and "In float32 the answers are equal" in said and "bug" not in said
+    wide = Divergence(position=7, ar_token=5, other_token=9, margin=SUSPECT_MARGIN * 3, top_two=0.5, wide_gap=2.0)
+    assert "bug" in divergence_sentence(wide, "bfloat16", decode, SUSPECT_MARGIN)
+    assert "bug" in divergence_sentence(tie, "float32", decode, SUSPECT_MARGIN)  # float32 rounding flips nothing here

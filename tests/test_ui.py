@@ -156,3 +156,24 @@ def test_a_step_explanation_shows_tokens_as_written(embedded):
     history = ([StepEvent("ar", step=0, committed=(5,))], None, {5: "<b>**"}.get, None)
     explained = on_step(history, 0)[-1]
     assert "&lt;b&gt;**" in explained and "<b>" not in explained
+
+
+def test_an_answer_that_differs_from_ar_is_explained(embedded):
+    """Generate's verdict and the race's cell say why an answer parts from AR's: in float32 any
+    difference is a possible bug, and the sentence names the token and the margin."""
+    from specdemo.live import Request
+    from specdemo.ui import difference_note, same_as_ar_html
+
+    request = Request("Name a colour.", "speculative", 6)
+    ar_summary = final_summary(ar.generate(embedded.model, embedded.encode_chat(request.prompt), max_new_tokens=6,
+                                           eos_token_ids=embedded.eos_token_ids))
+    wrong = list(ar_summary.tokens)
+    wrong[2] = (wrong[2] + 1) % 49152
+    other = Summary("speculative", tuple(wrong), "length", 6, 6)
+    decode = lambda t: embedded.decode([t])  # noqa: E731
+    note = difference_note(embedded, request, other, ar_summary, decode)
+    assert "At token 2" in note and "bug" in note
+    assert "No." in same_as_ar_html(embedded, request, other, ar_summary, decode)
+    assert "Yes, token for token" in same_as_ar_html(embedded, request, ar_summary, ar_summary, decode)
+    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other, decode, why=note)
+    assert "At token 2" in row and row.replace("\\|", "").count("|") == 6
