@@ -117,6 +117,11 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def fast_dtype(device: torch.device) -> str:
+    """The name of `default_dtype` on `device`: float32 where there is no faster one."""
+    return str(default_dtype(device)).removeprefix("torch.")
+
+
 def cpu_multiplies_bfloat16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # what torch itself asks before a oneDNN bfloat16 matmul
 

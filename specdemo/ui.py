@@ -17,7 +17,7 @@ from .live import (
     stats, timed_events,
 )
 from .methods import METHODS, OTHER_ANSWER, method_options
-from .models import LoadedModel, load_model
+from .models import LoadedModel, fast_dtype, load_model
 from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
 
@@ -173,16 +173,34 @@ class Targets:
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
         self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
+        # exact: float32, where every method's answer is AR's; fast: the dtype this device multiplies fastest, if not float32
+        fast = fast_dtype(start.device)
+        self.precisions = {EXACT: "float32", **({fast_label(fast): fast} if fast != "float32" else {})}
+        start_dtype = str(start.dtype).removeprefix("torch.")
+        self.start_precision = next((label for label, dtype in self.precisions.items() if dtype == start_dtype), EXACT)
 
     def about(self, name: str) -> str:
         preset = next((preset for preset in self.presets if preset.name == name), None)
         return preset.about if preset else ""
 
-    def __call__(self, name: str | None) -> LoadedModel:
+    def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
+        """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
+        default: the start's dtype), loaded once."""
+        if precision not in (None, "", *self.precisions):
+            raise SpecDemoError(f"precision must be one of {', '.join(map(repr, self.precisions))}, got {precision!r}")
+        dtype = self.precisions[precision] if precision else str(self.start.dtype).removeprefix("torch.")
+        same_dtype = dtype == str(self.start.dtype).removeprefix("torch.")
         if not name or name == self.start_name:
-            return self.start
+            return self.start if same_dtype else load_model(self.start.spec, dtype, str(self.start.device))
         preset = preset_named(name, self.presets)
-        return load_model(preset.target, self.start.dtype, str(self.start.device))
+        return load_model(preset.target, dtype, str(self.start.device))
+
+
+EXACT = "exact (float32)"
+
+
+def fast_label(dtype: str) -> str:
+    return f"fast ({dtype})"
 
 
 def decoder(target: LoadedModel):
@@ -223,9 +241,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             yield note + views.stream_html(events, decode, target.decode), *view_updates(method_view(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
 
     @on_gpu
-    def on_generate(model_name, *inputs):
+    def on_generate(model_name, precision, *inputs):
         try:
-            target = targets(model_name)
+            target = targets(model_name, precision)
             decode = decoder(target)
             request = make_request(*inputs)
             method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
@@ -262,9 +280,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, explained
 
     @on_gpu
-    def on_race(model_name, prompt, methods, max_new_tokens):
+    def on_race(model_name, precision, prompt, methods, max_new_tokens):
         try:
-            target = targets(model_name)
+            target = targets(model_name, precision)
             decode = decoder(target)
             methods = [m for m in methods if m != "ar"]
             base = Request(prompt or "", "ar", int(max_new_tokens))
@@ -294,6 +312,11 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
         )
         model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
+        precision = gr.Radio(
+            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
+            label="Precision: exact (float32) gives every method AR's answer; fast rounds a pass of many tokens differently "
+            "from a pass of one, which can flip a near-tie (the comparison says where)",
+        )
         with gr.Tab("Generate"):
             with gr.Row():
                 with gr.Column(scale=2):
@@ -376,7 +399,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
 
-        inputs = [model, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
+        inputs = [model, precision, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
                   gamma, adaptive_gamma, draft_tree_size, copy_length, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
                   num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
@@ -394,7 +417,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         # the slider refuses a value past its maximum, and would then refuse every later one too
         forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private")
         race_button.click(
-            on_race, inputs=[model, prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
+            on_race, inputs=[model, precision, prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
         )
         gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
     return app
@@ -447,10 +470,11 @@ def api_generate_for(targets: Targets):
     @on_gpu
     def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "",
-                 no_repeat_ngram_size: int = 0) -> tuple[str, dict]:
-        """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model)."""
+                 no_repeat_ngram_size: int = 0, precision: str = "") -> tuple[str, dict]:
+        """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model);
+        `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
         try:
-            target = targets(model)
+            target = targets(model, precision)
             sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
             request = Request(prompt or "", method, int(max_new_tokens), sampling)
             events, summary = collect(run(target, request))

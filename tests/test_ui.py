@@ -138,7 +138,7 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     the same for drawing); the next run of the same prompt reuses it and streams the method at once."""
     app = build_app(embedded, presets=())
     on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
-    inputs = ["", "Name a colour.", "speculative", 8, False, 1.0, 0, 1.0, 1.0, -1, 0,
+    inputs = ["", "", "Name a colour.", "speculative", 8, False, 1.0, 0, 1.0, 1.0, -1, 0,
               2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
     updates = list(on_generate(*inputs))
     baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
@@ -177,3 +177,24 @@ def test_an_answer_that_differs_from_ar_is_explained(embedded):
     assert "Yes, token for token" in same_as_ar_html(embedded, request, ar_summary, ar_summary, decode)
     row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other, decode, why=note)
     assert "At token 2" in row and row.replace("\\|", "").count("|") == 6
+
+
+def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypatch):
+    """Exact is float32; fast is the dtype the device multiplies fastest, offered only where that
+    is not float32; each precision is its own loaded model (so its own AR baseline)."""
+    import pytest
+
+    from specdemo import SpecDemoError, ui
+
+    monkeypatch.setattr(ui, "fast_dtype", lambda device: "bfloat16")
+    targets = ui.Targets(embedded, ())
+    assert list(targets.precisions) == [ui.EXACT, "fast (bfloat16)"] and targets.start_precision == ui.EXACT
+    assert targets(None, ui.EXACT) is embedded and targets(None, "") is embedded
+    fast = targets(None, "fast (bfloat16)")
+    assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec
+    with pytest.raises(SpecDemoError, match="precision must be one of"):
+        targets(None, "fastest")
+    monkeypatch.setattr(ui, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
+    assert list(ui.Targets(embedded, ()).precisions) == [ui.EXACT]
+    radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"] if c["props"].get("elem_id") == "precision")
+    assert radio["visible"] is False
