@@ -33,6 +33,13 @@ from .sampling import GREEDY, SamplingConfig
 EMBEDDED_CLLM = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-cllm"
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
+QUALITY_FILE = "quality.json"  # training/cllm_quality.py: is the CLLM still a good model? (distinct bigrams, base NLL)
+
+
+def quality(spec: str | Path) -> dict | None:
+    """The quality check stored beside a CLLM folder of ours (`training.cllm_quality`), or None."""
+    path = Path(spec) / QUALITY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def generate(

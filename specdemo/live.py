@@ -7,11 +7,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import ar
+from . import ar, cllm
 from .divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from .errors import SpecDemoError
 from .events import StepEvent, Summary, final_summary
-from .methods import METHODS, decoded_model, get_method, method_options
+from .methods import METHODS, companion, decoded_model, get_method, method_options
 from .models import LoadedModel
 from .sampling import GREEDY, SamplingConfig
 
@@ -171,6 +171,16 @@ def greedy_answer(model, target: LoadedModel, request: Request) -> Summary:
     """Greedy AR of `model` (a model of the target's vocabulary) on the request's prompt."""
     input_ids = target.encode_chat(request.prompt)
     return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
+
+
+def cllm_quality(target: LoadedModel, request: Request) -> dict | None:
+    """For a CLLM request, the quality check stored with the target's CLLM (`cllm.quality`), else None."""
+    if request.method != "cllm":
+        return None
+    try:
+        return cllm.quality(companion(target, "cllm"))
+    except SpecDemoError:  # no CLLM for this target: the run itself says so
+        return None
 
 
 def divergence_from(target: LoadedModel, request: Request, tokens, reference_tokens) -> Divergence | None:

@@ -13,7 +13,7 @@ from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
 from .live import (
-    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, collect, divergence_from, first_difference, own_reference, run, speedup,
+    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, cllm_quality, collect, divergence_from, first_difference, own_reference, run, speedup,
     stats, timed_events,
 )
 from .methods import METHODS, OTHER_ANSWER, method_options
@@ -301,7 +301,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode, target.decode)}</div>"
             table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
             grid = f'<div style="display:grid;grid-template-columns:repeat({len(columns) + 1},1fr);gap:12px">{ar_column}{"".join(columns)}</div>'
-            return table, grid
+            quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in methods else ""
+            return table, quality + grid
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
 
@@ -434,8 +435,10 @@ def difference_note(target: LoadedModel, request: Request, summary, reference_su
 
 def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_summary, decode) -> str:
     """Generate's verdict: does the answer equal AR's, and if not, why (methods that should)."""
-    if request.method == "ar" or request.method in OTHER_ANSWER or own_reference(target, request) is not None:
+    if request.method == "ar" or request.method in OTHER_ANSWER:
         return ""
+    if own_reference(target, request) is not None:  # a changed model (cllm): is it still a good one?
+        return views.cllm_quality_html(cllm_quality(target, request))
     if request.sampling.do_sample:
         return "<p><b>Same answer as AR?</b> Not expected: this run samples.</p>"
     if first_difference(summary.tokens, baseline_summary.tokens) is None:

@@ -411,6 +411,19 @@ def divergence_sentence(found, dtype: str, decode: Callable[[int], str], suspect
             f"of many tokens differently from a pass of one, which flipped this near-tie.{wide} In float32 the answers are equal.")
 
 
+def cllm_quality_html(quality: dict | None) -> str:
+    """The CLLM's quality check (`training.cllm_quality`) in words, shown beside its answer."""
+    if not quality:
+        return ""
+    bigrams, nll, bounds = quality["distinct_bigrams"], quality["nll_ratio"], quality["bounds"]
+    verdict = "within" if quality["passes"] else "<b>outside</b>"
+    return (f"<p><b>Is the CLLM still a good model?</b> It is a fine-tuned copy, so its answers may differ from the base model's. "
+            f"On {quality['prompts']} held-out prompts, {bigrams['cllm']:.2f} of its answers' word pairs (token bigrams) were distinct "
+            f"against {bigrams['base']:.2f} for the base model (fewer means more repetition), and the base model found its answers "
+            f"{nll:.2f}x as surprising per token as its own. That is {verdict} our bounds (at most {bounds['max_bigram_drop']} fewer "
+            f"distinct pairs, at most {bounds['max_nll_ratio']}x as surprising).</p>")
+
+
 def answers_html(answers: dict[str, Iterable[int]], decode_tokens: Callable[[list[int]], str]) -> str:
     """Answers side by side under their labels (contrastive beside the expert and the amateur alone)."""
     columns = "".join(
