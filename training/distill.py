@@ -200,3 +200,11 @@ def describe(out: Path, data: dict, train_ids: list[int]) -> str:
         f"{plan_['seed']}, none sharing a run of 10 words with a bench prompt (ours or Spec-Bench's). Training answers by family: "
         f"{mix}; {positions} answer positions."
     )
+
+
+def command(out: Path, data: dict) -> str:
+    """The `training.distill` command that makes the shards `data` came from (with `--limit` when a
+    run was stopped after fewer shards than its plan: the plan's first prompts are the same)."""
+    recorded = json.loads((out / "plan.json").read_text())
+    limit = f" --limit {len(data['prompts'])}" if len(data["prompts"]) < recorded["prompts"] else ""
+    return f".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl{limit}"

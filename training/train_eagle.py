@@ -307,7 +307,8 @@ def train(args) -> dict:
             "target_unchanged": True, "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
             "train_positions": sum(len(data["sequences"][i]) - data["answer_starts"][i] for i in train_ids),
             "vocab_coverage_held_out": (to_subset[answers] >= 0).float().mean().item(), **timings,
-            **({"data_text": distill.describe(args.distill_out, data, train_ids)} if args.prompts else {})}
+            **({"data_text": distill.describe(args.distill_out, data, train_ids),
+                "distill_command": distill.command(args.distill_out, data)} if args.prompts else {})}
 
 
 def write_manifest(args, report: dict) -> None:
@@ -327,7 +328,7 @@ def write_manifest(args, report: dict) -> None:
     if args.prompts:
         command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
 
-    .venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl
+    {report['distill_command']}
     .venv/bin/python -m training.train_eagle {' '.join(sys.argv[1:])}
 
 The first answers the prompts into `build/distill/` shards that keep the target's features (resumable;

@@ -176,7 +176,8 @@ def train(args) -> dict:
         "train_sequences": len(train_ids), "held_out_sequences": len(held_out),
         "train_positions": positions, "held_out_positions": eval_positions,
         "states_minutes": states_minutes, "train_minutes": (time.time() - start) / 60,
-        **({"data_text": distill.describe(args.distill_out, data, train_ids)} if args.prompts else {}),
+        **({"data_text": distill.describe(args.distill_out, data, train_ids),
+                "distill_command": distill.command(args.distill_out, data)} if args.prompts else {}),
     }
 
 
@@ -189,7 +190,7 @@ def write_manifest(args, report: dict) -> None:
     if args.prompts:
         command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
 
-    .venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl
+    {report['distill_command']}
     .venv/bin/python -m training.train_medusa {' '.join(sys.argv[1:])}
 
 The first answers the prompts into `build/distill/` shards that keep the target's hidden states (resumable;
