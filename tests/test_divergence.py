@@ -99,3 +99,24 @@ def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
     wide = Divergence(position=7, ar_token=5, other_token=9, margin=SUSPECT_MARGIN * 3, top_two=0.5, wide_gap=2.0)
     assert "bug" in divergence_sentence(wide, "bfloat16", decode, SUSPECT_MARGIN)
     assert "bug" in divergence_sentence(tie, "float32", decode, SUSPECT_MARGIN)  # float32 rounding flips nothing here
+
+
+def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
+    """Where a method's bfloat16 answer parts from AR's, AR's margin there is within what rounding
+    moves (SUSPECT_MARGIN): a margin above it would be a bug, not a flipped near-tie."""
+    from specdemo import medusa, speculative
+    from specdemo.events import final_summary
+    from specdemo.methods import method_options
+    from specdemo.models import load_model
+
+    target = load_model("embedded", "bfloat16", "cpu")
+    prompts = ["Write a Python function that reverses a string.", "Explain in two sentences why the sky is blue."]
+    runs = {"speculative": (speculative.generate, method_options("speculative", target)),
+            "medusa": (medusa.generate, method_options("medusa", target))}
+    for text in prompts:
+        ids = target.encode_chat(text)
+        answer = final_summary(ar.generate(target.model, ids, max_new_tokens=48, eos_token_ids=target.eos_token_ids)).tokens
+        others = {name: list(final_summary(fn(target.model, ids, max_new_tokens=48, eos_token_ids=target.eos_token_ids, **options)).tokens)
+                  for name, (fn, options) in runs.items()}
+        for name, found in divergences(target.model, ids, list(answer), others).items():
+            assert found is None or not found.suspect, (name, text, found)
