@@ -16,7 +16,7 @@ from .live import (
     MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, cllm_quality, collect, divergence_from, first_difference, own_reference, run, speedup,
     stats, timed_events,
 )
-from .methods import METHODS, OTHER_ANSWER, method_options
+from .methods import METHODS, OTHER_ANSWER, decoded_model, method_options
 from .models import LoadedModel, fast_dtype, load_model
 from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
@@ -437,7 +437,7 @@ def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_sum
     """Generate's verdict: does the answer equal AR's, and if not, why (methods that should)."""
     if request.method == "ar" or request.method in OTHER_ANSWER:
         return ""
-    if own_reference(target, request) is not None:  # a changed model (cllm): is it still a good one?
+    if decoded_model(request.method, target) is not target.model:  # a changed model (cllm): is it still a good one?
         return views.cllm_quality_html(cllm_quality(target, request))
     if request.sampling.do_sample:
         return "<p><b>Same answer as AR?</b> Not expected: this run samples.</p>"
