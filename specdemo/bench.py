@@ -22,8 +22,8 @@ import torch
 from tqdm import tqdm
 
 from . import ar, speculative
-from .errors import SpecDemoError
 from .divergence import SUSPECT_MARGIN, divergences, rounding_noise
+from .errors import SpecDemoError
 from .events import final_summary
 from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options, token_draft
 from .models import AUTO, EMBEDDED, LoadedModel, load_model
@@ -324,8 +324,8 @@ def format_table(report: dict) -> str:
         if s["divergences"]:
             parts = ", ".join(f"{d['question_id']}@{d['position']} {d['margin']:.3f}{' SUSPECT' if d['margin'] > report['suspect_margin'] else ''}"
                               for d in s["divergences"])
-            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, AR's top-two "
-                         f"logit margin there): {parts}; max {s['max_divergence_margin']:.3f} (a possible bug above {report['suspect_margin']})")
+            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, how far AR's "
+                         f"logit preferred its token there): {parts}; max {s['max_divergence_margin']:.3f} (a possible bug above {report['suspect_margin']})")
     if "rounding_noise" in report:
         lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} between AR's passes "
                      "and one wide pass over the same text")
