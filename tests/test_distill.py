@@ -80,12 +80,33 @@ def test_shards_resume_and_refuse_another_plan(tmp_path, monkeypatch):
     distill.shard_path(tmp_path, 1).unlink()
     answered = []
     real = distill.answer_shard
-    monkeypatch.setattr(distill, "answer_shard", lambda t, ps, *a: answered.append(ps) or real(t, ps, *a))
+    monkeypatch.setattr(distill, "answer_shard", lambda t, ps, *a, **k: answered.append(ps) or real(t, ps, *a, **k))
     distill.run(target, prompts, tmp_path, settings, shard_size=2, batch_size=2)
     assert answered == [prompts[2:4]]  # only the missing shard is answered again
     assert distill.load_shards(tmp_path)["sequences"] == data["sequences"]
     with pytest.raises(SystemExit, match="another plan"):
         distill.run(target, prompts, tmp_path, {**settings, "temperature": 0.8}, shard_size=2, batch_size=2)
+
+
+def test_the_recorded_command_remakes_the_plan(tmp_path):
+    """The distill command a manifest prints plans the same prompts with the same settings."""
+    target = tiny_target()
+    prompts = [Prompt(text, "test") for text in ["abc", "hello there"]]
+    sampling = SamplingPlan(cap_per_source=7, caps=(("gsm8k", 4000),), max_chars=900, limit=None, seed=3)
+    settings = {"plan": {**vars(sampling), "caps": [list(c) for c in sampling.caps]}, "files": ["a.jsonl"],
+                "seed": 5, "temperature": 0.7, "max_new_tokens": 9, "dtype": "float32"}
+    distill.run(target, prompts, tmp_path, settings, shard_size=1, batch_size=1)
+    data = distill.load_shards(tmp_path)
+    data["prompts"] = data["prompts"][:1]  # a run stopped after its first shard
+    words = distill.command(tmp_path, data).split()
+    assert words[:5] == [".venv/bin/python", "-m", "training.distill", "--prompts", "../shared/train/*.jsonl"]
+    parser = distill.argparse.ArgumentParser()
+    distill.add_arguments(parser)
+    for extra in ("--seed", "--temperature", "--max-new-tokens"):
+        parser.add_argument(extra, type=float if extra == "--temperature" else int)
+    args = parser.parse_args(words[3:])
+    assert distill.sampling_plan(args) == SamplingPlan(7, (("gsm8k", 4000),), 900, 1, 3)
+    assert (args.seed, args.temperature, args.max_new_tokens) == (5, 0.7, 9)
 
 
 def test_prompt_reader_and_sampling_plan(tmp_path):

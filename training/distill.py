@@ -24,13 +24,28 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdemo.models import LoadedModel, load_model
+from specdemo.models import LoadedModel, default_device, load_model
 
 from .real_prompts import SHARED_TRAIN, SamplingPlan, bench_prompts, plan, read_prompts
 from .selfdistill import batch_decode
 
 DEFAULT_OUT = Path("build/distill")
 DEFAULT_CAPS = (("gsm8k", 2000),)  # GSM8K is one source of 7,473 prompts; T0 is 283 of about 200 each
+
+
+def machine() -> str:
+    """Where a trainer runs, in words, for its manifest: the GPU when there is one, else the cores."""
+    if default_device().type == "cuda":
+        return f"one {torch.cuda.get_device_name()}"
+    return f"{torch.get_num_threads()} CPU cores"
+
+
+def on_default_device() -> torch.device:
+    """Make every tensor a trainer creates live on the default device (CUDA when present): one path,
+    no `.to(device)` scattered through the training code."""
+    device = default_device()
+    torch.set_default_device(device)
+    return device
 
 
 def shard_path(out: Path, number: int) -> Path:
@@ -68,7 +83,7 @@ def answer_shard(target: LoadedModel, prompts, max_new_tokens: int, batch_size: 
     }
 
 
-def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int, batch_size: int) -> None:
+def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int, batch_size: int, batch_tokens: int = 16384) -> None:
     """Answer `prompts` into shards under `out`, skipping the shards already there."""
     out.mkdir(parents=True, exist_ok=True)
     recorded = out / "plan.json"
@@ -91,7 +106,7 @@ def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int
     for number in todo:
         generator = torch.Generator().manual_seed(settings["seed"] * 100_003 + number)  # a resumed shard samples as a fresh one
         shard = answer_shard(target, prompts[number * shard_size : (number + 1) * shard_size], settings["max_new_tokens"],
-                             batch_size, settings["temperature"], generator, progress)
+                             batch_size, settings["temperature"], generator, progress, batch_tokens=batch_tokens)
         partial = shard_path(out, number).with_suffix(".tmp")
         torch.save(shard, partial)
         partial.rename(shard_path(out, number))  # a killed run never leaves half a shard
@@ -139,6 +154,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--shard-size", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="at most this many tokens (prompt and answer room) a batch; more on a GPU")
     parser.add_argument("--dtype", default="float32", help="float32 prefills faster than bfloat16 on an AVX-512 CPU without AMX")
     args = parser.parse_args()
     if not args.prompts:
@@ -149,8 +165,8 @@ def main() -> None:
                 "files": sorted(p.name for p in args.prompts), "seed": args.seed, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
     print(f"{len(prompts)} prompts from {len(args.prompts)} files", flush=True)
-    target = load_model("embedded", args.dtype, "cpu")
-    run(target, prompts, args.out, settings, args.shard_size, args.batch_size)
+    target = load_model("embedded", args.dtype)
+    run(target, prompts, args.out, settings, args.shard_size, args.batch_size, args.batch_tokens)
 
 
 if __name__ == "__main__":
@@ -206,5 +222,20 @@ def command(out: Path, data: dict) -> str:
     """The `training.distill` command that makes the shards `data` came from (with `--limit` when a
     run was stopped after fewer shards than its plan: the plan's first prompts are the same)."""
     recorded = json.loads((out / "plan.json").read_text())
-    limit = f" --limit {len(data['prompts'])}" if len(data["prompts"]) < recorded["prompts"] else ""
-    return f".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl{limit}"
+    plan_, defaults = recorded["plan"], SamplingPlan()
+    words = []
+    if plan_["cap_per_source"] != defaults.cap_per_source:
+        words += ["--cap-per-source", str(plan_["cap_per_source"])]
+    if [tuple(c) for c in plan_["caps"]] != list(DEFAULT_CAPS):
+        words += ["--cap", *(f"{prefix}={cap}" for prefix, cap in plan_["caps"])]
+    if plan_["max_chars"] != 1500:
+        words += ["--max-chars", str(plan_["max_chars"])]
+    if plan_["seed"] != defaults.seed:
+        words += ["--plan-seed", str(plan_["seed"])]
+    if len(data["prompts"]) < recorded["prompts"]:
+        words += ["--limit", str(len(data["prompts"]))]
+    if recorded["max_new_tokens"] != 128:
+        words += ["--max-new-tokens", str(recorded["max_new_tokens"])]
+    if recorded["temperature"]:
+        words += ["--temperature", str(recorded["temperature"]), "--seed", str(recorded["seed"])]
+    return " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *words])

@@ -233,7 +233,7 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     clock = time.time()
-    runner = load_model("embedded", "bfloat16", "cpu")  # the target as the app runs it
+    runner = load_model("embedded", "bfloat16")  # the target as the app runs it
     if args.prompts:  # real prompts: the shards hold the target's features already
         data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
         features = dict(enumerate(data["features"]))
@@ -254,7 +254,7 @@ def train(args) -> dict:
     if not args.prompts:  # the target computes every feature, in one pass a sequence
         features = target_features(runner.model.get_decoder(), data["sequences"], train_ids + held_out)
     timings = {"features_minutes": (time.time() - clock) / 60}
-    target = load_model("embedded", "float32", "cpu").model  # the draft's shared embedding and LM head, float32, frozen
+    target = load_model("embedded", "float32").model  # the draft's shared embedding and LM head, float32, frozen
     target.requires_grad_(False)
     target_before = checksum(target)
     draft = FeatureDraft(target, vocab)
@@ -296,7 +296,7 @@ def train(args) -> dict:
     clock = time.time()
     saved = load_feature_draft(args.out, runner.model)  # as the app loads it: float16 on disk, bfloat16 here
     as_saved = evaluate(saved, data, features, held_out, to_subset, gammas)
-    token_draft = load_draft("embedded", load_model("embedded", "float32", "cpu"))  # for comparison, on the same text
+    token_draft = load_draft("embedded", load_model("embedded", "float32"))  # for comparison, on the same text
     token_vocab = torch.tensor(json.loads((EMBEDDED_DRAFT / VOCAB_FILE).read_text()))  # its head's rows
     token_subset = torch.full((49152,), -100, dtype=torch.long)
     token_subset[token_vocab] = torch.arange(len(token_vocab))
@@ -332,14 +332,14 @@ def write_manifest(args, report: dict) -> None:
     .venv/bin/python -m training.train_eagle {' '.join(sys.argv[1:])}
 
 The first answers the prompts into `build/distill/` shards that keep the target's features (resumable;
-docs/training.md gives its rate here); the second trains ({report['train_minutes']:.1f} min here on 2 CPU cores,
+docs/training.md gives its rate here); the second trains ({report['train_minutes']:.1f} min here on {distill.machine()},
 evaluation after each epoch included, {report['features_minutes']:.1f} min of loading before), evaluates the saved draft
 and, for comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder."""
         data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts
 of the same plan ({report['held_out_sequences']} sequences, {final['eval_tokens']} positions) evaluate, and nothing of them is
 trained on. The features are the target's own, stored by the data run (float32 there, kept in bfloat16)."""
     else:
-        command_text = f"""**Command** (from a clean checkout, after `make setup`; {minutes:.0f} minutes here on 2 CPU cores, plus the data):
+        command_text = f"""**Command** (from a clean checkout, after `make setup`; {minutes:.0f} minutes here on {distill.machine()}, plus the data):
 
     .venv/bin/python -m training.train_eagle
 
@@ -433,6 +433,7 @@ def main() -> None:
     parser.add_argument("--gammas", type=int, nargs="+", default=[3, 4, 5, 6, 8])
     parser.add_argument("--train-limit", type=int, default=None, help="train on the first N sequences only (for timing)")
     args = parser.parse_args()
+    distill.on_default_device()
     clock = time.time()
     report = train(args)
     report["total_minutes"] = (time.time() - clock) / 60

@@ -52,7 +52,7 @@ def answer_states(target, data: dict, ids: list[int], proposal_weight: torch.Ten
     for count, i in enumerate(ids):
         sequence, first = data["sequences"][i], data["answer_starts"][i] - 1  # position `first` predicts the answer's first token
         if "features" in data:
-            states = data["features"][i][first : len(sequence) - 1].to(target.dtype)  # [n, H]
+            states = data["features"][i][first : len(sequence) - 1].to(target.device, target.dtype)  # [n, H]
         else:
             states = decoder(input_ids=torch.tensor([sequence])).last_hidden_state[0, first:-1]  # [n, H]
         probs = torch.softmax(states.float() @ proposal_weight.T, dim=-1).topk(TEACHER_TOP)
@@ -131,7 +131,7 @@ def train(args) -> dict:
         data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
     else:
         data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
-    target = load_model("embedded", "bfloat16", "cpu")
+    target = load_model("embedded", "bfloat16")
     lm_head = target.model.get_output_embeddings()
     proposal_vocab = draft_vocabulary(
         [data["sequences"][i] for i in train_ids], [data["answer_starts"][i] for i in train_ids], args.vocab_size, list(target.eos_token_ids)
@@ -195,7 +195,7 @@ def write_manifest(args, report: dict) -> None:
 
 The first answers the prompts into `build/distill/` shards that keep the target's hidden states (resumable;
 docs/training.md gives its rate here); the second reads them ({report['states_minutes']:.0f} min here) and trains
-({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}."""
+({report['train_minutes']:.0f} min here, {distill.machine()}), seed {args.seed}."""
         data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts of the same plan
 ({report['held_out_positions']} positions) measure; nothing of them is trained on."""
     else:
@@ -205,7 +205,7 @@ docs/training.md gives its rate here); the second reads them ({report['states_mi
 
 It generates the draft's greedy self-distillation data into `build/selfdistill.pt` when missing (15 to 20 min here){SAMPLED_COMMAND if args.sampled_data else ""}{VARIED_COMMAND if args.varied_data else ""},
 computes the target's hidden states ({report['states_minutes']:.0f} min here), then trains
-({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}."""
+({report['train_minutes']:.0f} min here, {distill.machine()}), seed {args.seed}."""
         data_text = f"""Self-distillation: the target's own greedy answers (bfloat16, at most 192 new tokens)
 to the prompts `training/prompts.py` builds from our own
 templates and word lists (writing, QA, explanations, coding, arithmetic, translation, summaries and
@@ -275,6 +275,7 @@ def main() -> None:
     parser.add_argument("--tree-nodes", type=int, default=64, help="rank paths stored, best first")
     parser.add_argument("--tree-size", type=int, default=12, help="nodes of the static and the dynamic tree (12: the dynamic tree's 2.2 tokens a pass in bfloat16, README)")
     args = parser.parse_args()
+    distill.on_default_device()
     report = train(args)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
