@@ -51,15 +51,20 @@ def embedded():
     return load_model("embedded", "float32", "cpu")
 
 
-@pytest.fixture(scope="session")
-def served_app(embedded):
-    """The app on the embedded model, served on a free local port for the API and browser tests."""
-    from specdemo.ui import build_app
-
+def serve(app):
+    """`app` served on a free local port, for the API and browser tests; `app.close()` stops it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = build_app(embedded)
     app.queue(max_size=8).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return app
+
+
+@pytest.fixture(scope="session")
+def served_app(embedded):
+    """The app on the embedded model, served for the API and browser tests."""
+    from specdemo.ui import build_app
+
+    app = serve(build_app(embedded))
     yield app
     app.close()

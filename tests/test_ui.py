@@ -185,6 +185,7 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     import pytest
 
     from specdemo import SpecDemoError, ui
+    from specdemo.live import Baselines, Request
 
     monkeypatch.setattr(ui, "fast_dtype", lambda device: "bfloat16")
     targets = ui.Targets(embedded, ())
@@ -192,6 +193,9 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     assert targets(None, ui.EXACT) is embedded and targets(None, "") is embedded
     fast = targets(None, "fast (bfloat16)")
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec
+    baselines, request = Baselines(), Request("Name a colour.", "ar", 4)
+    baselines.put(embedded, request, ([], None))
+    assert baselines.has(embedded, request) and not baselines.has(fast, request)  # same model and prompt, another precision
     with pytest.raises(SpecDemoError, match="precision must be one of"):
         targets(None, "fastest")
     monkeypatch.setattr(ui, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
