@@ -11,14 +11,14 @@ from . import ar, cllm
 from .divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from .errors import SpecDemoError
 from .events import StepEvent, Summary, final_summary
+from .limits import LIMITS, budget
 from .methods import METHODS, companion, decoded_model, get_method, method_options
 from .models import LoadedModel
 from .sampling import GREEDY, SamplingConfig
 
-# Per-request limits of the app, so one visitor cannot hold the model for long.
-MAX_PROMPT_CHARS = 4000
-MAX_NEW_TOKENS = 512
-MAX_WALL_S = 120.0
+# Per-request limits of the app, so one visitor cannot hold the model for long (specdemo.limits).
+MAX_PROMPT_CHARS = LIMITS.max_prompt_chars
+MAX_NEW_TOKENS = LIMITS.max_new_tokens
 
 SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the others verify greedily by construction
 # greedy with a repetition penalty or n-gram blocking, each prefix processed as one-token AR would
@@ -55,7 +55,7 @@ def check_request(request: Request) -> None:
         raise SpecDemoError("the prompt is empty: type something for the model to answer")
     if len(request.prompt) > MAX_PROMPT_CHARS:
         raise SpecDemoError(f"the prompt is {len(request.prompt)} characters long; this app takes at most {MAX_PROMPT_CHARS}")
-    if request.method not in METHODS:
+    if not isinstance(request.method, str) or request.method not in METHODS:
         raise SpecDemoError(f"unknown method {request.method!r}: choose one of {', '.join(METHODS)}")
     tokens = request.max_new_tokens
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
@@ -75,6 +75,70 @@ def check_request(request: Request) -> None:
         raise SpecDemoError(f"{request.method} has no setting {', '.join(sorted(unknown))}")
 
 
+# What the page's controls allow, and so what a value sent to the API may be (a sentence otherwise).
+RANGES = {"max_new_tokens": (1, MAX_NEW_TOKENS), "temperature": (0.05, 2.0), "top_k": (0, 200), "top_p": (0.05, 1.0),
+          "repetition_penalty": (0.5, 2.0), "seed": (-1, 2**63 - 1), "no_repeat_ngram_size": (0, 6)}
+
+
+def whole(name: str, value, low: int | None = None, high: int | None = None) -> int:
+    """`value` as a whole number within RANGES[name] (or low..high), or a sentence naming the setting.
+    A float with a whole value (1.0, as JSON clients send) is taken; True, 1.5, NaN or "3" are not."""
+    low, high = (low, high) if low is not None else RANGES[name]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    return value
+
+
+def number(name: str, value, low: float | None = None, high: float | None = None) -> float:
+    """`value` as a number within RANGES[name] (or low..high), or a sentence naming the setting (NaN is refused)."""
+    low, high = (low, high) if low is not None else RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise SpecDemoError(f"{name} must be a number from {low} to {high}, got {value!r}")
+    return float(value)
+
+
+def flag(name: str, value) -> bool:
+    """`value` as a yes/no setting: a bool, or a sentence naming the setting (the string "false"
+    would otherwise read as true)."""
+    if not isinstance(value, bool):
+        raise SpecDemoError(f"{name} must be true or false (a JSON boolean), got {value!r}")
+    return value
+
+
+def text(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise SpecDemoError(f"{name} must be text, got {type(value).__name__} {value!r}")
+    return value
+
+
+def race_methods(methods) -> list[str]:
+    """The methods a race runs against AR: known ones, each once, in the page's order. A list
+    repeated 300 times races each method once; anything that is not a list of names is refused."""
+    if isinstance(methods, str) or not isinstance(methods, (list, tuple)) or not all(isinstance(m, str) for m in methods):
+        raise SpecDemoError(f"methods must be a list of method names, got {methods!r}")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise SpecDemoError(f"unknown method {', '.join(map(repr, unknown))}: a race takes methods from {', '.join(METHODS)}")
+    chosen = [m for m in METHODS if m in set(methods) and m != "ar"]
+    if not chosen:
+        raise SpecDemoError("choose at least one method to race against ar")
+    return chosen
+
+
+def sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size=0) -> SamplingConfig:
+    """The sampling settings as the page or an API client sent them, each checked against RANGES
+    (a sentence naming the setting otherwise); GREEDY when nothing changes greedy decoding.
+    A seed of -1 (or None) draws a random one."""
+    do_sample, penalty, ngram = flag("do_sample", do_sample), number("repetition_penalty", repetition_penalty), whole("no_repeat_ngram_size", no_repeat_ngram_size)
+    temperature, top_k, top_p = number("temperature", temperature), whole("top_k", top_k), number("top_p", top_p)
+    seed = None if seed is None else whole("seed", seed)
+    if not do_sample and penalty == 1.0 and not ngram:
+        return GREEDY
+    return SamplingConfig(do_sample, temperature, top_k, top_p, penalty, None if seed is None or seed < 0 else seed, ngram)
+
+
 def samples(request: Request) -> bool:
     """Whether the method takes sampling settings: exactly (ar, speculative), or Medusa with its
     typical acceptance, an explicit opt-in because it does not keep the target's distribution."""
@@ -87,26 +151,21 @@ def processes(request: Request) -> bool:
 
 
 def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
-    """The method's events for this request; stops itself after MAX_WALL_S seconds."""
-    stop = stop or threading.Event()
-    timer = threading.Timer(MAX_WALL_S, stop.set)
-    timer.daemon = True
-    timer.start()
-    try:
-        generate, options = get_method(request.method), method_options(request.method, target)
-        sampling = {"sampling": request.sampling} if processes(request) else {}
-        yield from generate(
-            target.model,
-            target.encode_chat(request.prompt),
-            max_new_tokens=request.max_new_tokens,
-            eos_token_ids=target.eos_token_ids,
-            stop=stop,
-            **sampling,
-            **options,
-            **request.settings,
-        )
-    finally:
-        timer.cancel()
+    """The method's events for this request, until `stop` is set: the click's budget
+    (`limits.budget`), shared with the click's other runs; without one, a budget of its own."""
+    stop = budget() if stop is None else stop
+    generate, options = get_method(request.method), method_options(request.method, target)
+    sampling = {"sampling": request.sampling} if processes(request) else {}
+    yield from generate(
+        target.model,
+        target.encode_chat(request.prompt),
+        max_new_tokens=request.max_new_tokens,
+        eos_token_ids=target.eos_token_ids,
+        stop=stop,
+        **sampling,
+        **options,
+        **request.settings,
+    )
 
 
 def collect(events: Iterator[StepEvent | Summary]) -> tuple[list[StepEvent], Summary]:
@@ -147,31 +206,37 @@ class Baselines:
                 self.runs.pop(next(iter(self.runs)))
             self.runs[self.key(target, request)] = measured
 
-    def get(self, target: LoadedModel, request: Request) -> tuple[list[StepEvent], Summary]:
-        """The AR run for this request, measured now (without drawing, as the race runs) when not kept."""
+    def get(self, target: LoadedModel, request: Request, stop: threading.Event | None = None) -> tuple[list[StepEvent], Summary]:
+        """The AR run for this request, measured now (without drawing, as the race runs) when not
+        kept. A run that `stop` cut short is returned but not kept: it is no baseline."""
         if not self.has(target, request):
-            self.put(target, request, collect(run(target, self.ar_request(request))))
+            measured = collect(run(target, self.ar_request(request), stop))
+            if measured[1].finish_reason == "stopped":
+                return measured
+            self.put(target, request, measured)
         return self.runs[self.key(target, request)]
 
 
-def own_reference(target: LoadedModel, request: Request) -> Summary | None:
+def own_reference(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary | None:
     """For a method that decodes other weights than the target's (cllm), greedy AR on those
     weights: the answer it must equal. None for the others, whose reference is the target's AR."""
     model = decoded_model(request.method, target)
-    return None if model is target.model else greedy_answer(model, target, request)
+    return None if model is target.model else greedy_answer(model, target, request, stop)
 
 
-def amateur_reference(target: LoadedModel, request: Request) -> Summary | None:
+def amateur_reference(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary | None:
     """For contrastive decoding, the amateur's own greedy answer, shown beside the expert's (AR's)
     so a person sees what the contrast changed; None for the other methods."""
     amateur = method_options(request.method, target).get("amateur")
-    return None if amateur is None else greedy_answer(amateur, target, request)
+    return None if amateur is None else greedy_answer(amateur, target, request, stop)
 
 
-def greedy_answer(model, target: LoadedModel, request: Request) -> Summary:
-    """Greedy AR of `model` (a model of the target's vocabulary) on the request's prompt."""
+def greedy_answer(model, target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary:
+    """Greedy AR of `model` (a model of the target's vocabulary) on the request's prompt, within
+    the click's budget `stop` (default: a budget of its own)."""
     input_ids = target.encode_chat(request.prompt)
-    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids))
+    stop = budget() if stop is None else stop
+    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids, stop=stop))
 
 
 def cllm_quality(target: LoadedModel, request: Request) -> dict | None:
@@ -255,5 +320,6 @@ def timed_events(
             raise outcome["error"]
         yield list(steps), outcome.get("summary")
     finally:
-        stop.set()
+        if worker.is_alive():  # closed early (Stop) or failed: end the method between two passes
+            stop.set()
         worker.join()

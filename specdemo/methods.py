@@ -94,6 +94,14 @@ def companion(target: LoadedModel, kind: str) -> str | Path:
     return spec
 
 
+def forget_companions() -> None:
+    """Drop every loaded companion (drafts, heads, CLLMs), which hold their targets: after an
+    evicted target (`ui.Targets`) nothing keeps it in memory. The others load again on first use."""
+    method_options.cache_clear()
+    token_draft.cache_clear()
+    cllm.load_cllm.cache_clear()
+
+
 def decoded_model(name: str, target: LoadedModel):
     """The weights method `name` decodes, whose greedy AR answer it must equal: the target's,
     except for a method that brings its own (cllm's consistency-trained copy)."""

@@ -8,8 +8,9 @@ Specs:
     anything else       a Hugging Face Hub id (needs a network, or a warm local cache)
 """
 
-import functools
+import gc
 import importlib.util
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,11 +169,33 @@ def load_model(
     `trust_remote_code` runs code shipped with a Hub model: pass it only when a user asked for it.
     """
     torch_device = torch.device(device) if device else default_device()
-    return _load_once(spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)
+    key = (spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)  # every spelling of a request shares one load
+    with _LOADING:
+        if key not in _LOADED:
+            _LOADED[key] = _load(*key)
+        return _LOADED[key]
 
 
-@functools.cache  # keyed on normalized arguments, so every spelling of a request shares one load
-def _load_once(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel:
+_LOADED: dict[tuple, "LoadedModel"] = {}
+_LOADING = threading.Lock()
+
+
+def unload(model: "LoadedModel") -> None:
+    """Forget `model`: a later `load_model` of it loads it again, and its memory can be freed
+    (`free_memory`) once nothing else holds it. The app keeps one GPU preset resident this way."""
+    with _LOADING:
+        for key in [key for key, loaded in _LOADED.items() if loaded is model]:
+            del _LOADED[key]
+
+
+def free_memory() -> None:
+    """Free what no model holds any more, CUDA's cached blocks too."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _load(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel:
     if spec == EMBEDDED:
         gguf = embedded_gguf_path()
         source = str(gguf) if gguf else EMBEDDED_HUB_ID

@@ -3,8 +3,11 @@
 
 import html
 import json
+import math
 import tempfile
 import threading
+import time
+from pathlib import Path
 from collections.abc import Iterator
 
 import gradio as gr
@@ -12,12 +15,13 @@ import gradio as gr
 from . import views
 from .errors import SpecDemoError
 from .events import StepEvent
+from .limits import LIMITS, budget
 from .live import (
-    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, cllm_quality, collect, divergence_from, first_difference, own_reference, run, speedup,
-    stats, timed_events,
+    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, cllm_quality, divergence_from, first_difference, own_reference,
+    collect, race_methods, run, sampling_from, speedup, stats, text, timed_events, whole,
 )
-from .methods import METHODS, OTHER_ANSWER, decoded_model, method_options
-from .models import LoadedModel, fast_dtype, load_model
+from .methods import METHODS, OTHER_ANSWER, decoded_model, forget_companions, method_options
+from .models import LoadedModel, fast_dtype, free_memory, load_model, unload
 from .presets import Preset, available_presets, preset_for, preset_named
 from .sampling import GREEDY, SamplingConfig
 
@@ -71,23 +75,19 @@ HOW_IT_WORKS = {
     "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
     "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
 }
-try:  # Hugging Face ZeroGPU attaches a GPU only inside functions marked with spaces.GPU
-    import spaces
+GPU_MARGIN_S = 15  # ZeroGPU's time beyond a click's budget: attaching the GPU, the last pass, drawing
 
-    on_gpu = spaces.GPU
-except ImportError:
-    on_gpu = lambda function: function  # noqa: E731
+
+def on_gpu(function):
+    """On Hugging Face ZeroGPU, `function` gets a GPU for as long as one click may decode (its
+    budget, `LIMITS.budget_s`, plus a margin), not the platform's default of 60 s; elsewhere, as is."""
+    try:
+        import spaces
+    except ImportError:
+        return function
+    return spaces.GPU(duration=lambda *args, **kwargs: LIMITS.budget_s + GPU_MARGIN_S)(function)
 
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
-
-
-def sampling_config(
-    do_sample: bool, temperature: float, top_k: int, top_p: float, repetition_penalty: float, seed: float | None, no_repeat_ngram_size: int = 0
-) -> SamplingConfig:
-    if not do_sample and repetition_penalty == 1.0 and not no_repeat_ngram_size:
-        return GREEDY
-    seed = None if seed is None or seed < 0 else int(seed)
-    return SamplingConfig(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty), seed, int(no_repeat_ngram_size))
 
 
 def method_view(events: list[StepEvent], decode) -> dict:
@@ -146,9 +146,9 @@ def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent]) -> 
     )
 
 
-def answers_beside(target: LoadedModel, request: Request, summary, baseline_summary) -> str:
+def answers_beside(target: LoadedModel, request: Request, summary, baseline_summary, stop=None) -> str:
     """For contrastive decoding (a quality method), its answer beside the expert's and the amateur's own."""
-    amateur = amateur_reference(target, request)
+    amateur = amateur_reference(target, request, stop)
     if amateur is None:
         return ""
     answers = {"contrastive (expert − amateur)": summary.tokens, "expert alone (greedy AR)": baseline_summary.tokens,
@@ -156,20 +156,32 @@ def answers_beside(target: LoadedModel, request: Request, summary, baseline_summ
     return views.answers_html(answers, target.decode)
 
 
+EXPORTS = Path(tempfile.gettempdir()) / "specdemo-runs"
+EXPORTS_KEPT_S = 3600  # an export older than this is deleted when the next one is written
+
+
 def export_events(events: list[StepEvent], summary) -> str:
-    """The run's events as a JSON file for download."""
+    """The run's events as a JSON file for download. Exports older than an hour are deleted
+    first (Gradio serves its own copy, which its `delete_cache` removes), so files never pile up."""
+    EXPORTS.mkdir(exist_ok=True)
+    for old in EXPORTS.glob("specdemo-run-*.json"):
+        if time.time() - old.stat().st_mtime > EXPORTS_KEPT_S:
+            old.unlink(missing_ok=True)
     payload = {"events": [vars(e) for e in events], "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-run-", delete=False) as handle:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-run-", dir=EXPORTS, delete=False) as handle:
         json.dump(payload, handle, default=list)
         return handle.name
 
 
 class Targets:
     """The models a page offers: the one it started with, and the presets this machine can run
-    (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use."""
+    (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use. Besides the start,
+    one model is resident at a time (a preset, or the start at the other precision): asking for
+    another evicts it first, so a class switching presets never holds more than two in memory."""
 
     def __init__(self, start: LoadedModel, presets: tuple[Preset, ...]):
         self.start, self.presets = start, presets
+        self.resident: LoadedModel | None = None
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
         self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
@@ -190,13 +202,22 @@ class Targets:
             raise SpecDemoError(f"precision must be one of {', '.join(map(repr, self.precisions))}, got {precision!r}")
         dtype = self.precisions[precision] if precision else str(self.start.dtype).removeprefix("torch.")
         same_dtype = dtype == str(self.start.dtype).removeprefix("torch.")
-        if not name or name == self.start_name:
-            return self.start if same_dtype else load_model(self.start.spec, dtype, str(self.start.device))
-        preset = preset_named(name, self.presets)
-        return load_model(preset.target, dtype, str(self.start.device))
+        if (not name or name == self.start_name) and same_dtype:
+            return self.start
+        spec = self.start.spec if not name or name == self.start_name else preset_named(name, self.presets).target
+        if self.resident is not None and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype):
+            return self.resident
+        if self.resident is not None:
+            forget_companions()
+            unload(self.resident)
+            self.resident = None
+            free_memory()  # before the next load, so two presets never share the GPU
+        self.resident = load_model(spec, dtype, str(self.start.device))
+        return self.resident
 
 
 EXACT = "exact (float32)"
+STOPPED = f"stopped: Stop was pressed, or the click's {LIMITS.budget_s:.0f} s (loading, AR and every method together) ran out"
 
 
 def fast_label(dtype: str) -> str:
@@ -212,7 +233,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     `presets`: the models a person may switch to (default: those this machine can run)."""
     baselines = Baselines()
     # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets
-    targets = Targets(target, available_presets(cuda=target.device.type == "cuda") if presets is None else presets)
+    if presets is None:  # SPECDEMO_PRESETS=0 (a public Space): only the model the app started with
+        presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets else ()
+    targets = Targets(target, presets)
     # One generation at a time on this model: every event that decodes shares one queue slot,
     # so Gradio's queue tells each waiting visitor how many are ahead.
     one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
@@ -223,35 +246,39 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         chooses = lambda checked: None if checked else 0  # noqa: E731
         convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
                    "length_penalty": float, "alpha": float, "amateur_temperature": float}
+        for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecDemoError(f"{name} must be a number, got {value!r}")
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
         settings = {name: convert.get(name, int)(values[name]) for name in METHOD_SETTINGS.get(method, ()) if values[name] is not None}
-        sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
-        return Request(prompt or "", method, int(max_new_tokens), sampling, settings)
+        sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
+        return Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling, settings)
 
-    def stream_baseline(target, request, decode):
+    def stream_baseline(target, request, decode, stop):
         """AR on this prompt first, streamed with the same page updates as the run it is compared
         with: on a CPU drawing takes time from decoding, as much in both runs, so the speedup
-        compares like with like. Stop ends it as it ends a run (nothing is kept then)."""
-        stop = threading.Event()
+        compares like with like. Stop, or the end of the click's budget, ends it (nothing is kept then)."""
         note = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
         for events, summary in timed_events(run(target, baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
-            if summary:
+            if summary and summary.finish_reason != "stopped":
                 baselines.put(target, request, (events, summary))
             yield note + views.stream_html(events, decode, target.decode), *view_updates(method_view(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
 
     @on_gpu
     def on_generate(model_name, precision, *inputs):
+        stop = budget()  # one deadline for the click: loading, the AR baseline, the method and reference runs
         try:
+            request = make_request(*inputs)
             target = targets(model_name, precision)
             decode = decoder(target)
-            request = make_request(*inputs)
             method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
             if not baselines.has(target, request):
-                yield from stream_baseline(target, request, decode)
+                yield from stream_baseline(target, request, decode, stop)
+                if not baselines.has(target, request):  # Stop or the budget ended the baseline
+                    return
             baseline_events, baseline_summary = baselines.get(target, request)
             baseline_stats = stats(baseline_events, baseline_summary)
-            stop = threading.Event()
             for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
                 run_stats = {**stats(events, summary), "speedup_vs_ar": None}
                 run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
@@ -261,13 +288,15 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     views.speed_figure(events, baseline_events),
                     run_stats,
                     why_html(run_stats, baseline_stats, events) + same_as_ar_html(target, request, summary, baseline_summary, decode)
-                    + answers_beside(target, request, summary, baseline_summary) if summary else "",
+                    + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary) if summary else "",
                     (events, summary, decode, target.decode),
                     export_events(events, summary) if summary else None,
                     gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
                 )
         except SpecDemoError as error:  # a sentence for the person, not a traceback
             raise gr.Error(str(error)) from error
+        finally:
+            stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
 
     def on_step(history, step):
         events, summary, decode, decode_tokens = history or ([], None, str, None)
@@ -281,32 +310,47 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 
     @on_gpu
     def on_race(model_name, precision, prompt, methods, max_new_tokens):
+        """AR, then each chosen method once, streamed as they run, all within one click's budget;
+        Stop ends the race between two passes."""
+        stop = budget()
         try:
+            methods = race_methods(methods)
+            base = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
             target = targets(model_name, precision)
             decode = decoder(target)
-            methods = [m for m in methods if m != "ar"]
-            base = Request(prompt or "", "ar", int(max_new_tokens))
-            baseline_events, baseline_summary = baselines.get(target, base)
-            rows, columns = [], []
+            columns = lambda runs: views.race_grid([(m, views.stream_html(e, decode, target.decode)) for m, e in runs])  # noqa: E731
+            if baselines.has(target, base):
+                baseline_events, baseline_summary = baselines.get(target, base)
+            else:
+                for baseline_events, baseline_summary in timed_events(run(target, base, stop), UPDATE_EVERY_S, stop):
+                    yield views.race_table([views.race_note("ar", "running...")]), columns([("ar", baseline_events)])
+                if baseline_summary.finish_reason == "stopped":
+                    yield views.race_table([views.race_note("ar", STOPPED)]), columns([("ar", baseline_events)])
+                    return
+                baselines.put(target, base, (baseline_events, baseline_summary))
+            ar_stats, rows, runs = stats(baseline_events, baseline_summary), [], [("ar", baseline_events)]
             for method in methods:
-                events, summary = collect(run(target, Request(base.prompt, method, base.max_new_tokens)))
-                run_stats = stats(events, summary)
                 request = Request(base.prompt, method, base.max_new_tokens)
-                differs = first_difference(summary.tokens, baseline_summary.tokens)
-                reference = own_reference(target, request)
+                for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
+                    yield views.race_table(rows + [views.race_note(method, "running...")]), columns(runs + [(method, events)])
+                runs.append((method, events))
+                if summary.finish_reason == "stopped":
+                    rows += [views.race_note(m, STOPPED) for m in methods[len(rows):]]
+                    break
+                reference = own_reference(target, request, stop)
                 own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
                 why = difference_note(target, request, summary, reference or baseline_summary, decode)
-                rows.append(race_row(method, run_stats, stats(baseline_events, baseline_summary), differs, summary, decode, reference, own_differs, why))
-                columns.append(f"<div><h4>{method}</h4>{views.stream_html(events, decode, target.decode)}</div>")
-            ar_column = f"<div><h4>ar</h4>{views.stream_html(baseline_events, decode, target.decode)}</div>"
-            table = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n" + "\n".join(rows)
-            grid = f'<div style="display:grid;grid-template-columns:repeat({len(columns) + 1},1fr);gap:12px">{ar_column}{"".join(columns)}</div>'
+                differs = first_difference(summary.tokens, baseline_summary.tokens)
+                rows.append(race_row(method, stats(events, summary), ar_stats, differs, summary, decode, reference, own_differs, why))
             quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in methods else ""
-            return table, quality + grid
+            yield views.race_table(rows), quality + columns(runs)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
+        finally:
+            stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
 
-    with gr.Blocks(title="SpecDemo") as app:
+    # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
+    with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
         gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device} ({target.dtype}).")
         model = gr.Dropdown(
             targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
@@ -366,7 +410,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
                     alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
                     amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
-            how = gr.Markdown(HOW_IT_WORKS["ar"])
+            how = gr.Markdown(HOW_IT_WORKS["ar"], elem_id="how")
             gr.HTML(views.legend_html())
             stream = gr.HTML(elem_id="stream")
             with gr.Row():
@@ -392,10 +436,12 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             step_plots = [gr.Plot(visible=False) for _ in PLOTS]
             step_html = gr.HTML()
         with gr.Tab("Race"):
-            race_methods = gr.CheckboxGroup(
+            race_choice = gr.CheckboxGroup(
                 [m for m in METHODS if m != "ar"], value=[m for m in METHODS if m not in ("ar", *OTHER_ANSWER)], label="Methods against ar"
             )
-            race_button = gr.Button("Race", variant="primary", elem_id="race")
+            with gr.Row():
+                race_button = gr.Button("Race", variant="primary", elem_id="race")
+                race_stop = gr.Button("Stop", elem_id="race-stop")
             race_table = gr.Markdown(elem_id="race-table")
             race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
@@ -405,23 +451,35 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                   num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
         outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
         step_outputs = [step_stream, *step_plots, step_html, explanation]
+        # trigger_mode "once": a visitor's clicks while their decode waits or runs are ignored, so each has at most one queued
         running = gr.on(
-            [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time
+            [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", trigger_mode="once", **one_at_a_time
         )
         # the slider fires no change when a new run ends on the same step number as the last one
         running.then(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
-        stop.click(None, cancels=[running])  # closing the generator ends the decoding loop between passes
-        method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private")
-        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private")
-        step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
-        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private")
-        # the slider refuses a value past its maximum, and would then refuse every later one too
-        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private")
-        race_button.click(
-            on_race, inputs=[model, precision, prompt, race_methods, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private", **one_at_a_time
+        racing = race_button.click(
+            on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private",
+            trigger_mode="once", **one_at_a_time
         )
+        # closing the generator ends the decoding loop between passes
+        stop.click(None, cancels=[running, racing], queue=False)
+        race_stop.click(None, cancels=[running, racing], queue=False)
+        # cheap events never wait behind a decode: off the queue, answered at once
+        method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private", queue=False)
+        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
+        step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
+        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
+        # the slider refuses a value past its maximum, and would then refuse every later one too
+        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
         gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
     return app
+
+
+def serve(app: gr.Blocks, **launch) -> None:
+    """Queue and launch the page with the limits of `specdemo.limits`: decodes wait in one queue of
+    LIMITS.queue_size (one runs at a time, `one_at_a_time`; each visitor sees their place in it),
+    cheap events skip it, and uploads are capped."""
+    app.queue(max_size=LIMITS.queue_size).launch(max_file_size=LIMITS.max_upload, **launch)
 
 
 def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
@@ -431,6 +489,11 @@ def difference_note(target: LoadedModel, request: Request, summary, reference_su
     found = divergence_from(target, request, summary.tokens, reference_summary.tokens)
     dtype = str(target.dtype).removeprefix("torch.")
     return views.divergence_sentence(found, dtype, decode, SUSPECT_MARGIN) if found else ""
+
+
+def budget_note(summary) -> str:
+    """Why a run ended before its answer did: Stop, or the click's budget (`specdemo.limits`)."""
+    return f"<p><i>{html.escape(STOPPED.capitalize())}.</i></p>" if summary.finish_reason == "stopped" else ""
 
 
 def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_summary, decode) -> str:
@@ -476,14 +539,17 @@ def api_generate_for(targets: Targets):
                  no_repeat_ngram_size: int = 0, precision: str = "") -> tuple[str, dict]:
         """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model);
         `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
+        stop = budget()
         try:
-            target = targets(model, precision)
-            sampling = sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
-            request = Request(prompt or "", method, int(max_new_tokens), sampling)
-            events, summary = collect(run(target, request))
+            sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
+            request = Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling)
+            target = targets(text("model", model or ""), text("precision", precision or ""))
+            events, summary = collect(run(target, request, stop))
             return target.decode(list(summary.tokens)), stats(events, summary)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
+        finally:
+            stop.set()
 
     return generate
 

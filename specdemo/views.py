@@ -549,3 +549,22 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
         xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
     )
     return compact(figure)
+
+
+RACE_HEADER = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n"
+
+
+def race_table(rows: list[str]) -> str:
+    """The race's table (Markdown) from its rows, one a method."""
+    return RACE_HEADER + "\n".join(rows)
+
+
+def race_note(method: str, note: str) -> str:
+    """A race row with no numbers yet: the method is running, or did not run."""
+    return f"| {method} | | | | {note} |"
+
+
+def race_grid(columns: list[tuple[str, str]]) -> str:
+    """The answers side by side: (method, its answer's HTML), AR first."""
+    cells = "".join(f"<div><h4>{html.escape(method)}</h4>{answer}</div>" for method, answer in columns)
+    return f'<div style="display:grid;grid-template-columns:repeat({len(columns)},1fr);gap:12px">{cells}</div>'

@@ -56,7 +56,9 @@ def serve(app):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app.queue(max_size=8).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    from specdemo.ui import serve as serve_page
+
+    serve_page(app, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)  # the app's own queue and limits
     return app
 
 

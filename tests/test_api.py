@@ -30,7 +30,14 @@ def test_generate_for_each_method(client, method, embedded):
         (dict(prompt="hi " * 3000, method="ar"), "at most"),
         (dict(prompt="hi", method="jacobi", do_sample=True), "does not sample"),
         (dict(prompt="hi", method="contrastive", repetition_penalty=1.3), "does not apply a repetition penalty"),
-    ],
+        # wrong-typed values, as a careless or hostile client sends them: each gets a sentence naming the setting
+        (dict(prompt="hi", method=["ar", "medusa"]), "method must be text"),
+        (dict(prompt="hi", method="ar", do_sample="false"), "do_sample must be true or false"),
+        (dict(prompt="hi", method="ar", do_sample=True, seed=10**20), "seed must be a whole number"),
+        (dict(prompt="hi", method="ar", do_sample=True, temperature=1e-45), "temperature must be a number from"),
+        (dict(prompt=["hi"], method="ar"), "prompt must be text"),
+        (dict(prompt="hi", method="ar", model=3), "model must be text"),
+    ],  # NaN: gradio_client cannot send it (not JSON); tests/test_hosting.py posts it to the handlers
 )
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client, kwargs, message):
     with pytest.raises(Exception, match=message):

@@ -187,3 +187,46 @@ def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_p
     for method in DIVERGING_METHODS:
         expect(race_verdict(page, method)).to_have_text("yes", timeout=180_000)
     page.screenshot(path=str(SCREENSHOTS / "race-float32.png"), full_page=True)
+
+
+def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, served_app):
+    """Issue 24: 16 visitors ask /generate at once. While their decodes still wait, changing the
+    method on the page is answered (cheap events are off the queue), a Generate click on the page
+    shows its place in the queue, and each of the 16 gets its answer or a clear refusal."""
+    import threading
+
+    from gradio_client import Client
+
+    outcomes, lock = [], threading.Lock()
+
+    def ask(i):
+        try:
+            _, numbers = Client(served_app.local_url, verbose=False).predict(
+                prompt=f"Count from {i} to {i + 40}.", method="ar", max_new_tokens=24, api_name="/generate")
+            outcome = ("answer", numbers["tokens"])
+        except Exception as error:  # a refusal must say why
+            outcome = ("refused", str(error))
+        with lock:
+            outcomes.append(outcome)
+
+    page.get_by_role("tab", name="Generate").click()
+    choose_method(page, "ar")
+    visitors = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+    for visitor in visitors:
+        visitor.start()
+    for _ in range(600):  # until decodes flow: the first answers are back
+        if outcomes:
+            break
+        threading.Event().wait(0.1)
+    choose_method(page, "jacobi")
+    expect(page.locator("#how")).to_contain_text("Jacobi decoding", timeout=30_000)
+    answered_when_cheap = len(outcomes)
+    page.locator("#prompt textarea").fill("Name a colour.")
+    page.locator("#max-new-tokens input[type=number]").fill("4")
+    page.locator("#generate").click()
+    expect(page.locator("body")).to_contain_text(re.compile(r"queue: \d+/\d+"), timeout=30_000)
+    for visitor in visitors:
+        visitor.join(300)
+    assert 1 <= answered_when_cheap < 16, answered_when_cheap  # the cheap event was answered while decodes still waited
+    assert len(outcomes) == 16 and all(kind == "answer" and tokens >= 1 or "queue" in str(tokens).lower() for kind, tokens in outcomes), outcomes
+    expect(page.locator("#stats")).to_contain_text('"finish_reason"', timeout=180_000)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from specdemo import SpecDemoError, live
+from specdemo import SpecDemoError, limits, live
 from specdemo.events import StepEvent, Summary
 from specdemo.live import Baselines, Request, first_difference, speedup, stats, timed_events
 from specdemo.sampling import SamplingConfig
@@ -57,7 +57,8 @@ def test_timed_events_ends_with_every_event_and_the_summary():
     summary = Summary("ar", tokens=(0,), finish_reason="eos", steps=1, target_forwards=1)
     stop = threading.Event()
     updates = list(timed_events(iter([*events_of("ar", [1, 1], [0, 0]), summary]), 0.01, stop))
-    assert updates[-1][1] is summary and len(updates[-1][0]) == 2 and stop.is_set()
+    # a run that ended by itself leaves the click's stop event alone: the click's next run (the method after AR) goes on
+    assert updates[-1][1] is summary and len(updates[-1][0]) == 2 and not stop.is_set()
 
 
 def test_timed_events_hands_on_the_methods_error():
@@ -77,10 +78,24 @@ def test_closing_the_updates_stops_the_decoding(embedded):
     assert stop.is_set() and len(first_events) < 200
 
 
-def test_run_stops_at_the_wall_time_limit(embedded, monkeypatch):
-    monkeypatch.setattr(live, "MAX_WALL_S", 0.0)
+def test_run_stops_at_the_end_of_its_budget(embedded, monkeypatch):
+    monkeypatch.setattr(live, "budget", lambda: limits.budget(0.0))
     events, summary = live.collect(live.run(embedded, Request("Count to a hundred.", "ar", 64)))
     assert summary.finish_reason == "stopped" and len(events) < 64
+
+
+def test_one_budget_covers_every_run_of_a_click(embedded):
+    """The baseline, the method and a reference run share the click's deadline: once it has
+    passed, none of them decodes, and a cut-short AR run is not kept as a baseline."""
+    stop = limits.budget(0.0)
+    stop.wait(1)
+    baselines = Baselines()
+    request = Request("Count to a hundred.", "cllm", 32)
+    _, baseline = baselines.get(embedded, request, stop)
+    assert baseline.finish_reason == "stopped" and not baselines.has(embedded, request)
+    _, summary = live.collect(live.run(embedded, Request("Count to a hundred.", "ar", 32), stop))
+    assert summary.finish_reason == "stopped" and not summary.tokens
+    assert live.greedy_answer(embedded.model, embedded, request, stop).finish_reason == "stopped"
 
 
 def test_baselines_measure_ar_once_per_prompt(embedded):

@@ -1,0 +1,61 @@
+"""What one visitor may ask of the app, in one place. A Space owner overrides each limit with an
+environment variable (docs/hosting.md); a bad value stops the app at start with a sentence."""
+
+import os
+import threading
+from dataclasses import dataclass, fields
+
+from .errors import SpecDemoError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int = 512  # SPECDEMO_MAX_NEW_TOKENS: the most tokens one answer may have
+    max_prompt_chars: int = 4000  # SPECDEMO_MAX_PROMPT_CHARS
+    budget_s: float = 120.0  # SPECDEMO_BUDGET_S: one click's time: loading, the AR baseline, the method(s), reference runs
+    queue_size: int = 64  # SPECDEMO_QUEUE_SIZE: decodes waiting, all visitors together (a class of 30 and more)
+    presets: bool = True  # SPECDEMO_PRESETS: 0 offers only the model the app started with (a public Space)
+    max_upload: str = "1mb"  # SPECDEMO_MAX_UPLOAD: the page takes no uploads; Gradio's upload route gets this cap
+
+    @staticmethod
+    def variable(name: str) -> str:
+        return f"SPECDEMO_{name.upper()}"
+
+
+def limits_from(environ=os.environ) -> Limits:
+    """The limits, with each SPECDEMO_* variable that is set taking the place of its default."""
+    values = {}
+    for field in fields(Limits):
+        text = environ.get(Limits.variable(field.name))
+        if text is None:
+            continue
+        try:
+            if field.type in (bool, "bool"):
+                if text.strip().lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(text)
+                values[field.name] = text.strip().lower() in ("1", "true", "yes", "on")
+            elif field.type in (int, "int", float, "float"):
+                number = (int if field.type in (int, "int") else float)(text)
+                if not number > 0:
+                    raise ValueError(text)
+                values[field.name] = number
+            else:
+                values[field.name] = text.strip()
+        except ValueError:
+            raise SpecDemoError(f"{Limits.variable(field.name)}={text!r} is not a valid {field.name.replace('_', ' ')} "
+                                f"(default {getattr(Limits, field.name)!r})") from None
+    return Limits(**values)
+
+
+LIMITS = limits_from()
+
+
+def budget(seconds: float | None = None) -> threading.Event:
+    """One click's budget as the stop event of every run the click starts: set when `seconds`
+    (default: LIMITS.budget_s) have passed since now, so loading, the baseline, the method and
+    any reference run share one deadline. The Stop button sets it sooner."""
+    stop = threading.Event()
+    timer = threading.Timer(LIMITS.budget_s if seconds is None else seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    return stop

@@ -1,0 +1,146 @@
+"""Hosting for a classroom (docs/hosting.md): limits from the environment, one budget per click,
+ZeroGPU durations, a hostile race bounded, and Stop ending a race."""
+
+import sys
+import types
+
+import pytest
+
+from specdemo import SpecDemoError, limits, live, ui
+from specdemo.methods import METHODS
+
+
+def test_limits_come_from_the_environment_with_a_sentence_for_a_bad_value():
+    assert limits.limits_from({}) == limits.Limits()
+    custom = limits.limits_from({"SPECDEMO_BUDGET_S": "30", "SPECDEMO_QUEUE_SIZE": "100", "SPECDEMO_PRESETS": "0", "SPECDEMO_MAX_NEW_TOKENS": "64"})
+    assert (custom.budget_s, custom.queue_size, custom.presets, custom.max_new_tokens) == (30.0, 100, False, 64)
+    for name, value in [("SPECDEMO_BUDGET_S", "soon"), ("SPECDEMO_QUEUE_SIZE", "-3"), ("SPECDEMO_PRESETS", "maybe")]:
+        with pytest.raises(SpecDemoError, match=name):
+            limits.limits_from({name: value})
+
+
+def test_a_budget_is_a_stop_event_set_at_its_deadline():
+    stop = limits.budget(0.05)
+    assert not stop.is_set() and stop.wait(5)
+
+
+def handler(app, name: str):
+    """The function behind one of the page's events (`on_generate`, `on_race`...)."""
+    return next(block.fn for block in app.fns.values() if getattr(block.fn, "__name__", "") == name)
+
+
+def test_zerogpu_gives_every_decoding_handler_a_duration_that_covers_its_budget(embedded, monkeypatch):
+    """With a stand-in `spaces` module (Hugging Face ZeroGPU), each handler that decodes is
+    wrapped with a duration of at least one click's budget, not the platform's default 60 s."""
+    wrapped = {}
+
+    def gpu(duration):
+        def decorate(function):
+            wrapped[function.__name__] = duration() if callable(duration) else duration
+            return function
+        return decorate
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=gpu))
+    ui.build_app(embedded, presets=())
+    assert set(wrapped) == {"on_generate", "on_race", "generate"}
+    assert all(seconds >= limits.LIMITS.budget_s for seconds in wrapped.values())
+
+
+def test_a_race_takes_known_methods_once_each():
+    assert live.race_methods(["jacobi", "speculative"] * 300) == ["speculative", "jacobi"]  # the page's order, each once
+    assert live.race_methods(list(METHODS)) == [m for m in METHODS if m != "ar"]
+    for bad, says in [("speculative", "list of method names"), ([["ar"]], "list of method names"), (["nope"], "unknown method"), (["ar"], "at least one")]:
+        with pytest.raises(SpecDemoError, match=says):
+            live.race_methods(bad)
+
+
+def test_a_hostile_race_runs_each_method_once(embedded):
+    """The race posted with its method list repeated 300 times races each method once."""
+    race = handler(ui.build_app(embedded, presets=()), "on_race")
+    *_, (table, _) = race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert [row.split("|")[1].strip() for row in rows] == ["lookahead", "jacobi"]
+
+
+def test_stop_ends_a_race_between_two_passes(embedded, monkeypatch):
+    """Stop cancels the race's generator (as Gradio does): the method running then stops at its
+    next pass, and no later method starts."""
+    summaries = []
+
+    def recorded(target, request, stop=None):
+        for item in live.run(target, request, stop):
+            if isinstance(item, live.Summary):
+                summaries.append((request.method, item))
+            yield item
+
+    monkeypatch.setattr(ui, "run", recorded)
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.01)
+    race = handler(ui.build_app(embedded, presets=()), "on_race")
+    updates = race(None, None, "Count from one to two hundred, one number a line.", ["jacobi", "lookahead"], 120)
+    for table, _ in updates:
+        if "| lookahead | | | | running..." in table:
+            break
+    updates.close()  # what the Stop button does
+    assert [method for method, _ in summaries] == ["ar", "lookahead"]  # jacobi never started
+    assert summaries[-1][1].finish_reason == "stopped" and len(summaries[-1][1].tokens) < 120
+
+
+def test_the_presets_can_be_turned_off(embedded, monkeypatch):
+    monkeypatch.setattr(ui, "LIMITS", limits.Limits(presets=False))
+    monkeypatch.setattr(ui, "available_presets", lambda cuda: pytest.fail("presets were offered"))
+    ui.build_app(embedded)
+
+
+def test_exports_do_not_pile_up(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(ui, "EXPORTS", tmp_path)
+    old = tmp_path / "specdemo-run-old.json"
+    old.write_text("{}")
+    os.utime(old, (0, 0))
+    fresh = ui.export_events([], None)
+    assert not old.exists() and os.path.exists(fresh)
+
+
+def test_nan_in_a_slider_or_an_api_value_is_answered_with_a_sentence(embedded):
+    """A raw event can carry NaN (JSON clients cannot, but a hand-made request can): the handlers
+    answer it with a sentence naming the setting, as they answer every bad value."""
+    import gradio as gr
+
+    app = ui.build_app(embedded, presets=())
+    inputs = ["", "", "Name a colour.", "ar", 8, True, float("nan"), 0, 1.0, 1.0, -1, 0,
+              2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+    with pytest.raises(gr.Error, match="temperature must be a number"):
+        list(handler(app, "on_generate")(*inputs))
+    inputs[6], inputs[19] = 1.0, float("nan")  # the block-size slider
+    with pytest.raises(gr.Error, match="block_size must be a number"):
+        list(handler(app, "on_generate")(*inputs))
+    generate = ui.api_generate_for(ui.Targets(embedded, ()))
+    with pytest.raises(gr.Error, match="top_p must be a number"):
+        generate("hi", "ar", 8, True, 1.0, 0, float("nan"))
+    assert generate("Say hi.", "ar", 4)[1]["tokens"] >= 1
+
+
+def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
+    """Asking for another preset (or precision) evicts the one loaded before, and frees its
+    memory, before loading the next; the start model always stays."""
+    from types import SimpleNamespace
+
+    from specdemo.presets import Preset
+
+    loaded, evicted = [], []
+
+    def load(spec, dtype, device):
+        model = SimpleNamespace(spec=spec, dtype=dtype)
+        loaded.append(model)
+        return model
+
+    monkeypatch.setattr(ui, "load_model", load)
+    monkeypatch.setattr(ui, "unload", evicted.append)
+    monkeypatch.setattr(ui, "free_memory", lambda: evicted.append("freed"))
+    targets = ui.Targets(embedded, (Preset("A", "org/a"), Preset("B", "org/b")))
+    a = targets("A", ui.EXACT)
+    assert targets("A", ui.EXACT) is a and evicted == []  # resident: not loaded again
+    b = targets("B", ui.EXACT)
+    assert evicted == [a, "freed"] and loaded == [a, b]
+    assert targets(None, ui.EXACT) is embedded and targets.resident is b  # the start is never evicted
