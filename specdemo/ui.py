@@ -351,7 +351,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 
     # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
-        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device} ({target.dtype}).")
+        # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
+        dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
+        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device}{dtype}.")
         model = gr.Dropdown(
             targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
             "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,

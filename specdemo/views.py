@@ -407,7 +407,8 @@ def divergence_sentence(found, dtype: str, decode: Callable[[int], str], suspect
         return (f"{where} AR preferred {chosen} by {found.margin:.2f} in logit, more than {dtype} rounding moves a logit "
                 f"(up to {suspect_margin} measured): this may be a bug; please report the prompt.")
     wide = (f" A pass over many tokens at once even preferred {other}." if found.wide_gap < 0 else "")
-    return (f"{where} AR's two likeliest tokens here were only {found.top_two:.2f} apart in logit. {dtype} rounds a pass "
+    gap = "tied in logit (less than 0.005 apart)" if found.top_two < 0.005 else f"only {found.top_two:.2f} apart in logit"
+    return (f"{where} AR's two likeliest tokens here were {gap}. {dtype} rounds a pass "
             f"of many tokens differently from a pass of one, which flipped this near-tie.{wide} In float32 the answers are equal.")
 
 

@@ -47,8 +47,8 @@ DIVERGING_METHODS = ["speculative", "medusa", "lookahead"]
 DIVERGING_TOKENS = 12
 FAST = "fast (bfloat16)"
 NEAR_TIE = re.compile(
-    r"no: first differs at token (\d+) .*\. At token \1, AR chose .+ and this method .+\. AR's two likeliest tokens here were only "
-    r"\d+\.\d\d apart in logit\. bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
+    r"no: first differs at token (\d+) .*\. At token \1, AR chose .+ and this method .+\. AR's two likeliest tokens here were "
+    r"(?:only \d+\.\d\d apart in logit|tied in logit \(less than 0\.005 apart\))\. bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
     r"In float32 the answers are equal\."
 )
 
@@ -229,4 +229,5 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
         visitor.join(300)
     assert 1 <= answered_when_cheap < 16, answered_when_cheap  # the cheap event was answered while decodes still waited
     assert len(outcomes) == 16 and all(kind == "answer" and tokens >= 1 or "queue" in str(tokens).lower() for kind, tokens in outcomes), outcomes
-    expect(page.locator("#stats")).to_contain_text('"finish_reason"', timeout=180_000)
+    # the page's own run (jacobi, queued behind the 16) ends before the test does: a decode left running would outlive the app
+    expect(page.locator("#stats")).to_contain_text(re.compile('"method": "jacobi".*"finish_reason": "(eos|length)"', re.S), timeout=180_000)

@@ -99,6 +99,8 @@ def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
     wide = Divergence(position=7, ar_token=5, other_token=9, margin=SUSPECT_MARGIN * 3, top_two=0.5, wide_gap=2.0)
     assert "bug" in divergence_sentence(wide, "bfloat16", decode, SUSPECT_MARGIN)
     assert "bug" in divergence_sentence(tie, "float32", decode, SUSPECT_MARGIN)  # float32 rounding flips nothing here
+    exact_tie = Divergence(position=7, ar_token=5, other_token=9, margin=0.0, top_two=0.0, wide_gap=0.0)
+    assert "tied in logit" in divergence_sentence(exact_tie, "bfloat16", decode, SUSPECT_MARGIN)  # not "only 0.00 apart"
 
 
 def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
