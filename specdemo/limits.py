@@ -30,12 +30,12 @@ def limits_from(environ=os.environ) -> Limits:
         if text is None:
             continue
         try:
-            if field.type in (bool, "bool"):
+            if field.type is bool:
                 if text.strip().lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
                     raise ValueError(text)
                 values[field.name] = text.strip().lower() in ("1", "true", "yes", "on")
-            elif field.type in (int, "int", float, "float"):
-                number = (int if field.type in (int, "int") else float)(text)
+            elif field.type in (int, float):
+                number = field.type(text)
                 if not number > 0:
                     raise ValueError(text)
                 values[field.name] = number
