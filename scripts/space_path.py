@@ -161,7 +161,7 @@ def ask_generate(url: str) -> None:
     for method in METHODS:
         try:
             text, numbers = client.predict(prompt="Name two fruits.", method=method, max_new_tokens=8, api_name="/generate")
-        except Exception as error:  # noqa: BLE001: any failure is the check's failure
+        except Exception as error:  # noqa: BLE001 (any failure is the check's failure)
             fail(f"/generate with method {method!r} failed: {error}; the app's log ({LOG}):\n{log_tail()}")
         if not (isinstance(text, str) and text.strip() and numbers.get("tokens", 0) >= 1):
             fail(f"/generate with method {method!r} answered {text!r}, {numbers!r}")

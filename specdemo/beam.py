@@ -49,10 +49,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
-from .errors import SpecDemoError, check_request
+from .errors import SpecDemoError, check_request, check_whole
 from .events import StepEvent, Summary
-from .models import eos_token_ids as model_eos_token_ids
-from .recorder import StepRecorder
+from .recorder import StepRecorder, resolve_eos
 from .sampling import GREEDY, SamplingConfig, logits_processors
 
 NO_BEAM = -1e9  # log_prob of the beams that do not exist yet at the first step (transformers' value)
@@ -83,7 +82,7 @@ def generate(
     """Beam search after the prompt `input_ids` [1, L] with `num_beams` beams (k)."""
     prompt_length = check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_beam_settings(num_beams, length_penalty, early_stopping, sampling)
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
+    eos = resolve_eos(model, eos_token_ids)
     recorder = StepRecorder("beam", max_new_tokens, eos, stop)
     processors = logits_processors(sampling)
     k = num_beams
@@ -129,8 +128,7 @@ def generate(
 
 
 def check_beam_settings(num_beams: int, length_penalty: float, early_stopping: bool | str, sampling: SamplingConfig) -> None:
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise SpecDemoError(f"num_beams must be a whole number >= 1 (1 is greedy decoding), got {num_beams!r}")
+    check_whole("num_beams", num_beams, 1, what="1 is greedy decoding")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
         raise SpecDemoError(f"length_penalty must be a number (1.0: score = mean log-probability), got {length_penalty!r}")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):

@@ -10,7 +10,6 @@ method's tokens equal AR's token for token.
 """
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -25,7 +24,7 @@ from . import ar, speculative
 from .divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from .errors import SpecDemoError
 from .events import final_summary
-from .methods import METHODS, OTHER_ANSWER, decoded_model, get_method, method_options, token_draft
+from .methods import METHODS, decoded_model, get_method, method_options, settings_of, token_draft
 from .models import AUTO, EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -47,7 +46,7 @@ def specdemo_runner(name: str) -> Runner:
     """A runner for one of our step-event methods: its Summary gives tokens and passes."""
 
     def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
-        method, options = get_method(name), method_options(name, target)
+        method, options = get_method(name).generate, method_options(name, target)
         events = method(
             target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **settings
         )
@@ -155,16 +154,14 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
 
 
 # the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate, which checks its own)
-SETTINGS_OF = dict(METHODS) | {"speculative_token": speculative.generate, "cllm_ar": ar.generate}
-NOT_SETTINGS = {"max_new_tokens", "sampling", "eos_token_ids", "stop", "method_name", "draft", "heads", "cllm_model", "amateur"}  # the bench's, or loaded
+SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {"speculative_token": speculative.generate, "cllm_ar": ar.generate}
 
 
 def settable(method: str) -> list[str] | None:
     """The settings `--set METHOD.SETTING=VALUE` may give `method`; None when not ours to check."""
     if method not in SETTINGS_OF:
         return None
-    parameters = inspect.signature(SETTINGS_OF[method]).parameters.values()
-    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in NOT_SETTINGS]
+    return list(settings_of(SETTINGS_OF[method]))
 
 
 def parse_settings(items: list[str], methods: list[str]) -> dict[str, dict]:
@@ -204,7 +201,7 @@ def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: l
     parted = {}
     for reference in dict.fromkeys(REFERENCES.get(name, "ar") for name in methods):
         others = {name: answers[name] for name in methods if REFERENCES.get(name, "ar") == reference
-                  and name != reference and name not in OTHER_ANSWER}
+                  and name != reference and not (name in METHODS and METHODS[name].other_answer)}
         others = {name: answer for name, answer in others.items() if answer != answers[reference]}
         if others:
             model = decoded_model("cllm", target) if reference == "cllm_ar" else target.model
@@ -330,8 +327,8 @@ def format_table(report: dict) -> str:
         lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} between AR's passes "
                      "and one wide pass over the same text")
     for name in report["methods"]:
-        if name in OTHER_ANSWER:
-            lines.append(f"{name}: matches_ar is reported, {OTHER_ANSWER[name]}")
+        if name in METHODS and METHODS[name].other_answer:
+            lines.append(f"{name}: matches_ar is reported, {METHODS[name].other_answer}")
     return "\n".join(lines)
 
 

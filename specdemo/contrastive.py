@@ -39,10 +39,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .errors import SpecDemoError, check_request
+from .errors import SpecDemoError, check_request, check_whole
 from .events import StepEvent, Summary
-from .models import eos_token_ids as model_eos_token_ids
-from .recorder import StepRecorder
+from .recorder import StepRecorder, resolve_eos
 
 ALPHA = 0.1  # the plausibility threshold of the paper's experiments
 AMATEUR_TEMPERATURE = 0.5  # τ of the paper's GPT-2 runs (§3.4; the authors' run_generation.py example)
@@ -80,7 +79,7 @@ def generate(
 ) -> Iterator[StepEvent | Summary]:
     """Decode after the prompt `input_ids` [1, L], one expert pass and one amateur pass a token."""
     check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_temperature, top_candidates)
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
+    eos = resolve_eos(model, eos_token_ids)
     recorder = StepRecorder("contrastive", max_new_tokens, eos, stop)
     expert_cache, amateur_cache = DynamicCache(config=model.config), DynamicCache(config=amateur.config)
     pending = input_ids  # tokens the caches have not seen yet: the whole prompt, then one token
@@ -112,8 +111,7 @@ def check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_tem
         raise SpecDemoError(f"alpha (the plausibility threshold) must be a number in (0, 1], got {alpha!r}")
     if isinstance(amateur_temperature, bool) or not isinstance(amateur_temperature, (int, float)) or not amateur_temperature > 0:
         raise SpecDemoError(f"amateur_temperature must be a positive number, got {amateur_temperature!r}")
-    if isinstance(top_candidates, bool) or not isinstance(top_candidates, int) or not 1 <= top_candidates <= 64:
-        raise SpecDemoError(f"top_candidates must be a whole number from 1 to 64, got {top_candidates!r}")
+    check_whole("top_candidates", top_candidates, 1, 64)
 
 
 def step_extra(expert, amateur, scores, plausible, chosen, alpha, top_candidates) -> dict[str, Any]:

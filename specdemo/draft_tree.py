@@ -9,9 +9,9 @@ own ancestors. Then the `size` nodes of highest value form the tree the target v
 (reranking, their Sec. 4.2). A child's value never exceeds its parent's, so the chosen nodes
 always include their ancestors.
 
-Greedy verification walks from the root (the last committed token): a child is accepted when
-its token is the target's argmax after its parent; the target's own token follows the deepest
-accepted node. That is AR's answer exactly, whatever the tree holds.
+The target verifies the tree as any proposal (`verify`): a child is accepted when its token is
+the target's argmax after its parent; the target's own token follows the deepest accepted node.
+That is AR's answer exactly, whatever the tree holds.
 
 A draft is a token draft (`draft.Draft`) or a feature draft (`eagle.FeatureDraft`); both step
 through `first_logits` and `branch_logits`, which the chain of `speculative` uses too.
@@ -29,6 +29,7 @@ from .attention import additive
 from .draft import Draft
 from .eagle import FeatureDraft
 from .kvcache import keep_prefix
+from .verify import Proposal
 
 
 @dataclass
@@ -45,6 +46,20 @@ class DraftTree:
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    def proposal(self) -> Proposal:
+        """The tree as the verification engine takes it (`verify.Proposal`)."""
+        return Proposal(tuple(self.tokens), tuple(self.parents), tuple(self.sources))
+
+    def best_continuation(self, node: int) -> list[int]:
+        """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
+        down to a leaf (a copied branch only where the draft has none): what the target turned down
+        when it stopped at `node`."""
+        path = []
+        while children := [child for child, parent in enumerate(self.parents) if parent == node]:
+            node = max(children, key=lambda child: (self.sources[child] == "draft", self.scores[child]))
+            path.append(node)
+        return path
 
     def ancestors(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node`, itself included."""
@@ -185,27 +200,3 @@ def add_copy(tree: DraftTree, copied: list[int]) -> DraftTree:
             grown.sources.append("copy")
         node, score, depth = child, grown.scores[child], depth + 1
     return grown
-
-
-def best_continuation(tree: DraftTree, node: int) -> list[int]:
-    """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
-    down to a leaf (a copied branch only where the draft has none): what the target turned down
-    when it stopped at `node`."""
-    path = []
-    while children := [child for child, parent in enumerate(tree.parents) if parent == node]:
-        node = max(children, key=lambda child: (tree.sources[child] == "draft", tree.scores[child]))
-        path.append(node)
-    return path
-
-
-def accept_greedy(tree: DraftTree, choices: list[int]) -> list[int]:
-    """The accepted nodes, from the root's child down: `choices[0]` is the target's argmax after
-    the root, `choices[1 + i]` after node i. Siblings hold different tokens, so at most one
-    child of a node can match."""
-    children = {}
-    for node, parent in enumerate(tree.parents):
-        children.setdefault(parent, {})[tree.tokens[node]] = node
-    path, node = [], -1
-    while (node := children.get(node, {}).get(choices[node + 1])) is not None:
-        path.append(node)
-    return path

@@ -38,3 +38,12 @@ def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: 
             "new tokens, or choose a smaller window or n-gram size"
         )
     return prompt_length
+
+
+def check_whole(name: str, value, low: int, high: int | None = None, what: str = "") -> int:
+    """`value` if it is a whole number from `low` to `high` (None: no upper bound), else a sentence
+    naming the setting; `what` says what it is. True and 2.0 are not whole numbers here."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        span = f"from {low}" if high is None else f"from {low} to {high}"
+        raise SpecDemoError(f"{name}{f' ({what})' if what else ''} must be a whole number {span}, got {value!r}")
+    return value

@@ -17,19 +17,17 @@ import threading
 from collections.abc import Iterable, Iterator
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from .errors import SpecDemoError, check_request
+from .errors import SpecDemoError, check_whole
 from .events import StepEvent, Summary
-from .kvcache import keep_prefix
-from .models import eos_token_ids as model_eos_token_ids
-from .recorder import StepRecorder
-from .sampling import GREEDY, SamplingConfig, TokenChooser
+from .loop import Context, Learned, Proposer, Verdict, decode
+from .sampling import GREEDY, SamplingConfig
+from .verify import Proposal, TargetPass, accept_greedy, choices_after
 
 MAX_BLOCK_SIZE = 64
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -42,57 +40,60 @@ def generate(
     method_name: str = "jacobi",
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] by Jacobi iteration over blocks of `block_size` tokens."""
-    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_greedy(sampling, method_name)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise SpecDemoError(f"block_size must be a whole number from 1 to {MAX_BLOCK_SIZE}, got {block_size!r}")
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
-    recorder = StepRecorder(method_name, max_new_tokens, eos, stop)
-    choose = TokenChooser(sampling, input_ids.device)
-    cache = DynamicCache(config=model.config)
-    sequence = input_ids  # [1, n] prompt + committed tokens; the cache holds all but the last
-    while not recorder.done:
-        block_start = len(recorder.tokens)
-        block = initial_guess(sequence, min(block_size, recorder.room))
-        trajectory: list[list[int]] = []  # the block as fed at each iteration
-        correct_since: list[int | None] = [None] * len(block)  # iteration from which a position held its final token
-        settled = 0  # leading block positions already committed
-        while settled < len(block) and not recorder.done:
-            trajectory.append(block)
-            guess = block[settled:]
-            cached = cache.get_seq_length()
-            fed = torch.cat([sequence[:, cached:], torch.tensor([guess], device=sequence.device)], dim=-1)
-            logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=len(guess) + 1).logits[0]
-            candidate = torch.cat([sequence, fed[:, sequence.shape[1] - cached :]], dim=-1)
-            choices = choose.greedy_choices(candidate, logits).tolist()  # choices[i]: the target's token after guess[:i]
-            accept_length = leading_matches(guess, choices)
-            committed = [*guess[:accept_length], choices[accept_length]]
-            next_block = block[:settled] + choices[: len(guess)]  # the Jacobi update of every unsettled position
-            keep_prefix(cache, sequence.shape[1] + accept_length)
-            sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
-            iteration = len(trajectory) - 1
-            # only what enters the answer settles: block positions after an EOS never do
-            newly_correct = mark_correct(correct_since, trajectory, settled, recorder.kept(committed), accept_length, iteration)
-            yield recorder.step(
-                committed=committed,
-                proposed=guess,
-                accepted=guess[:accept_length],
-                rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],  # guesses this pass replaced
-                extra={
-                    "block_start": block_start,
-                    "iteration": iteration,
-                    "state": block,
-                    "next_state": next_block,
-                    "settled": settled,
-                    "accept_length": accept_length,
-                    "correct_since": list(correct_since),
-                    "fast_forwarded": [i for i in newly_correct if is_fast_forwarded(correct_since, i)],
-                    "fixed_early": [i for i in newly_correct if is_fixed_early(correct_since, i)],
-                },
-            )
-            settled += len(committed)
-            block = next_block
-    yield recorder.summary()
+    check_whole("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    proposer = JacobiIteration(block_size)
+    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+
+
+class JacobiIteration(Proposer):
+    """Proposes the unsettled rest of the current block as a chain; learns the block's Jacobi update."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.block: list[int] = []  # the current block as guessed now
+        self.settled = 0  # leading block positions already committed
+        self.block_start = 0  # answer position of the block's first token
+        self.trajectory: list[list[int]] = []  # the block as fed at each iteration
+        self.correct_since: list[int | None] = []  # iteration from which a position held its final token
+
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        if self.settled >= len(self.block):  # a new block: an initial guess
+            self.block_start += self.settled
+            self.block, self.settled, self.trajectory = initial_guess(sequence, min(self.block_size, room)), 0, []
+            self.correct_since = [None] * len(self.block)
+        self.trajectory.append(self.block)
+        return Proposal.chain(self.block[self.settled :], "guess")
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+        guess, choices, accept_length = list(proposal.tokens), verdict.details["choices"], len(verdict.path)
+        next_block = self.block[: self.settled] + choices[: len(guess)]  # the Jacobi update of every unsettled position
+        iteration = len(self.trajectory) - 1
+        # only what enters the answer settles: block positions after an EOS never do
+        newly_correct = mark_correct(self.correct_since, self.trajectory, self.settled, kept, accept_length, iteration)
+        learned = Learned(
+            rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],  # guesses this pass replaced
+            extra={
+                "block_start": self.block_start,
+                "iteration": iteration,
+                "state": self.block,
+                "next_state": next_block,
+                "settled": self.settled,
+                "accept_length": accept_length,
+                "correct_since": list(self.correct_since),
+                "fast_forwarded": [i for i in newly_correct if is_fast_forwarded(self.correct_since, i)],
+                "fixed_early": [i for i in newly_correct if is_fixed_early(self.correct_since, i)],
+            },
+        )
+        self.settled += accept_length + 1
+        self.block = next_block
+        return learned
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+        """Greedy acceptance, keeping the target's choices: they are the block's next state."""
+        choices = choices_after(context.choose, sequence, proposal, verified.logits)
+        path, token = accept_greedy(proposal, choices)
+        return Verdict(path, token, {"choices": choices})
 
 
 def check_greedy(sampling: SamplingConfig, method_name: str) -> None:
@@ -107,14 +108,6 @@ def initial_guess(sequence: torch.Tensor, length: int) -> list[int]:
     """The first guess of a block: the last committed token repeated (any guess converges;
     this one is deterministic and costs nothing)."""
     return [int(sequence[0, -1])] * length
-
-
-def leading_matches(guess: list[int], choices: list[int]) -> int:
-    """How many leading guesses equal the target's choice after the guesses before them."""
-    accept_length = 0
-    while accept_length < len(guess) and guess[accept_length] == choices[accept_length]:
-        accept_length += 1
-    return accept_length
 
 
 def mark_correct(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from . import ar, cllm
 from .divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
-from .errors import SpecDemoError
+from .errors import SpecDemoError, check_whole
 from .events import StepEvent, Summary, final_summary
 from .limits import LIMITS, budget
 from .methods import METHODS, companion, decoded_model, get_method, method_options
@@ -20,21 +20,6 @@ from .sampling import GREEDY, SamplingConfig
 MAX_PROMPT_CHARS = LIMITS.max_prompt_chars
 MAX_NEW_TOKENS = LIMITS.max_new_tokens
 
-SAMPLING_METHODS = frozenset({"ar", "speculative"})  # exact sampling; the others verify greedily by construction
-# greedy with a repetition penalty or n-gram blocking, each prefix processed as one-token AR would
-PROCESSOR_METHODS = frozenset({"ar", "speculative", "beam", "medusa", "lookahead", "jacobi", "cllm"})
-METHOD_SETTINGS = {  # the knobs each method takes, beyond max_new_tokens and sampling
-    "ar": (),
-    "speculative": ("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
-    "medusa": ("tree", "tree_size", "typical_acceptance", "copy_length"),
-    "jacobi": ("block_size",),
-    "cllm": ("block_size",),
-    "lookahead": ("window", "ngram", "candidates"),
-    "beam": ("num_beams", "length_penalty", "early_stopping"),
-    "contrastive": ("alpha", "amateur_temperature"),
-}
-
-
 @dataclass(frozen=True)
 class Request:
     """What a person asked for: a prompt, a method and its settings."""
@@ -43,7 +28,7 @@ class Request:
     method: str = "ar"
     max_new_tokens: int = 128
     sampling: SamplingConfig = GREEDY
-    settings: dict = field(default_factory=dict)  # only the method's own knobs (METHOD_SETTINGS)
+    settings: dict = field(default_factory=dict)  # only the method's own settings (`MethodSpec.settings`)
 
     def __post_init__(self):
         check_request(self)
@@ -58,19 +43,18 @@ def check_request(request: Request) -> None:
     if not isinstance(request.method, str) or request.method not in METHODS:
         raise SpecDemoError(f"unknown method {request.method!r}: choose one of {', '.join(METHODS)}")
     tokens = request.max_new_tokens
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
-        raise SpecDemoError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS} here, got {tokens!r}")
+    check_whole("max_new_tokens", tokens, 1, MAX_NEW_TOKENS)
     if request.sampling.do_sample and not samples(request):
         raise SpecDemoError(
             f"{request.method} picks its tokens deterministically (greedy verification or a greedy search), so it does not sample: "
-            f"turn sampling off, or choose {' or '.join(sorted(SAMPLING_METHODS))}"
+            f"turn sampling off, or choose {' or '.join(sorted(m for m, spec in METHODS.items() if spec.samples))}"
         )
     if not request.sampling.do_sample and request.sampling != GREEDY and not processes(request):
         raise SpecDemoError(
             f"{request.method} does not apply a repetition penalty or n-gram blocking: reset them, "
-            f"or choose {' or '.join(sorted(PROCESSOR_METHODS))}"
+            f"or choose {' or '.join(sorted(m for m, spec in METHODS.items() if spec.processors))}"
         )
-    unknown = set(request.settings) - set(METHOD_SETTINGS.get(request.method, ()))
+    unknown = set(request.settings) - set(METHODS[request.method].settings)
     if unknown:
         raise SpecDemoError(f"{request.method} has no setting {', '.join(sorted(unknown))}")
 
@@ -86,9 +70,7 @@ def whole(name: str, value, low: int | None = None, high: int | None = None) -> 
     low, high = (low, high) if low is not None else RANGES[name]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
-    return value
+    return check_whole(name, value, low, high)
 
 
 def number(name: str, value, low: float | None = None, high: float | None = None) -> float:
@@ -142,19 +124,20 @@ def sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed
 def samples(request: Request) -> bool:
     """Whether the method takes sampling settings: exactly (ar, speculative), or Medusa with its
     typical acceptance, an explicit opt-in because it does not keep the target's distribution."""
-    return request.method in SAMPLING_METHODS or bool(request.settings.get("typical_acceptance"))
+    spec = METHODS[request.method]
+    return spec.samples or bool(spec.samples_when and request.settings.get(spec.samples_when))
 
 
 def processes(request: Request) -> bool:
     """Whether the method takes the logits processors (repetition penalty, n-gram blocking)."""
-    return request.method in PROCESSOR_METHODS or samples(request)
+    return METHODS[request.method].processors or samples(request)
 
 
 def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
     """The method's events for this request, until `stop` is set: the click's budget
     (`limits.budget`), shared with the click's other runs; without one, a budget of its own."""
     stop = budget() if stop is None else stop
-    generate, options = get_method(request.method), method_options(request.method, target)
+    generate, options = get_method(request.method).generate, method_options(request.method, target)
     sampling = {"sampling": request.sampling} if processes(request) else {}
     yield from generate(
         target.model,

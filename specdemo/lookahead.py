@@ -26,17 +26,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from .attention import additive_mask, chain_positions, sees_from_parents
-from .errors import SpecDemoError, check_request
+from .errors import check_whole
 from .events import StepEvent, Summary
-from .jacobi import check_greedy, leading_matches
-from .kvcache import keep_positions
-from .models import eos_token_ids as model_eos_token_ids
+from .jacobi import check_greedy
+from .loop import Context, Learned, Proposer, Verdict, decode
 from .prompt_lookup import copy_from_text
-from .recorder import StepRecorder
-from .sampling import GREEDY, SamplingConfig, TokenChooser
+from .sampling import GREEDY, SamplingConfig
+from .verify import Proposal, TargetPass
 
 
 class NgramPool:
@@ -69,7 +67,6 @@ class NgramPool:
         return list(self.entries.get(first, []))
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -87,69 +84,61 @@ def generate(
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
-    on a 2-core CPU (README); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
+    on a 2-core CPU (docs/methods/lookahead.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
     check_greedy(sampling, "lookahead")
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise SpecDemoError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+        check_whole(name, value, low, high)
+    proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0)
     # A pass's root (the last committed token) is at least 1 before the request's last position,
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
-    window_reach = max(window + ngram - 3, 0)
-    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), window_reach)
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
-    recorder = StepRecorder("lookahead", max_new_tokens, eos, stop)
-    choose = TokenChooser(sampling, input_ids.device)
-    cache = DynamicCache(config=model.config)
-    pool = NgramPool(ngram, per_key=max(candidates, 1))
-    if text_ngrams:
-        pool.insert_text(input_ids[0].tolist())
-    levels = initial_window(input_ids, window, ngram - 1)
-    sequence = input_ids  # [1, n] prompt + committed tokens; the cache holds all but the last
-    while not recorder.done:
-        cached = cache.get_seq_length()
-        pending = sequence[0, cached:].tolist()  # committed tokens the cache has not seen
-        tried, sources = choose_candidates(pool, sequence[0], candidates, copy_length if text_ngrams else 0, recorder.room - 1)
-        layout = Layout(len(pending), [len(c) for c in tried], ngram - 1, window)
-        fed = torch.tensor([pending + [t for c in tried for t in c] + [t for level in levels for t in level]], device=sequence.device)
-        logits = model(
-            fed,
-            attention_mask=additive_mask(layout.sees.to(fed.device), cached, model.dtype),
-            position_ids=chain_positions(layout.sees, cached).to(fed.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=torch.tensor(layout.scored, device=fed.device),
-        ).logits[0]  # rows: the last pending token, each candidate's tokens, the window's last level
-        accept_lengths, choices = verify(choose, sequence, tried, logits[: layout.window_start - len(pending) + 1])
-        best = max(range(len(tried)), key=lambda g: accept_lengths[g]) if tried else 0
-        accept_length = accept_lengths[best] if tried else 0
-        accepted = list(tried[best][:accept_length]) if tried else []
-        committed = [*accepted, choices[best][accept_length]]
-        # the lookahead branch: a new level, and one n-gram down each column of the window
-        new_level = logits[layout.window_start - len(pending) + 1 :].argmax(dim=-1).tolist()
-        for column in range(window):
-            pool.insert([level[column] for level in levels] + [new_level[column]])
-        keep_positions(cache, cached + len(pending), layout.candidate_positions(best, accept_length, cached))
-        sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
-        if text_ngrams:  # the n-grams that end in the tokens just committed
-            pool.insert_text(sequence[0, -(ngram + len(committed) - 1) :].tolist())
-        yield recorder.step(
-            committed=committed,
-            proposed=[t for c in tried for t in c],
-            accepted=accepted,
-            rejected=list(tried[best][accept_length:]) if tried else [],
+    reach = max(window + ngram - 3, 0)
+    return decode(model, input_ids, proposer, method="lookahead", max_new_tokens=max_new_tokens, sampling=sampling,
+                  eos_token_ids=eos_token_ids, stop=stop, reach=reach)
+
+
+class Lookahead(Proposer):
+    """Proposes the pool's n-grams (and a copy) as chains from the root, with the Jacobi window
+    as work nodes; learns a new window level and the n-grams down its columns."""
+
+    def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int):
+        self.window, self.ngram, self.limit, self.copy_length = window, ngram, candidates, copy_length
+        self.pool = NgramPool(ngram, per_key=max(candidates, 1))
+        if copy_length:  # text n-grams: the prompt's go into the pool too
+            self.pool.insert_text(input_ids[0].tolist())
+        self.levels = initial_window(input_ids, window, ngram - 1)  # [N - 1][W] Jacobi iterates, oldest first
+        self.tried: list[tuple[int, ...]] = []
+        self.sources: list[str] = []
+
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        self.tried, self.sources = choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1)
+        return proposal(self.tried, self.sources, self.levels)
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+        # the lookahead branch: a new level (the target's argmax after the last one), and an n-gram down each column
+        new_level = verified.logits[1 + proposal.candidates :].argmax(dim=-1).tolist()
+        for column in range(self.window):
+            self.pool.insert([level[column] for level in self.levels] + [new_level[column]])
+        accept_lengths = candidate_accept_lengths(self.tried, verdict.path)
+        best = candidate_of(self.tried, verdict.path[-1]) if verdict.path else 0
+        accept_length = len(verdict.path)
+        committed = len(verdict.path) + 1
+        if self.copy_length:  # the n-grams that end in the tokens just committed
+            self.pool.insert_text(sequence[0, -(self.ngram + committed - 1) :].tolist())
+        learned = Learned(
+            rejected=list(self.tried[best][accept_length:]) if self.tried else [],
             extra={
-                "window": levels,
+                "window": self.levels,
                 "new_level": new_level,
-                "candidates": [list(c) for c in tried],
-                "candidate_sources": sources,
+                "candidates": [list(c) for c in self.tried],
+                "candidate_sources": self.sources,
                 "candidate_accept_lengths": accept_lengths,
-                "best_candidate": best if tried else None,
+                "best_candidate": best if self.tried else None,
                 "accept_length": accept_length,
-                "pool_size": len(pool),
+                "pool_size": len(self.pool),
             },
         )
-        levels = levels[1:] + [new_level]
-    yield recorder.summary()
+        self.levels = self.levels[1:] + [new_level]
+        return learned
 
 
 def initial_window(input_ids: torch.Tensor, window: int, levels: int) -> list[list[int]]:
@@ -161,35 +150,29 @@ def initial_window(input_ids: torch.Tensor, window: int, levels: int) -> list[li
     return prompt[picks].tolist()
 
 
-class Layout:
-    """Where each token of a lookahead pass sits, and what it sees.
-
-    Fed order: `pending` committed tokens, then the candidates (continuations of the last
-    pending token, `candidate_lengths` tokens each), then the window: `levels` rows of `window` tokens."""
-
-    def __init__(self, pending: int, candidate_lengths: list[int], levels: int, window: int):
-        self.pending, self.window = pending, window
-        self.candidate_starts = []  # index of each candidate's first token in the fed order
-        parents = [i - 1 for i in range(pending)]  # -1: the cached prefix
-        for length in candidate_lengths:
-            start = len(parents)
-            self.candidate_starts.append(start)
-            parents += [pending - 1 if j == 0 else start + j - 1 for j in range(length)]
-        self.window_start = len(parents)
-        for level in range(levels):
-            for column in range(window):
-                if level > 0:
-                    parents.append(self.window_start + (level - 1) * window + column)
-                else:
-                    parents.append(pending - 1 if column == 0 else self.window_start + column - 1)
-        self.sees = sees_from_parents(parents)  # [q, q]
-        last_level = self.window_start + (levels - 1) * window
-        self.scored = [pending - 1, *range(pending, self.window_start), *range(last_level, last_level + window)]
-
-    def candidate_positions(self, best: int, accept_length: int, cached: int) -> list[int]:
-        """Cache positions of the accepted tokens of candidate `best`."""
-        start = cached + self.candidate_starts[best] if self.candidate_starts else cached
-        return list(range(start, start + accept_length))
+def proposal(tried: list[tuple[int, ...]], sources: list[str], levels: list[list[int]]) -> Proposal:
+    """One pass's proposal: each candidate a chain from the root, then the window's levels as work
+    nodes. Column c of level 0 follows column c - 1 (column 0 the root); column c of level l > 0
+    follows column c of level l - 1. Each window token then sees level 0 up to its column and its
+    column above it, at position c + l + 1 after the root (Fu et al. 2024, Fig. 3); the last level
+    is read, for the next one."""
+    tokens, parents, kinds = [], [], []
+    for candidate, source in zip(tried, sources):
+        parents += [-1 if j == 0 else len(tokens) + j - 1 for j in range(len(candidate))]
+        tokens += candidate
+        kinds += [source] * len(candidate)
+    window_start, width = len(tokens), len(levels[0])
+    for level, row in enumerate(levels):
+        for column, token in enumerate(row):
+            if level > 0:
+                parents.append(window_start + (level - 1) * width + column)
+            else:
+                parents.append(-1 if column == 0 else window_start + column - 1)
+            tokens.append(token)
+            kinds.append("window")
+    last_level = window_start + (len(levels) - 1) * width
+    work = len(tokens) - window_start
+    return Proposal(tuple(tokens), tuple(parents), tuple(kinds), work=work, read=tuple(range(last_level, len(tokens))))
 
 
 def choose_candidates(
@@ -210,18 +193,28 @@ def choose_candidates(
     return [c for c, _ in chosen], [s for _, s in chosen]
 
 
-def verify(choose: TokenChooser, sequence: torch.Tensor, tried: list[tuple[int, ...]], logits: torch.Tensor):
-    """Greedy exact-match verification of each candidate: its accept length, and the target's
-    choices along it (choices[g][i]: the target's token after the candidate's first i tokens).
-    `logits` rows: the last committed token, then each candidate's tokens in turn."""
+def candidate_of(tried: list[tuple[int, ...]], node: int) -> int:
+    """The candidate a proposal node belongs to (candidates are laid out one after another)."""
+    start = 0
+    for index, candidate in enumerate(tried):
+        if node < start + len(candidate):
+            return index
+        start += len(candidate)
+    raise ValueError(f"node {node} is past the candidates")
+
+
+def candidate_accept_lengths(tried: list[tuple[int, ...]], path: list[int]) -> list[int]:
+    """How many leading tokens of each candidate the target accepted: the accepted path's length
+    on its own candidate; on another, as many as it shares with the path (the same tokens after
+    the same root, so the same verdicts)."""
     if not tried:
-        return [], [choose.greedy_choices(sequence, logits[:1]).tolist()]
-    accept_lengths, choices, row = [], [], 1
+        return []
+    best = candidate_of(tried, path[-1]) if path else -1
+    accepted = [t for i, candidate in enumerate(tried) if i == best for t in candidate[: len(path)]]
+    lengths = []
     for candidate in tried:
-        rows = torch.cat([logits[:1], logits[row : row + len(candidate)]])  # [len(candidate) + 1, V]
-        row += len(candidate)
-        path = torch.cat([sequence, torch.tensor([candidate], device=sequence.device)], dim=-1)
-        path_choices = choose.greedy_choices(path, rows).tolist()
-        accept_lengths.append(leading_matches(list(candidate), path_choices))
-        choices.append(path_choices)
-    return accept_lengths, choices
+        shared = 0
+        while shared < min(len(candidate), len(accepted)) and candidate[shared] == accepted[shared]:
+            shared += 1
+        lengths.append(shared)
+    return lengths

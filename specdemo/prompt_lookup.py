@@ -9,9 +9,9 @@ wider verification pass.
 
 import torch
 
-from .errors import SpecDemoError
+from .errors import check_whole
 
-COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (README)
+COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (docs/methods/speculative.md)
 SHORTEST_MATCH = 2  # copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass
 MAX_COPY_LENGTH = 16
 
@@ -20,11 +20,7 @@ def check_copy_length(copy_length: int | None) -> int:
     """The copied branch's length for a `copy_length` setting: None means COPY_LENGTH, 0 none."""
     if copy_length is None:
         return COPY_LENGTH
-    if isinstance(copy_length, bool) or not isinstance(copy_length, int) or not 0 <= copy_length <= MAX_COPY_LENGTH:
-        raise SpecDemoError(
-            f"copy_length (tokens copied from the text into the tree) must be a whole number from 0 to {MAX_COPY_LENGTH}, got {copy_length!r}"
-        )
-    return copy_length
+    return check_whole("copy_length", copy_length, 0, MAX_COPY_LENGTH, "tokens copied from the text into the tree")
 
 
 def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match: int = 3, shortest_match: int = 1) -> tuple[int, ...]:

@@ -103,3 +103,17 @@ class StepRecorder:
             elapsed_s=time.perf_counter() - self.start,
             extra=extra or {},
         )
+
+
+def eos_token_ids_of(model, tokenizer=None) -> tuple[int, ...]:
+    """Every token id that ends an answer: the generation config's EOS ids and the tokenizer's."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
+
+
+def resolve_eos(model, eos_token_ids: Iterable[int] | None) -> tuple[int, ...]:
+    """The end-of-sequence ids of a generation: the caller's, else the model's."""
+    return eos_token_ids_of(model) if eos_token_ids is None else tuple(eos_token_ids)

@@ -19,7 +19,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .errors import SpecDemoError
+from .errors import SpecDemoError, check_whole
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,14 @@ class SamplingConfig:
     def __post_init__(self):
         if not self.temperature > 0:
             raise SpecDemoError(f"temperature must be above 0, got {self.temperature} (use greedy decoding for 0)")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecDemoError(f"top_k must be a whole number >= 0 (0 turns it off), got {self.top_k!r}")
+        check_whole("top_k", self.top_k, 0, what="0 turns it off")
         if not 0 < self.top_p <= 1:
             raise SpecDemoError(f"top_p must be in (0, 1], got {self.top_p}")
         if not self.repetition_penalty > 0:
             raise SpecDemoError(f"repetition_penalty must be above 0 (1.0 turns it off), got {self.repetition_penalty}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise SpecDemoError(f"seed must be a whole number or None, got {self.seed!r}")
-        n = self.no_repeat_ngram_size
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise SpecDemoError(f"no_repeat_ngram_size must be a whole number >= 0 (0 turns it off), got {n!r}")
+        check_whole("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, what="0 turns it off")
 
 
 GREEDY = SamplingConfig()

@@ -21,27 +21,24 @@ chain, whose rejection rule above keeps the target's distribution.
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from . import draft_tree
-from .attention import additive_mask, chain_positions, sees_from_parents
 from .draft import Draft
 from .eagle import FeatureDraft
-from .errors import SpecDemoError, check_request
+from .errors import SpecDemoError, check_whole
 from .events import StepEvent, Summary
-from .kvcache import keep_positions, keep_prefix
-from .models import eos_token_ids as model_eos_token_ids
+from .kvcache import keep_prefix
+from .loop import Context, Learned, Proposer, Verdict, decode
 from .prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
-from .recorder import StepRecorder
-from .sampling import GREEDY, SamplingConfig, TokenChooser
+from .sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
+from .verify import Proposal, TargetPass, accept_greedy, choices_after
 
 MAX_GAMMA = 16
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -63,87 +60,113 @@ def generate(
     AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
     greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
     that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree."""
-    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
-        raise SpecDemoError(f"gamma (draft tokens per step) must be a whole number from 1 to {MAX_GAMMA}, got {gamma!r}")
-    choose = TokenChooser(sampling, input_ids.device)
-    draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, choose)
+    check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
+    draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
-    eos = model_eos_token_ids(model) if eos_token_ids is None else tuple(eos_token_ids)
-    recorder = StepRecorder("speculative", max_new_tokens, eos, stop)
-    target_cache, draft_cache = DynamicCache(config=model.config), DynamicCache(config=draft.model.config)
-    sequence = input_ids  # [1, n] prompt + committed tokens
-    on_features = isinstance(draft, FeatureDraft)
-    features = None  # [1, m, H] the target's features of the positions its cache holds (feature drafts)
-    accepted_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was accepted
-    proposed_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was proposed
-    while not recorder.done:
-        n, cached = sequence.shape[1], target_cache.get_seq_length()
-        # A feature draft needs the target's features of the prompt: the first pass drafts nothing.
-        step_gamma = min(gamma, recorder.room - 1) if features is not None or not on_features else 0
-        if draft_tree_size and step_gamma:
-            tree = draft_tree.grow(draft, draft_cache, sequence, features, depth=step_gamma, top_k=draft_tree_top_k, size=draft_tree_size, eos=eos)
-            copied = copied_branch(sequence[0], min(copy_length, recorder.room - 1), eos)
-            step = tree_step(model, target_cache, sequence, draft_tree.add_copy(tree, copied), on_features)
-        else:
-            step = chain_step(model, draft, target_cache, draft_cache, sequence, features, step_gamma, choose, eos)
-        accept_length = len(step.accepted_nodes)
-        # Roll back: the target keeps the committed tokens and the accepted draft tokens; the draft
-        # keeps what it saw of them (a feature draft: only pairs fed the target's features).
-        keep_positions(target_cache, n, [n + node for node in step.accepted_nodes])
-        if on_features:
-            kept_rows = [*range(n - cached), *(n - cached + node for node in step.accepted_nodes)]
-            features = torch.cat([*([] if features is None else [features]), step.hidden[:, kept_rows]], dim=1)
-            keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n - 1))
-        else:
-            keep_prefix(draft_cache, min(draft_cache.get_seq_length(), n + accept_length))
-        committed = [*step.accepted, step.next_token]
-        sequence = torch.cat([sequence, torch.tensor([committed], device=sequence.device)], dim=-1)
-        for depth in range(step.depth):
-            proposed_at[depth] += 1
-            accepted_at[depth] += depth < accept_length
-        yield recorder.step(
-            committed=committed,
-            proposed=step.proposed,
-            accepted=step.accepted,
-            rejected=step.rejected,
-            draft_forwards=step.draft_passes,
-            extra={"gamma": step.depth, "accept_length": accept_length, "target_token": step.next_token, **step.extra},
+    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length)
+    return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+
+
+class DraftProposer(Proposer):
+    """Proposes the draft's chain or tree (with a branch copied from the text); learns by rolling
+    the draft's cache back to what the target kept and, with adaptive γ, by changing γ.
+
+    A feature draft needs the target's features of the positions before it drafts: the verification
+    pass returns them (`features`), and the draft's cache keeps only the pairs whose feature the
+    target computed. The first pass therefore drafts nothing."""
+
+    def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int):
+        self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
+        self.tree_size, self.top_k, self.copy_length = tree_size, top_k, copy_length
+        self.features = isinstance(draft, FeatureDraft)
+        self.cache = DynamicCache(config=draft.model.config)  # the draft's own KV cache
+        self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds
+        self.step_gamma = 0  # draft positions this pass may propose
+        self.tree: draft_tree.DraftTree | None = None  # this pass's tree, or None for a chain
+        self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
+        self.accepted_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was accepted
+        self.proposed_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was proposed
+
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        ready = self.target_features is not None or not self.features
+        self.step_gamma = min(self.gamma, room - 1) if ready else 0
+        if self.tree_size and self.step_gamma:
+            tree = draft_tree.grow(
+                self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=self.top_k, size=self.tree_size, eos=context.eos
+            )
+            self.tree, self.q = draft_tree.add_copy(tree, copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)), None
+            return self.tree.proposal()
+        tokens, self.q = propose(
+            self.draft, self.cache, sequence, self.target_features, self.step_gamma, context.choose, context.eos, context.model.config.vocab_size
         )
+        self.tree = None
+        return Proposal.chain(tokens[0].tolist(), "draft")
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+        """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
+        if context.choose.config.do_sample:
+            drafted = sequence.new_tensor(proposal.tokens)
+            candidate = torch.cat([sequence, drafted[None]], dim=-1)
+            accept_length, token, details = accept_sampled(context.choose, candidate, verified.logits, drafted, self.q)
+            return Verdict(list(range(accept_length)), token, details)
+        choices = choices_after(context.choose, sequence, proposal, verified.logits)
+        path, token = accept_greedy(proposal, choices)
+        return Verdict(path, token, {} if self.tree else {"target_choices": choices})
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+        n, path = verified.cached + verified.pending, verdict.path  # n: the text's length before this pass committed
+        # Roll back the draft: it keeps what it saw of the committed tokens and the accepted draft
+        # tokens (a feature draft: only the pairs fed the target's features).
+        if self.features:
+            kept_rows = [*range(verified.pending), *(verified.pending + node for node in path)]
+            self.target_features = torch.cat([*([] if self.target_features is None else [self.target_features]), verified.hidden[:, kept_rows]], dim=1)
+            keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
+        else:
+            keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
+        depth = max(self.tree.depths) if self.tree else proposal.size
+        for position in range(depth):
+            self.proposed_at[position] += 1
+            self.accepted_at[position] += position < len(path)
+        if self.tree:
+            turned_down = self.tree.best_continuation(path[-1] if path else -1)
+            details, draft_passes = tree_details(self.tree, int(sequence[0, n - 1]), path, turned_down), self.tree.draft_passes
+            rejected = [self.tree.tokens[node] for node in turned_down]
+        else:
+            details, rejected, draft_passes = verdict.details, list(proposal.tokens[len(path) :]), proposal.size
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
         # (a copied branch can commit more than γ: that is no rejection).
-        if adaptive_gamma and step_gamma == gamma:
-            gamma = min(gamma + 2, MAX_GAMMA) if accept_length >= gamma else max(gamma - 1, 1)
-    yield recorder.summary(extra={"acceptance_by_position": [a / p for a, p in zip(accepted_at, proposed_at) if p]})
+        if self.adaptive_gamma and self.step_gamma == self.gamma:
+            self.gamma = min(self.gamma + 2, MAX_GAMMA) if len(path) >= self.gamma else max(self.gamma - 1, 1)
+        extra = {"gamma": depth, "accept_length": len(path), "target_token": verdict.token, **details}
+        return Learned(rejected, draft_passes, extra)
+
+    def summary(self) -> dict:
+        return {"acceptance_by_position": [a / p for a, p in zip(self.accepted_at, self.proposed_at) if p]}
 
 
-@dataclass
-class Verified:
-    """What one target pass decided about a chain or a tree of draft tokens."""
-
-    accepted_nodes: list[int]  # the accepted draft tokens' indices among the drafted ones, in order
-    next_token: int  # the target's own token after them
-    hidden: torch.Tensor | None  # [1, f, H] the target's features at every fed position (feature drafts)
-    proposed: list[int]
-    accepted: list[int]
-    rejected: list[int]  # the drafted tokens after the last accepted one that the target turned down
-    depth: int  # draft positions proposed: the chain's length, the tree's depth (a copied branch's included)
-    draft_passes: int  # the draft's passes that proposed them (a copy takes none)
-    extra: dict  # the event's method-specific data
+def tree_details(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int]) -> dict:
+    """A verified draft tree for the event, node 0 the root, as in Medusa's events."""
+    return {
+        "tree_tokens": [root, *tree.tokens],
+        "tree_parents": [-1, *(p + 1 for p in tree.parents)],
+        "tree_depths": [0, *tree.depths],
+        "accepted_path": [0, *(node + 1 for node in path)],
+        "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
+        "tree_scores": tree.scores,
+        "tree_sources": tree.sources,
+    }
 
 
-AUTO_TREE_SIZE = 6  # with draft_tree_top_k = 2: the best of sizes 4 to 16 on our bench prompts (README)
+AUTO_TREE_SIZE = 6  # with draft_tree_top_k = 2: the best of sizes 4 to 16 on our bench prompts (docs/methods/speculative.md)
 
 
-def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, choose: TokenChooser) -> int:
+def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampling: SamplingConfig) -> int:
     """The number of tree nodes to draft (0: a chain), checked against the decoding rule."""
-    plain_greedy = not choose.config.do_sample and not choose.processors
-    if isinstance(draft_tree_top_k, bool) or not isinstance(draft_tree_top_k, int) or draft_tree_top_k < 1:
-        raise SpecDemoError(f"draft_tree_top_k must be a whole number from 1, got {draft_tree_top_k!r}")
+    plain_greedy = not sampling.do_sample and not logits_processors(sampling)
+    check_whole("draft_tree_top_k", draft_tree_top_k, 1)
     if draft_tree_size is None:
         return AUTO_TREE_SIZE if plain_greedy else 0
-    if isinstance(draft_tree_size, bool) or not isinstance(draft_tree_size, int) or draft_tree_size < 0:
-        raise SpecDemoError(f"draft_tree_size (draft tree nodes, 0 for a chain) must be a whole number from 0, got {draft_tree_size!r}")
+    check_whole("draft_tree_size", draft_tree_size, 0, what="draft tree nodes, 0 for a chain")
     if draft_tree_size and not plain_greedy:
         raise SpecDemoError(
             "a draft tree is verified greedily, without logits processors: for sampling or a repetition penalty "
@@ -162,61 +185,6 @@ def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:
             "decode greedily with a draft_tree_size above 0, or set copy_length=0"
         )
     return copy_length
-
-
-def chain_step(model, draft, target_cache, draft_cache, sequence, features, gamma, choose, eos) -> Verified:
-    """Draft a chain of up to `gamma` tokens and verify it in one target pass (Leviathan et al.)."""
-    cached = target_cache.get_seq_length()
-    draft_tokens, q = propose(draft, draft_cache, sequence, features, gamma, choose, eos, model.config.vocab_size)
-    g = draft_tokens.shape[1]
-    fed = torch.cat([sequence[:, cached:], draft_tokens], dim=-1)
-    logits, hidden = verify_pass(model, fed, target_cache, g + 1, isinstance(draft, FeatureDraft))
-    candidate = torch.cat([sequence, draft_tokens], dim=-1)
-    if choose.config.do_sample:
-        accept_length, next_token, details = accept_sampled(choose, candidate, logits, draft_tokens[0], q)
-    else:
-        accept_length, next_token, details = accept_greedy(choose, candidate, logits, draft_tokens[0])
-    drafted = draft_tokens[0].tolist()
-    return Verified(
-        list(range(accept_length)), next_token, hidden, drafted, drafted[:accept_length], drafted[accept_length:], depth=g, draft_passes=g, extra=details
-    )
-
-
-def tree_step(model, target_cache, sequence, tree: draft_tree.DraftTree, with_features: bool) -> Verified:
-    """Verify every node of a draft tree in one target pass, each seeing the committed tokens
-    and its own ancestors (tree attention, as Medusa's)."""
-    n, cached = sequence.shape[1], target_cache.get_seq_length()
-    uncached = n - cached  # committed tokens the target has not seen; the last one is the tree's root
-    parents = [*range(-1, uncached - 1), *(uncached - 1 if p < 0 else uncached + p for p in tree.parents)]
-    sees = sees_from_parents(parents).to(sequence.device)
-    fed = torch.cat([sequence[:, cached:], sequence.new_tensor([tree.tokens])], dim=-1)
-    tree_attention = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
-    logits, hidden = verify_pass(model, fed, target_cache, tree.size + 1, with_features, **tree_attention)
-    choices = logits.argmax(dim=-1).tolist()  # [1 + size]: after the root, then after each node
-    path = draft_tree.accept_greedy(tree, choices)
-    next_token = choices[path[-1] + 1 if path else 0]
-    rejected = draft_tree.best_continuation(tree, path[-1] if path else -1)
-    extra = {
-        "tree_tokens": [int(sequence[0, -1]), *tree.tokens],  # node 0 is the root, as in Medusa's events
-        "tree_parents": [-1, *(p + 1 for p in tree.parents)],
-        "tree_depths": [0, *tree.depths],
-        "accepted_path": [0, *(node + 1 for node in path)],
-        "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
-        "tree_scores": tree.scores,
-        "tree_sources": tree.sources,
-    }
-    accepted, turned_down = [tree.tokens[node] for node in path], [tree.tokens[node] for node in rejected]
-    return Verified(path, next_token, hidden, tree.tokens, accepted, turned_down, depth=max(tree.depths), draft_passes=tree.draft_passes, extra=extra)
-
-
-def verify_pass(model: PreTrainedModel, fed: torch.Tensor, cache: DynamicCache, keep: int, with_features: bool, **tree):
-    """The target's logits [keep, V] at the last `keep` fed positions and, for a feature draft, its
-    features [1, f, H] at every fed position (the last hidden state, what the LM head reads).
-    `tree`: an attention_mask and position_ids when the fed tokens form a tree."""
-    if not with_features:
-        return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0], None
-    hidden = model.base_model(fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
-    return model.get_output_embeddings()(hidden[:, -keep:])[0], hidden
 
 
 def draft_logits(
@@ -266,17 +234,6 @@ def propose(
             break
     draft_tokens = torch.cat(tokens, dim=-1) if tokens else sequence.new_zeros(1, 0)
     return draft_tokens, (torch.stack(q) if q else None)
-
-
-def accept_greedy(
-    choose: TokenChooser, candidate: torch.Tensor, logits: torch.Tensor, draft_tokens: torch.Tensor
-) -> tuple[int, int, dict]:
-    """Exact-match verification: accept while the draft equals the target's choice."""
-    g = draft_tokens.shape[0]
-    choices = choose.greedy_choices(candidate, logits)  # [g+1]
-    matches = (choices[:g] == draft_tokens).int()
-    accept_length = int(matches.cumprod(dim=0).sum())
-    return accept_length, int(choices[accept_length]), {"target_choices": choices.tolist()}
 
 
 def accept_sampled(

@@ -7,8 +7,8 @@ import math
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import gradio as gr
 
@@ -17,13 +17,28 @@ from .errors import SpecDemoError
 from .events import StepEvent
 from .limits import LIMITS, budget
 from .live import (
-    MAX_NEW_TOKENS, METHOD_SETTINGS, SUSPECT_MARGIN, Baselines, Request, amateur_reference, cllm_quality, divergence_from, first_difference, own_reference,
-    collect, race_methods, run, sampling_from, speedup, stats, text, timed_events, whole,
+    MAX_NEW_TOKENS,
+    SUSPECT_MARGIN,
+    Baselines,
+    Request,
+    amateur_reference,
+    cllm_quality,
+    collect,
+    divergence_from,
+    first_difference,
+    own_reference,
+    race_methods,
+    run,
+    sampling_from,
+    speedup,
+    stats,
+    text,
+    timed_events,
+    whole,
 )
-from .methods import METHODS, OTHER_ANSWER, decoded_model, forget_companions, method_options
+from .methods import METHODS, decoded_model, forget_companions, method_options
 from .models import LoadedModel, fast_dtype, free_memory, load_model, unload
 from .presets import Preset, available_presets, preset_for, preset_named
-from .sampling import GREEDY, SamplingConfig
 
 EXAMPLES = [
     "Write a haiku about autumn leaves.",
@@ -34,47 +49,6 @@ EXAMPLES = [
     "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
 ]
 
-HOW_IT_WORKS = {
-    "ar": "**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured against it.",
-    "speculative": "**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the target "
-    "scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its own. Sampling accepts a draft "
-    "token x with probability min(1, p(x)/q(x)) and otherwise resamples from max(0, p − q), so the output keeps the target's distribution. "
-    "The embedded model's draft is an EAGLE feature draft (Li et al. 2024): one layer that predicts the target's next hidden state from "
-    "its current one, sharing its LM head. Greedy, it drafts a tree (EAGLE-2): each level expands the nodes whose whole path the draft "
-    "finds likeliest, and the target checks every branch in one pass with tree attention, keeping the branch it agrees with. "
-    "The tree also gets a branch copied from the text (prompt lookup, Saxena 2023): the tokens that followed the answer's last "
-    "few tokens where they occurred before, so an answer that quotes its prompt or repeats itself commits several tokens a pass.",
-    "medusa": "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 places ahead; "
-    "their top candidates form a tree that the target checks in one pass, each node attending only to its ancestors (tree attention). "
-    "Each pass the tree takes the paths the heads are surest of (the product of their confidences, as EAGLE-2 values a draft's "
-    "nodes): deep where they are sure, wide where they are not. "
-    "A node is accepted when its token is the target's argmax after its parent; the deepest accepted node's path is kept, plus the "
-    "target's own next token, and only that path's KV entries stay in the cache. Beside the heads' nodes the tree holds a chain copied "
-    "from the text (prompt lookup; squares in the tree). Greedy: the output equals AR's. To sample, Medusa's "
-    "typical acceptance keeps a node when p(x) > min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where "
-    "the target is unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.",
-    "jacobi": "**Jacobi decoding** (Santilli et al. 2023). Guess a block of n tokens, then replace every guess at once with the target's "
-    "prediction given the guesses before it; repeat until nothing changes: the fixed point is exactly the greedy answer. On an ordinary "
-    "model about one token settles per pass, which the trajectory shows.",
-    "cllm": "**CLLM** (Kou et al. 2024). Jacobi decoding, unchanged, on a copy of the target fine-tuned so that from any state "
-    "of a Jacobi trajectory it predicts the fixed point (consistency loss), while an AR loss keeps its answers close to the target's. "
-    "Several tokens then settle in one pass (fast-forwarding), and some settle while the tokens before them are still wrong "
-    "(stationary tokens), both marked in the trajectory. It is a changed model: its greedy answer equals AR's on the CLLM's own "
-    "weights and may differ from the base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).",
-    "beam": "**Beam search** (as in transformers' `generate(num_beams=k)`). Keep the k best partial answers by total "
-    "log-probability Σ log p(x_t | x_<t); each step, all k run in one batched pass, every beam's best continuations compete, "
-    "the k best are kept and the rest pruned. A finished answer is scored by its log-probability divided by its length to the "
-    "power of the length penalty (> 1 favours longer answers). It looks further ahead than greedy, so its answer can differ "
-    "from AR's: it is about search, not speed.",
-    "contrastive": "**Contrastive decoding** (Li et al. 2023). The target is the expert, our small draft the amateur. "
-    "Each token maximises log p_expert(x) − log p_amateur(x) among the plausible tokens, those with "
-    "p_expert(x) ≥ α · max p_expert (α = 0.1): what both models find likely (a generic or repeated phrase) is penalised, "
-    "what only the stronger model sees is favoured. It is about quality, NOT speed: every token costs an expert "
-    "and an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own greedy answers are shown beside it.",
-    "lookahead": "**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 levels), "
-    "collects the n-grams each column produces into a pool, and verifies pool n-grams that start with the last token. Here the pool "
-    "is also fed from the prompt, and one candidate is copied from the text (prompt lookup decoding).",
-}
 GPU_MARGIN_S = 15  # ZeroGPU's time beyond a click's budget: attaching the GPU, the last pass, drawing
 
 
@@ -121,6 +95,18 @@ KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
 )
+
+
+def processing_methods() -> list[str]:
+    return [m for m, spec in METHODS.items() if spec.processors]
+
+
+def sampling_label() -> str:
+    """The sampling accordion's title, from the registry: who samples, who takes the processors."""
+    exact = " and ".join(m for m, spec in METHODS.items() if spec.samples)
+    opt_in = "; ".join(f"{m} only with {spec.samples_when.replace('_', ' ')}" for m, spec in METHODS.items() if spec.samples_when)
+    return (f"Sampling ({exact} exactly; {opt_in}; the others decode greedily). Repetition penalty and n-gram blocking: "
+            f"{', '.join(processing_methods())}, with the answer AR would give under them")
 
 
 def view_updates(view: dict) -> list:
@@ -251,7 +237,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 raise SpecDemoError(f"{name} must be a number, got {value!r}")
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
-        settings = {name: convert.get(name, int)(values[name]) for name in METHOD_SETTINGS.get(method, ()) if values[name] is not None}
+        own = METHODS[method].settings if method in METHODS else ()  # an unknown method gets its sentence from Request
+        settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}
         sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
         return Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling, settings)
 
@@ -322,7 +309,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             if baselines.has(target, base):
                 baseline_events, baseline_summary = baselines.get(target, base)
             else:
-                for baseline_events, baseline_summary in timed_events(run(target, base, stop), UPDATE_EVERY_S, stop):
+                for baseline_events, baseline_summary in timed_events(run(target, base, stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
                     yield views.race_table([views.race_note("ar", "running...")]), columns([("ar", baseline_events)])
                 if baseline_summary.finish_reason == "stopped":
                     yield views.race_table([views.race_note("ar", STOPPED)]), columns([("ar", baseline_events)])
@@ -331,7 +318,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             ar_stats, rows, runs = stats(baseline_events, baseline_summary), [], [("ar", baseline_events)]
             for method in methods:
                 request = Request(base.prompt, method, base.max_new_tokens)
-                for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
+                for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
                     yield views.race_table(rows + [views.race_note(method, "running...")]), columns(runs + [(method, events)])
                 runs.append((method, events))
                 if summary.finish_reason == "stopped":
@@ -375,8 +362,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion("Sampling (ar and speculative exactly; medusa only with typical acceptance; the others decode greedily, and all but contrastive "
-                             "take the repetition penalty and n-gram blocking, with the answer AR would give under them)", open=False):
+            with gr.Accordion(sampling_label(), open=False):
                 with gr.Row():
                     do_sample = gr.Checkbox(False, label="Sample")
                     temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
@@ -384,7 +370,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
                     repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
                     seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
-                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label="No repeated n-grams of size (0: off; ar, speculative, beam)")
+                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})")
             with gr.Accordion("Method settings", open=False):
                 with gr.Row():
                     gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
@@ -412,7 +398,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
                     alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
                     amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
-            how = gr.Markdown(HOW_IT_WORKS["ar"], elem_id="how")
+            how = gr.Markdown(METHODS["ar"].description, elem_id="how")
             gr.HTML(views.legend_html())
             stream = gr.HTML(elem_id="stream")
             with gr.Row():
@@ -439,7 +425,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             step_html = gr.HTML()
         with gr.Tab("Race"):
             race_choice = gr.CheckboxGroup(
-                [m for m in METHODS if m != "ar"], value=[m for m in METHODS if m not in ("ar", *OTHER_ANSWER)], label="Methods against ar"
+                [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
             )
             with gr.Row():
                 race_button = gr.Button("Race", variant="primary", elem_id="race")
@@ -467,7 +453,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         stop.click(None, cancels=[running, racing], queue=False)
         race_stop.click(None, cancels=[running, racing], queue=False)
         # cheap events never wait behind a decode: off the queue, answered at once
-        method.change(lambda m: HOW_IT_WORKS.get(m, ""), inputs=method, outputs=how, api_visibility="private", queue=False)
+        method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
         step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
@@ -486,7 +472,7 @@ def serve(app: gr.Blocks, **launch) -> None:
 
 def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
     """Why a greedy answer that should equal its reference's does not: one sentence, or ''."""
-    if request.method in OTHER_ANSWER:
+    if METHODS[request.method].other_answer:
         return ""
     found = divergence_from(target, request, summary.tokens, reference_summary.tokens)
     dtype = str(target.dtype).removeprefix("torch.")
@@ -500,7 +486,7 @@ def budget_note(summary) -> str:
 
 def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_summary, decode) -> str:
     """Generate's verdict: does the answer equal AR's, and if not, why (methods that should)."""
-    if request.method == "ar" or request.method in OTHER_ANSWER:
+    if request.method == "ar" or METHODS[request.method].other_answer:
         return ""
     if decoded_model(request.method, target) is not target.model:  # a changed model (cllm): is it still a good one?
         return views.cllm_quality_html(cllm_quality(target, request))
@@ -518,8 +504,8 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
     same = same_tokens(differs if reference is None else own_differs, summary, decode)
     if why:
         same = f"{same}. " + why.replace("|", "\\|")  # a | would end the table's cell
-    if method in OTHER_ANSWER:
-        same = f"{same} ({OTHER_ANSWER[method]})"
+    if METHODS[method].other_answer:
+        same = f"{same} ({METHODS[method].other_answer})"
     if reference is not None:
         same = f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned copy may answer differently)"
     return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"

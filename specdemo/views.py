@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 
 import plotly.graph_objects as go
 
-from .attention import sees_from_parents
 from .events import StepEvent
 
 ORIGINS = {
@@ -202,7 +201,7 @@ def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     """One lookahead pass: the window (levels x columns), the candidates tried and what each matched."""
     extra = event.extra
     rows = "".join(
-        "<tr><th>level %d</th>%s</tr>" % (level, "".join(f"<td>{html.escape(decode(t))}</td>" for t in tokens))
+        f"<tr><th>level {level}</th>{''.join(f'<td>{html.escape(decode(t))}</td>' for t in tokens)}</tr>"
         for level, tokens in enumerate([*extra["window"], extra["new_level"]])
     )
     tried = []
@@ -513,7 +512,11 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
     or one of its ancestors (Cai et al. 2024, Fig. 2)."""
-    sees = sees_from_parents(event.extra["tree_parents"]).tolist()
+    parents = event.extra["tree_parents"]
+    lineage = []  # per node, itself and its ancestors
+    for node, parent in enumerate(parents):
+        lineage.append({node, *(lineage[parent] if parent >= 0 else ())})
+    sees = [[j in lineage[i] for j in range(len(parents))] for i in range(len(parents))]
     labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.extra["tree_tokens"])]
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))

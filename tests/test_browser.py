@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import serve
 from specdemo.methods import METHODS
+
+from conftest import serve
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -48,7 +49,8 @@ DIVERGING_TOKENS = 12
 FAST = "fast (bfloat16)"
 NEAR_TIE = re.compile(
     r"no: first differs at token (\d+) .*\. At token \1, AR chose .+ and this method .+\. AR's two likeliest tokens here were "
-    r"(?:only \d+\.\d\d apart in logit|tied in logit \(less than 0\.005 apart\))\. bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
+    r"(?:only \d+\.\d\d apart in logit|tied in logit \(less than 0\.005 apart\))\. "
+    r"bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
     r"In float32 the answers are equal\."
 )
 

@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, cllm, jacobi
 from specdemo.events import StepEvent, final_summary
 from training.jacobi_trajectories import trajectories
-from training.train_cllm import add_adapters, adapter_tensors, remove_adapters, train_adapters
+from training.train_cllm import adapter_tensors, add_adapters, remove_adapters, train_adapters
+
+from conftest import make_tiny_model
 
 
 def greedy(model, prompt_ids, max_new_tokens=40) -> list[int]:

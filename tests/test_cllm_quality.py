@@ -3,12 +3,13 @@
 import json
 
 import torch
+from test_distill import tiny_target
 
-from conftest import make_tiny_model
 from specdemo import cllm
 from specdemo.views import cllm_quality_html
-from test_distill import tiny_target
 from training.cllm_quality import MAX_BIGRAM_DROP, base_nll, measure
+
+from conftest import make_tiny_model
 
 
 def test_a_copy_of_the_base_passes_and_a_worse_model_does_not():

@@ -10,11 +10,12 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, contrastive
 from specdemo.draft import load_draft
 from specdemo.events import StepEvent, Summary, final_summary
 from specdemo.views import COLOURS, contrastive_figure
+
+from conftest import make_tiny_model
 
 
 class FixedLM(torch.nn.Module):

@@ -5,11 +5,12 @@ and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
 import pytest
 import torch
 
-from conftest import make_tiny_model
 from specdemo import ar, jacobi, lookahead, medusa, speculative
 from specdemo.draft import Draft
 from specdemo.events import final_summary
 from specdemo.sampling import SamplingConfig
+
+from conftest import make_tiny_model
 from test_eagle import feature_draft
 from test_medusa import CHOICES, random_heads
 

@@ -3,10 +3,11 @@ a tiny model where a tie is forced, and flagged on a forced bug (a method that c
 
 import torch
 
-from conftest import make_tiny_model
 from specdemo import ar
 from specdemo.bench import explain_differences
 from specdemo.divergence import SUSPECT_MARGIN, divergences, first_difference, rounding_noise
+
+from conftest import make_tiny_model
 
 
 def ar_answer(model, prompt, n):

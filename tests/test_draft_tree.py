@@ -6,11 +6,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, draft_tree, speculative
 from specdemo.draft import Draft
 from specdemo.events import StepEvent, final_summary
 from specdemo.sampling import SamplingConfig
+from specdemo.verify import accept_greedy
+
+from conftest import make_tiny_model
 from test_eagle import OracleDraft, feature_draft
 
 
@@ -99,10 +101,10 @@ def test_eos_inside_an_accepted_branch(tiny_model, prompt_ids):
 def test_accept_greedy_walks_the_matching_branch():
     tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5], depths=[1, 1, 2, 2, 2], sources=["draft"] * 5)
     # choices[0] follows the root, choices[1 + i] follows node i
-    assert draft_tree.accept_greedy(tree, [8, 0, 3, 0, 0, 0]) == [1, 4]
-    assert draft_tree.accept_greedy(tree, [7, 7, 0, 0, 0, 0]) == [0, 3]
-    assert draft_tree.accept_greedy(tree, [5, 0, 0, 0, 0, 0]) == []
-    assert draft_tree.best_continuation(tree, -1) == [0, 2]
+    assert accept_greedy(tree.proposal(), [8, 0, 3, 0, 0, 0])[0] == [1, 4]
+    assert accept_greedy(tree.proposal(), [7, 7, 0, 0, 0, 0])[0] == [0, 3]
+    assert accept_greedy(tree.proposal(), [5, 0, 0, 0, 0, 0])[0] == []
+    assert tree.best_continuation(-1) == [0, 2]
 
 
 @pytest.mark.parametrize("every", [2, 3])
@@ -165,8 +167,8 @@ def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
     assert branched.parents == [-1, -1, 0, 1] and branched.depths[3] == 2
     assert draft_tree.add_copy(tree, []) == tree
     # the target walks into copied nodes like any other; the draft's favourite stays what it turned down
-    assert draft_tree.accept_greedy(grown, [7, 9, 0, 4, 5, 6]) == [0, 2, 3, 4]
-    assert draft_tree.best_continuation(draft_tree.add_copy(tree, [7, 6]), 0) == [2]
+    assert accept_greedy(grown.proposal(), [7, 9, 0, 4, 5, 6])[0] == [0, 2, 3, 4]
+    assert draft_tree.add_copy(tree, [7, 6]).best_continuation(0) == [2]
 
 
 def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids):

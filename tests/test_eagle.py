@@ -10,6 +10,7 @@ from specdemo import ar, speculative
 from specdemo.eagle import FeatureDraft, init_from_target
 from specdemo.events import final_summary
 from specdemo.sampling import SamplingConfig
+
 from test_speculative import chi_square_p, target_marginals
 
 

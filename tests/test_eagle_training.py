@@ -3,7 +3,6 @@ the target never changes, the all-starts drafting evaluation equals drafting ste
 the draft saves and loads."""
 
 import torch
-from conftest import make_tiny_model
 from transformers import DynamicCache
 
 from specdemo.eagle import (
@@ -19,6 +18,8 @@ from training.train_eagle import (
     pad_batch,
     summarize,
 )
+
+from conftest import make_tiny_model
 
 VOCAB = torch.arange(0, 97, 2)  # the draft proposes the even token ids
 TO_SUBSET = torch.full((97,), -100).index_put_((VOCAB,), torch.arange(len(VOCAB)))

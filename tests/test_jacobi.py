@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, jacobi
 from specdemo.events import StepEvent, final_summary
 from specdemo.sampling import SamplingConfig
+
+from conftest import make_tiny_model
 
 
 def make_bigram_model(successor: dict[int, int], default: int) -> torch.nn.Module:

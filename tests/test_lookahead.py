@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from specdemo import SpecDemoError, ar, lookahead
-from specdemo.attention import additive_mask, chain_positions
+from specdemo.attention import additive_mask, chain_positions, sees_from_parents
 from specdemo.events import StepEvent, final_summary
-from specdemo.lookahead import Layout, NgramPool, choose_candidates
+from specdemo.lookahead import NgramPool, choose_candidates
 from specdemo.prompt_lookup import copied_branch, copy_from_text
 from specdemo.sampling import SamplingConfig
+from specdemo.verify import fed_parents
+
 from test_jacobi import make_bigram_model
 
 
@@ -36,14 +38,17 @@ def reference_sees(pending, candidate_lengths, levels, window):
     "pending,candidate_lengths,levels,window", [(1, [], 1, 1), (1, [3, 3], 3, 4), (3, [6, 2, 2], 2, 5), (2, [4], 4, 3), (1, [1, 5], 2, 2)]
 )
 def test_layout_matches_the_reference(pending, candidate_lengths, levels, window):
-    layout = Layout(pending, candidate_lengths, levels, window)
-    assert torch.equal(layout.sees, reference_sees(pending, candidate_lengths, levels, window))
-    positions = chain_positions(layout.sees, 10)[0].tolist()
+    tried = [tuple(range(length)) for length in candidate_lengths]
+    proposal = lookahead.proposal(tried, ["pool"] * len(tried), [[0] * window for _ in range(levels)])
+    sees = sees_from_parents(list(fed_parents(pending, proposal)))
+    assert torch.equal(sees, reference_sees(pending, candidate_lengths, levels, window))
+    positions = chain_positions(sees, 10)[0].tolist()
+    candidate_starts = [pending + sum(candidate_lengths[:g]) for g in range(len(candidate_lengths))]
     start = pending + sum(candidate_lengths)
     for level in range(levels):
         for column in range(window):  # column c of level l sits c + l + 1 after the last pending token
             assert positions[start + level * window + column] == 10 + pending + column + level
-    for first, length in zip(layout.candidate_starts, candidate_lengths):
+    for first, length in zip(candidate_starts, candidate_lengths):
         assert positions[first : first + length] == list(range(10 + pending, 10 + pending + length))
 
 

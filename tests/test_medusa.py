@@ -14,14 +14,13 @@ from specdemo.kvcache import keep_positions
 from specdemo.medusa import (
     MedusaHeads,
     build_tree,
-    deepest_accepted,
     dynamic_paths,
-    greedy_verdicts,
     load_heads,
     probs_after_parents,
     typical_verdicts,
 )
 from specdemo.sampling import SamplingConfig
+from specdemo.verify import accept_greedy, deepest
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
@@ -77,7 +76,7 @@ def test_dynamic_paths_are_the_likeliest_paths_found_by_brute_force():
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
         log_probs = torch.log_softmax(torch.randn(3, 40, generator=generator) * 3, dim=-1).topk(5).values.tolist()  # [K, R] best first
-        value = lambda path: sum(log_probs[d][r] for d, r in enumerate(path))  # noqa: E731
+        value = lambda path, log_probs=log_probs: sum(log_probs[d][r] for d, r in enumerate(path))
         every = [path for depth in (1, 2, 3) for path in itertools.product(range(5), repeat=depth)]
         for size in (1, 4, 8, 17, 40):
             paths = dynamic_paths(log_probs, size)
@@ -99,10 +98,12 @@ def test_verification_keeps_the_deepest_accepted_node():
     # the target follows the root with 12 (node 2), then 23 (node 6): node 6, not the deeper node 7
     # whose parent (node 4) the target never reaches
     choices = [12, 21, 23, 0, 31, 0, 99, 0]
-    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, choices)) == 6
-    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, [0] * 8)) == 0  # nothing accepted: the root
+    proposal = medusa.proposal(tree, tokens)  # the engine numbers nodes from the root's children: node i is i + 1 here
+    deepest_node = lambda choices: ([0] + [n + 1 for n in accept_greedy(proposal, choices)[0]])[-1]  # noqa: E731
+    assert deepest_node(choices) == 6
+    assert deepest_node([0] * 8) == 0  # nothing accepted: the root
     choices[0] = 11  # now (0,) -> (0,0) -> (0,0,0) holds all the way down
-    assert deepest_accepted(tree, greedy_verdicts(tree, tokens, choices)) == 7
+    assert deepest_node(choices) == 7
 
 
 def test_typical_acceptance_threshold_and_ties():
@@ -116,7 +117,7 @@ def test_typical_acceptance_threshold_and_ties():
     probs = torch.stack([flat, flat, flat])
     verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
     assert verdicts == [True, True, True] and thresholds[0] == pytest.approx(0.075)
-    assert deepest_accepted(tree, verdicts, [1.0, 0.2, 0.3]) == 2  # same depth: the likelier path
+    assert deepest(medusa.proposal(tree, [3, 0, 1]), verdicts[1:], [0.2, 0.3]) == [1]  # same depth: the likelier path (node 2)
 
 
 def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, prompt_ids):

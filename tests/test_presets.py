@@ -80,7 +80,8 @@ def test_published_heads_get_their_presets_tree(tiny_model, tmp_path, monkeypatc
     """Published Medusa heads come without a tree; a preset that names one (the Vicuna preset:
     the authors' mc_sim_7b_63) makes it their static tree and the size of their dynamic one, and
     decoding with either still equals AR."""
-    from specdemo import ar, medusa as medusa_module
+    from specdemo import ar
+    from specdemo import medusa as medusa_module
     from specdemo.presets import MC_SIM_7B_63
 
     heads = medusa_module.MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, 1)

@@ -8,11 +8,12 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from conftest import make_tiny_model
 from specdemo import SpecDemoError, ar, speculative
 from specdemo.draft import Draft, load_draft
 from specdemo.events import StepEvent, final_summary
 from specdemo.sampling import SamplingConfig, logits_processors
+
+from conftest import make_tiny_model
 
 
 class ScriptedDraft(Draft):

@@ -5,19 +5,19 @@ import re
 from specdemo.events import StepEvent
 from specdemo.views import (
     COLOURS,
-    tree_figure,
-    tree_mask_figure,
     acceptance_by_position_figure,
     explain_step,
     jacobi_blocks,
     legend_html,
-    pool_figure,
     lookahead_html,
+    pool_figure,
     speed_figure,
     step_timeline_figure,
     stream_html,
     trajectory_cells,
     trajectory_figure,
+    tree_figure,
+    tree_mask_figure,
 )
 
 WORDS = {1: "The", 2: " cat", 3: " sat", 4: " dog", 5: " on", 6: " mat", 7: " ran", 8: " the"}

@@ -298,7 +298,7 @@ Loss curve (means over the steps since the previous row; consistency as KL to th
 | --- | --- | --- | --- |
 {curve}
 
-Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,jacobi,cllm` (see the README).
+Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,jacobi,cllm` (docs/benchmarks.md).
 """)
 
 

@@ -193,7 +193,7 @@ over {final['eval_tokens']} tokens. Tokens per target pass that greedy speculati
 | --- | --- | --- |
 {epochs}
 
-Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,speculative,hf_assisted` (see the README).
+Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,speculative,hf_assisted` (docs/benchmarks.md).
 """)
 
 

@@ -33,7 +33,14 @@ from specdemo.models import load_model
 
 from . import distill
 from .selfdistill import (
-    SAMPLED_COMMAND, SAMPLED_DATA, SAMPLED_DATA_TEXT, VARIED_COMMAND, VARIED_DATA_TEXT, draft_vocabulary, load_split, optional_path,
+    SAMPLED_COMMAND,
+    SAMPLED_DATA,
+    SAMPLED_DATA_TEXT,
+    VARIED_COMMAND,
+    VARIED_DATA_TEXT,
+    draft_vocabulary,
+    load_split,
+    optional_path,
 )
 
 TEACHER_TOP = 32  # soft labels keep the teacher's 32 most likely tokens (renormalised)
@@ -249,7 +256,7 @@ first n paths of `medusa_choices`; the top-1 chain of all heads: {report['chain_
 | --- | --- | --- |
 {curve}
 
-Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,medusa` (see the README).
+Speed on the benchmark prompts: `python -m specdemo.bench --methods ar,medusa` (docs/benchmarks.md).
 """)
 
 

@@ -1,0 +1,127 @@
+"""The decoding loop, written once: propose, verify, accept, commit, learn; one event a target pass.
+
+Every method that decodes by verifying proposals (speculative, Medusa, lookahead, Jacobi and
+CLLM) is a `Proposer` in this loop, and AR is the proposer of nothing. A proposer says what to
+check (`propose`), may bring its own acceptance rule (`accept`: the default is greedy, or a
+sample from the target when nothing is proposed) and updates its state from the verdict
+(`learn`: a draft's cache, an n-gram pool, a Jacobi block), returning what its event shows.
+The loop owns the target's KV cache, the stop rules (`recorder.StepRecorder`) and the events
+(`events.StepEvent`); a proposer never touches the target's cache. Beam search and contrastive
+decoding keep loops of their own: they optimise other objectives than the target's greedy path.
+"""
+
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .errors import SpecDemoError, check_request
+from .events import StepEvent, Summary
+from .recorder import StepRecorder, resolve_eos
+from .sampling import SamplingConfig, TokenChooser
+from .verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a proposer may read about the generation it serves."""
+
+    model: PreTrainedModel  # the target
+    choose: TokenChooser  # the decoding rule and its seeded generator
+    eos: tuple[int, ...]  # end-of-sequence token ids
+
+
+@dataclass
+class Verdict:
+    """What a target pass accepted: the path of proposal nodes and the target's own token after it."""
+
+    path: list[int]
+    token: int
+    details: dict = field(default_factory=dict)  # the rule's numbers, for the event (p, q, thresholds...)
+
+
+@dataclass
+class Learned:
+    """What a proposer's event shows beyond the tokens: the proposed tokens the target turned down,
+    the draft's passes this step, and the method's own data."""
+
+    rejected: list[int] = field(default_factory=list)
+    draft_passes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Proposer:
+    """A method's strategy. The base class proposes nothing: that is AR."""
+
+    features = False  # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`)
+
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        """The tokens to verify after `sequence` [1, n]; at most `room` more tokens may be committed."""
+        return EMPTY
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+        """Greedy acceptance (exactly AR's answer); with nothing proposed, the target's next token
+        by the decoding rule, sampled when sampling."""
+        if context.choose.config.do_sample:
+            if proposal.size:
+                raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or speculative to sample")
+            return Verdict([], int(context.choose(sequence, verified.logits[:1])))
+        path, token = accept_greedy(proposal, choices_after(context.choose, sequence, proposal, verified.logits))
+        return Verdict(path, token)
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+        """Update from the verdict; `sequence` [1, n] now ends with the committed tokens, of which
+        the stop rules let `kept` into the answer."""
+        return Learned()
+
+    def summary(self) -> dict:
+        """The method's totals for the Summary."""
+        return {}
+
+
+@torch.inference_mode()
+def decode(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    proposer: Proposer,
+    *,
+    method: str,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos_token_ids: Iterable[int] | None = None,
+    stop: threading.Event | None = None,
+    reach: int = 0,
+) -> Iterator[StepEvent | Summary]:
+    """Decode after `input_ids` [1, L] with `proposer`, one StepEvent a target pass, then a Summary.
+    `reach`: how far past the answer's last position a pass feeds tokens (lookahead's window)."""
+    check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), reach)
+    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids))
+    recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
+    cache = DynamicCache(config=model.config)  # holds the committed tokens but the last few (at least the root)
+    sequence = input_ids  # [1, n] prompt + committed tokens
+    while not recorder.done:
+        # 1. Propose: the tokens the target checks this pass (none for AR).
+        proposal = proposer.propose(context, sequence, recorder.room)
+        # 2. Verify: one target pass over the committed tokens it has not seen and every proposed node.
+        verified = target_pass(model, cache, sequence, proposal, features=proposer.features)
+        # 3. Accept: the path the target agrees with, and its own token after it.
+        verdict = proposer.accept(context, sequence, proposal, verified)
+        # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
+        commit(cache, verified, verdict.path)
+        accepted = [proposal.tokens[node] for node in verdict.path]
+        committed = [*accepted, verdict.token]
+        kept = recorder.kept(committed)
+        sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
+        # 5. Learn: the proposer updates its state and says what its event shows.
+        learned = proposer.learn(context, sequence, proposal, verified, verdict, kept)
+        yield recorder.step(
+            committed=committed,
+            proposed=proposal.tokens[: proposal.candidates],
+            accepted=accepted,
+            rejected=learned.rejected,
+            draft_forwards=learned.draft_passes,
+            extra=learned.extra,
+        )
+    yield recorder.summary(extra=proposer.summary())

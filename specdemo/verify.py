@@ -1,0 +1,176 @@
+"""The verification engine: what every proposing method shares, written once.
+
+A `Proposal` is what a method offers one target pass: tokens hanging as a forest from the root
+(the last committed token). A chain (a speculative draft, a Jacobi block) is a forest of one
+path; a tree (EAGLE-2's draft tree, Medusa's candidates) is many; lookahead's candidates are
+several chains from the root, and its Jacobi window rides along as work tokens the pass feeds
+but never accepts. AR is the empty proposal.
+
+The engine runs the target once over a proposal (`target_pass`: tree attention where the
+tokens branch, Medusa's Sec. 2.1.2), reads the target's choice after every node
+(`choices_after`), accepts the deepest node whose whole path the target agrees with
+(`accept_greedy`, `deepest`), and keeps that path's KV entries and nothing else (`commit`).
+Greedy acceptance gives exactly AR's answer whatever the proposal holds: each accepted token
+is the target's own argmax after the tokens before it.
+"""
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .attention import additive_mask, chain_positions, sees_from_parents
+from .kvcache import keep_positions
+from .sampling import TokenChooser
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Tokens offered to one target pass. Node i holds `tokens[i]`, hangs from node `parents[i]`
+    (-1: the root; a parent comes before its children) and came from `sources[i]` ("draft",
+    "copy", "head", "pool", "guess", "window"...). The last `work` nodes are fed but never
+    accepted (lookahead's window); `read` names those of them whose logits the proposer wants."""
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+    work: int = 0
+    read: tuple[int, ...] = ()
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int], source: str) -> "Proposal":
+        """Tokens in a row after the root: a speculative draft, a Jacobi block, a copy."""
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), (source,) * len(tokens))
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def candidates(self) -> int:
+        """How many nodes may be accepted: all but the work nodes."""
+        return self.size - self.work
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, self.size - 1))
+
+    def ancestry(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node`, itself included ([] for the root, -1)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+
+EMPTY = Proposal()
+
+
+@dataclass
+class TargetPass:
+    """What the target's pass over a proposal returned."""
+
+    logits: torch.Tensor  # [1 + candidates + len(read), V]: after the root, each candidate node, each read work node
+    hidden: torch.Tensor | None  # [1, f, H] the last hidden state of every fed position (when asked for)
+    cached: int  # cache length before the pass
+    pending: int  # committed tokens fed first (the cache had not seen them); the last is the root
+
+    @property
+    def root_row(self) -> int:
+        """Index of the root among the fed positions (the rows of `hidden`)."""
+        return self.pending - 1
+
+
+@functools.lru_cache(maxsize=1024)  # a tree of one shape recurs every pass: build its mask once
+def _sees(parents: tuple[int, ...]) -> torch.Tensor:
+    return sees_from_parents(list(parents))
+
+
+def fed_parents(pending: int, proposal: Proposal) -> tuple[int, ...]:
+    """Each fed token's parent among the fed tokens (-1: the cache): the `pending` committed
+    tokens in a row, then the proposal's nodes, the root being the last committed token."""
+    return (*range(-1, pending - 1), *(pending - 1 if p < 0 else pending + p for p in proposal.parents))
+
+
+def target_pass(model: PreTrainedModel, cache: DynamicCache, sequence: torch.Tensor, proposal: Proposal, *, features: bool = False) -> TargetPass:
+    """One target pass over the committed tokens the cache has not seen (`sequence` [1, n] ends
+    with them) and then the proposal's nodes, each seeing the committed tokens and its own
+    ancestors. A chain needs no mask: the causal one is its tree attention. `features`: also
+    return the last hidden state of every fed position (a feature draft's input, Medusa's heads')."""
+    cached = cache.get_seq_length()
+    pending = sequence.shape[1] - cached
+    fed = torch.cat([sequence[:, cached:], sequence.new_tensor([proposal.tokens])], dim=-1)  # [1, pending + size]
+    tree = {}
+    if not proposal.is_chain:
+        sees = _sees(fed_parents(pending, proposal)).to(fed.device)
+        tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
+    kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
+    rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
+    if features:
+        hidden = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
+        return TargetPass(model.get_output_embeddings()(hidden[0, rows]), hidden, cached, pending)
+    # the rows as a count from the end where they are the last ones, else as indices
+    keep = len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows, device=fed.device)
+    logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0]
+    return TargetPass(logits, None, cached, pending)
+
+
+def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:
+    """The target's processed scores [1 + candidates, V] after the root and after each candidate
+    node (`logits` rows in that order; `sequence` [1, n] ends with the root). A repetition penalty
+    or n-gram ban depends on the tokens before, so each row is processed after its own path, as
+    one-token decoding would; without a processor the logits are the scores."""
+    logits = logits[: 1 + proposal.candidates]
+    if not choose.processors:
+        return logits
+    rows = []
+    for row, node in enumerate(range(-1, proposal.candidates)):
+        path = sequence.new_tensor([[proposal.tokens[i] for i in proposal.ancestry(node)]])  # [1, depth]
+        rows.append(choose.scores(torch.cat([sequence, path], dim=-1), logits[row : row + 1]))
+    return torch.cat(rows)
+
+
+def choices_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> list[int]:
+    """The target's greedy choice after the root (index 0) and after each candidate node (1 + i)."""
+    return scores_after(choose, sequence, proposal, logits).argmax(dim=-1).tolist()
+
+
+def greedy_verdicts(proposal: Proposal, choices: list[int]) -> list[bool]:
+    """Greedy verification: a node passes when its token is the target's choice after its parent."""
+    return [proposal.tokens[node] == choices[proposal.parents[node] + 1] for node in range(proposal.candidates)]
+
+
+def deepest(proposal: Proposal, verdicts: list[bool], likelihoods: list[float] | None = None) -> list[int]:
+    """The path (from the root's child down) to the deepest candidate whose whole path passes;
+    [] when none does. Ties go to the likelier path (`likelihoods`: each node's probability after
+    its parent, Medusa's typical acceptance), else to the earlier node. Greedy verdicts pass at
+    most one child of a node whose siblings differ; equal siblings (a copy repeating a draft's
+    branch) hold the target's same tokens, so either path commits the same answer."""
+    passed, depth, log_likelihood, best = {-1}, {-1: 0}, {-1: 0.0}, -1
+    for node in range(proposal.candidates):
+        parent = proposal.parents[node]
+        if parent not in passed or not verdicts[node]:
+            continue
+        passed.add(node)
+        depth[node] = depth[parent] + 1
+        log_likelihood[node] = log_likelihood[parent] + (math.log(max(likelihoods[node], 1e-30)) if likelihoods else 0.0)
+        if (depth[node], log_likelihood[node]) > (depth[best], log_likelihood[best]):
+            best = node
+    return proposal.ancestry(best)
+
+
+def accept_greedy(proposal: Proposal, choices: list[int]) -> tuple[list[int], int]:
+    """The accepted path and the target's own token after it (AR's answer, exactly)."""
+    path = deepest(proposal, greedy_verdicts(proposal, choices))
+    return path, choices[path[-1] + 1 if path else 0]
+
+
+def commit(cache: DynamicCache, verified: TargetPass, path: list[int]) -> None:
+    """Keep in the cache the committed tokens the pass fed and the accepted path's entries, moved
+    right after them; drop the rest (`kvcache.keep_positions`)."""
+    length = verified.cached + verified.pending
+    keep_positions(cache, length, [length + node for node in path])

@@ -1,0 +1,102 @@
+"""The layers never reach across (docs/architecture.md): read from the modules' own imports."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
+CORE = {"events", "recorder", "kvcache", "attention", "verify", "loop", "sampling", "errors"}
+METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
+APP = {"ui", "views", "live", "limits"}
+
+
+def imports(module: str) -> set[str]:
+    """Top-level names a module imports: `torch`, `gradio`, and `.verify` as `verify`."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level and node.module:
+                names.add(node.module.split(".")[0])
+            elif node.level:  # from . import ar, beam
+                names |= {alias.name for alias in node.names}
+            else:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_layers_are_the_modules():
+    assert {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"} >= CORE | METHODS | APP
+
+
+@pytest.mark.parametrize("module", sorted(CORE | METHODS))
+def test_decoding_never_imports_the_page_or_its_pictures(module):
+    assert not imports(module) & {"gradio", "plotly", "spaces", *APP, "bench"}
+
+
+@pytest.mark.parametrize("module", sorted(CORE))
+def test_the_core_knows_no_method(module):
+    assert not imports(module) & (METHODS | {"methods", "models", "presets"})
+
+
+@pytest.mark.parametrize("module", ["ui", "views"])
+def test_the_page_never_touches_tensors_or_a_model(module):
+    """The page and its pictures read events; `live` runs a method, through the registry."""
+    assert not imports(module) & {"torch", "transformers", *CORE - {"events", "errors", "sampling"}, *METHODS}
+
+
+def test_live_runs_methods_without_tensors_or_the_page():
+    assert not imports("live") & {"torch", "transformers", "gradio", "plotly", "ui", "views"}
+
+
+def test_the_page_reaches_decoding_only_through_live():
+    tree = ast.parse((PACKAGE / "ui.py").read_text())
+    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert not calls & {"generate", "forward"}  # no method's generator, no model pass
+    assert "gradio" in imports("ui") and "plotly" in imports("views")
+
+
+def test_the_worked_example_of_docs_architecture_runs(tiny_model):
+    """The page's proposer file and registry line, run as written: a method that gives AR's answer."""
+    import re
+    import sys
+    import types
+
+    from specdemo import ar
+    from specdemo.events import final_summary
+    from specdemo.methods import MethodSpec
+
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    proposer_file, registry_line = re.findall(r"```python\n(.*?)```", text, re.S)
+    module = types.ModuleType("specdemo.prompt_lookup_decoding")
+    module.__package__ = "specdemo"
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(proposer_file, "docs/architecture.md", "exec"), module.__dict__)
+        entries = eval("{" + registry_line + "}", {"MethodSpec": MethodSpec, "prompt_lookup_decoding": module})
+    finally:
+        del sys.modules[module.__name__]
+    spec = entries["prompt_lookup"]
+    assert spec.settings == ("length",)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])  # a text that repeats: copies get proposed
+    expected = final_summary(ar.generate(tiny_model, prompt, max_new_tokens=30, eos_token_ids=())).tokens
+    summary = final_summary(spec.generate(tiny_model, prompt, max_new_tokens=30, eos_token_ids=()))
+    assert summary.tokens == expected and summary.proposed > 0
+
+
+def test_ruff_passes():
+    """The style `pyproject.toml` asks for (`ruff check .`), on the whole checkout."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = Path(sys.executable).with_name("ruff")
+    ruff = str(ruff) if ruff.exists() else shutil.which("ruff")
+    if ruff is None:
+        pytest.fail("ruff is not installed: `make test` installs it from requirements-test.txt")
+    result = subprocess.run([ruff, "check", "--no-cache", "."], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
