@@ -25,7 +25,7 @@ Streaming: the answer starts with the longest common prefix of the live beams an
 finished hypotheses (every future finished one extends a live beam), so each step commits
 that prefix's growth, and the last step the rest of the chosen hypothesis.
 
-StepEvent.extra of each step (one target pass):
+StepEvent.data of each step (one target pass), a `steps.BeamStep`:
     num_beams   k
     beams       this step's candidates, best log_prob first; each a dict:
                   token     the token this step appended
@@ -53,6 +53,7 @@ from .errors import SpecDemoError, check_request, check_whole
 from .events import StepEvent, Summary
 from .recorder import StepRecorder, resolve_eos
 from .sampling import GREEDY, SamplingConfig, logits_processors
+from .steps import BeamStep
 
 NO_BEAM = -1e9  # log_prob of the beams that do not exist yet at the first step (transformers' value)
 
@@ -115,10 +116,9 @@ def generate(
         # 4. stop or go on; commit what every possible answer starts with
         over = search_over(length, beam_log_probs, finished, k, max_new_tokens, length_penalty, early_stopping)
         certain = finished[0].tokens if over else common_prefix([new_tokens[i] for i in kept] + [h.tokens for h in finished])
-        extra = step_extra(new_tokens, candidate_log_probs, scores, parents, kept, ends, finished, k)
-        if over:
-            extra["chosen"] = list(finished[0].tokens)
-        yield recorder.step(committed=certain[len(recorder.tokens) :], extra=extra)
+        chosen = list(finished[0].tokens) if over else None
+        data = step_data(new_tokens, candidate_log_probs, scores, parents, kept, ends, finished, k, chosen)
+        yield recorder.step(committed=certain[len(recorder.tokens) :], data=data)
         if over:
             break
         cache.reorder_cache(parents[kept])
@@ -187,7 +187,7 @@ def common_prefix(sequences: list[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(prefix)
 
 
-def step_extra(
+def step_data(
     new_tokens: list[tuple[int, ...]],
     candidate_log_probs: torch.Tensor,
     scores: torch.Tensor,
@@ -196,7 +196,8 @@ def step_extra(
     ends: list[bool],
     finished: list[Hypothesis],
     k: int,
-) -> dict:
+    chosen: list[int] | None,
+) -> BeamStep:
     """The step's candidates (all [w]), beams and finished hypotheses for a view (see the module docstring)."""
     finished_tokens = {h.tokens for h in finished}
     beams = []
@@ -206,4 +207,4 @@ def step_extra(
         beam = kept.index(i) if i in kept else None
         beams.append(dict(token=tokens[-1], tokens=list(tokens), log_prob=log_prob, score=score, parent=parent, beam=beam, status=status))
     hypotheses = [{"tokens": list(h.tokens), "log_prob": h.log_prob, "score": h.score} for h in finished]
-    return {"num_beams": k, "beams": beams, "finished": hypotheses}
+    return BeamStep(num_beams=k, beams=beams, finished=hypotheses, chosen=chosen)

@@ -17,7 +17,7 @@ A token the amateur likes even more than the expert (repetition, a generic word)
 down; the constraint keeps a token the expert finds unlikely from winning on a tiny p_AMA.
 With α = 1 or a uniform amateur, the choice is the expert's own greedy token.
 
-Each step's `extra`, for the app to teach with:
+Each step's `data`, a `steps.ContrastiveStep`, for the app to teach with:
     candidates      the `top_candidates` tokens most likely under the expert (most likely
                     first), then the chosen token if it is not among them; each a dict
                     token           the token id
@@ -34,7 +34,6 @@ Each step's `extra`, for the app to teach with:
 import math
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -42,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .errors import SpecDemoError, check_request, check_whole
 from .events import StepEvent, Summary
 from .recorder import StepRecorder, resolve_eos
+from .steps import ContrastiveStep
 
 ALPHA = 0.1  # the plausibility threshold of the paper's experiments
 AMATEUR_TEMPERATURE = 0.5  # τ of the paper's GPT-2 runs (§3.4; the authors' run_generation.py example)
@@ -92,8 +92,8 @@ def generate(
         scores, plausible = contrastive_scores(log_p_expert, log_p_amateur, alpha)
         chosen = int(scores.argmax())
         pending = torch.tensor([[chosen]], device=input_ids.device)  # [1, 1]
-        extra = step_extra(log_p_expert, log_p_amateur, scores, plausible, chosen, alpha, top_candidates)
-        yield recorder.step(committed=(chosen,), draft_forwards=1, extra=extra)
+        data = step_data(log_p_expert, log_p_amateur, scores, plausible, chosen, alpha, top_candidates)
+        yield recorder.step(committed=(chosen,), draft_forwards=1, data=data)
     yield recorder.summary()
 
 
@@ -114,7 +114,7 @@ def check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_tem
     check_whole("top_candidates", top_candidates, 1, 64)
 
 
-def step_extra(expert, amateur, scores, plausible, chosen, alpha, top_candidates) -> dict[str, Any]:
+def step_data(expert, amateur, scores, plausible, chosen, alpha, top_candidates) -> ContrastiveStep:
     """The numbers behind one choice (see the module docstring), from log p_EXP, log p_AMA,
     the scores and V_head, all [V]."""
     shown = expert.topk(min(top_candidates, expert.shape[-1])).indices.tolist()
@@ -126,10 +126,10 @@ def step_extra(expert, amateur, scores, plausible, chosen, alpha, top_candidates
         {"token": token, "expert_logprob": e, "amateur_logprob": a, "score": s if ok else None, "plausible": ok}
         for token, e, a, s, ok in rows
     ]
-    return {
-        "candidates": candidates,
-        "cutoff_logprob": math.log(alpha) + expert.max().item(),
-        "chosen": chosen,
-        "expert_choice": int(expert.argmax()),
-        "amateur_choice": int(amateur.argmax()),
-    }
+    return ContrastiveStep(
+        candidates=candidates,
+        cutoff_logprob=math.log(alpha) + expert.max().item(),
+        chosen=chosen,
+        expert_choice=int(expert.argmax()),
+        amateur_choice=int(amateur.argmax()),
+    )

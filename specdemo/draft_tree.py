@@ -29,7 +29,7 @@ from .attention import additive
 from .draft import Draft
 from .eagle import FeatureDraft
 from .kvcache import keep_prefix
-from .verify import Proposal
+from .verify import Proposal, path_to
 
 
 @dataclass
@@ -63,11 +63,7 @@ class DraftTree:
 
     def ancestors(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node`, itself included."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return path_to(self.parents, node)
 
 
 def first_logits(

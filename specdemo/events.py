@@ -22,8 +22,9 @@ StepEvent fields
     target_forwards  target forward passes so far, this one included
     draft_forwards   draft-model forward passes so far (0 for methods without a draft)
     elapsed_s        seconds since the method started (prompt ready) until this event
-    extra            method-specific data: a tree, a Jacobi state, a lookahead window, the
-                     p / q / acceptance numbers of speculative sampling...
+    data             what the method tells about this pass, a typed payload of `specdemo.steps`
+                     (a TreeStep, a JacobiStep, a LookaheadStep, the p / q numbers of a
+                     SamplingCheck...); None for AR
 
 The committed tokens that are not accepted proposals come from the target itself (its
 correction or bonus token, or simply its next token in AR).
@@ -32,12 +33,14 @@ Summary fields: method, tokens (the whole answer), finish_reason ("eos": an end-
 token was committed; "length": max_new_tokens reached; "stopped": the caller's stop signal),
 steps, target_forwards, draft_forwards, proposed and accepted (totals), elapsed_s, extra.
 
-Later methods extend `extra`; they never fork these classes.
+A new kind of pass adds a payload class to `specdemo.steps`; these classes never fork.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from .steps import Payload, TreeStep
 
 FinishReason = Literal["eos", "length", "stopped"]
 
@@ -55,7 +58,12 @@ class StepEvent:
     target_forwards: int = 0
     draft_forwards: int = 0
     elapsed_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    data: Payload | None = None
+
+
+    def as_dict(self) -> dict:
+        """The event as plain data (JSON-ready), its payload's kind named in `kind`."""
+        return {**asdict(self), "kind": type(self.data).__name__ if self.data is not None else None}
 
 
 @dataclass(frozen=True)
@@ -93,3 +101,18 @@ def final_summary(events: Iterable[StepEvent | Summary]) -> Summary:
     if summary is None:
         raise RuntimeError("the event stream ended without a Summary")
     return summary
+
+
+def acceptance_by_position(events: list[StepEvent]) -> list[float]:
+    """Per draft position i, the share of the steps that proposed it in which it was accepted
+    (for a draft tree, position i is depth i + 1: a tree proposes several tokens there)."""
+    proposed, accepted = [], []
+    for event in events:
+        depth = max(event.data.tree_depths) if isinstance(event.data, TreeStep) else len(event.proposed)
+        for i in range(depth):
+            if i == len(proposed):
+                proposed.append(0)
+                accepted.append(0)
+            proposed[i] += 1
+            accepted[i] += i < len(event.accepted)
+    return [a / p for a, p in zip(accepted, proposed)]

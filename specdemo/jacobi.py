@@ -23,6 +23,7 @@ from .errors import SpecDemoError, check_whole
 from .events import StepEvent, Summary
 from .loop import Context, Learned, Proposer, Verdict, decode
 from .sampling import GREEDY, SamplingConfig
+from .steps import JacobiStep
 from .verify import Proposal, TargetPass, accept_greedy, choices_after
 
 MAX_BLOCK_SIZE = 64
@@ -73,17 +74,17 @@ class JacobiIteration(Proposer):
         newly_correct = mark_correct(self.correct_since, self.trajectory, self.settled, kept, accept_length, iteration)
         learned = Learned(
             rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],  # guesses this pass replaced
-            extra={
-                "block_start": self.block_start,
-                "iteration": iteration,
-                "state": self.block,
-                "next_state": next_block,
-                "settled": self.settled,
-                "accept_length": accept_length,
-                "correct_since": list(self.correct_since),
-                "fast_forwarded": [i for i in newly_correct if is_fast_forwarded(self.correct_since, i)],
-                "fixed_early": [i for i in newly_correct if is_fixed_early(self.correct_since, i)],
-            },
+            data=JacobiStep(
+                block_start=self.block_start,
+                iteration=iteration,
+                state=self.block,
+                next_state=next_block,
+                settled=self.settled,
+                accept_length=accept_length,
+                correct_since=list(self.correct_since),
+                fast_forwarded=[i for i in newly_correct if is_fast_forwarded(self.correct_since, i)],
+                fixed_early=[i for i in newly_correct if is_fixed_early(self.correct_since, i)],
+            ),
         )
         self.settled += accept_length + 1
         self.block = next_block

@@ -34,6 +34,7 @@ from .jacobi import check_greedy
 from .loop import Context, Learned, Proposer, Verdict, decode
 from .prompt_lookup import copy_from_text
 from .sampling import GREEDY, SamplingConfig
+from .steps import LookaheadStep
 from .verify import Proposal, TargetPass
 
 
@@ -126,16 +127,16 @@ class Lookahead(Proposer):
             self.pool.insert_text(sequence[0, -(self.ngram + committed - 1) :].tolist())
         learned = Learned(
             rejected=list(self.tried[best][accept_length:]) if self.tried else [],
-            extra={
-                "window": self.levels,
-                "new_level": new_level,
-                "candidates": [list(c) for c in self.tried],
-                "candidate_sources": self.sources,
-                "candidate_accept_lengths": accept_lengths,
-                "best_candidate": best if self.tried else None,
-                "accept_length": accept_length,
-                "pool_size": len(self.pool),
-            },
+            data=LookaheadStep(
+                window=self.levels,
+                new_level=new_level,
+                candidates=[list(c) for c in self.tried],
+                candidate_sources=self.sources,
+                candidate_accept_lengths=accept_lengths,
+                best_candidate=best if self.tried else None,
+                accept_length=accept_length,
+                pool_size=len(self.pool),
+            ),
         )
         self.levels = self.levels[1:] + [new_level]
         return learned

@@ -21,6 +21,7 @@ from .errors import SpecDemoError, check_request
 from .events import StepEvent, Summary
 from .recorder import StepRecorder, resolve_eos
 from .sampling import SamplingConfig, TokenChooser
+from .steps import Payload
 from .verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
 
@@ -45,11 +46,11 @@ class Verdict:
 @dataclass
 class Learned:
     """What a proposer's event shows beyond the tokens: the proposed tokens the target turned down,
-    the draft's passes this step, and the method's own data."""
+    the draft's passes this step, and the method's payload (`specdemo.steps`)."""
 
     rejected: list[int] = field(default_factory=list)
     draft_passes: int = 0
-    extra: dict = field(default_factory=dict)
+    data: Payload | None = None
 
 
 class Proposer:
@@ -76,8 +77,8 @@ class Proposer:
         the stop rules let `kept` into the answer."""
         return Learned()
 
-    def summary(self) -> dict:
-        """The method's totals for the Summary."""
+    def summary(self, events: list[StepEvent]) -> dict:
+        """The method's totals for the Summary, from its events."""
         return {}
 
 
@@ -101,6 +102,7 @@ def decode(
     recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     cache = DynamicCache(config=model.config)  # holds the committed tokens but the last few (at least the root)
     sequence = input_ids  # [1, n] prompt + committed tokens
+    events = []  # this run's events, for the proposer's totals
     while not recorder.done:
         # 1. Propose: the tokens the target checks this pass (none for AR).
         proposal = proposer.propose(context, sequence, recorder.room)
@@ -116,12 +118,13 @@ def decode(
         sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
         # 5. Learn: the proposer updates its state and says what its event shows.
         learned = proposer.learn(context, sequence, proposal, verified, verdict, kept)
-        yield recorder.step(
+        events.append(recorder.step(
             committed=committed,
             proposed=proposal.tokens[: proposal.candidates],
             accepted=accepted,
             rejected=learned.rejected,
             draft_forwards=learned.draft_passes,
-            extra=learned.extra,
-        )
-    yield recorder.summary(extra=proposer.summary())
+            data=learned.data,
+        ))
+        yield events[-1]
+    yield recorder.summary(extra=proposer.summary(events))

@@ -43,6 +43,7 @@ from .loop import Context, Learned, Proposer, Verdict, decode
 from .models import local_folder
 from .prompt_lookup import check_copy_length, copied_branch
 from .sampling import GREEDY, SamplingConfig
+from .steps import ChainStep, TreeStep
 from .verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
@@ -323,24 +324,25 @@ class MedusaTree(Proposer):
     def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
         node = verdict.path[-1] + 1 if verdict.path else 0  # the accepted node, 0 the root
         self.hidden = verified.hidden[0, verified.root_row + node]
-        if not proposal.size:
-            return Learned(extra={"accept_length": 0})
+        if not proposal.size:  # the prefill: an empty chain
+            return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))
         tree, tokens = self.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
         best = tree.candidate_through[node]
         return Learned(
             rejected=[tokens[i] for i in best[len(verdict.path) + 1 :]],
-            extra={
-                "tree_tokens": tokens,
-                "tree_parents": list(tree.parents),
-                "tree_depths": list(tree.depths),
-                "tree_sources": ["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
-                "tree_kind": "static" if self.static is not None else "dynamic",
-                "accepted_path": [0, *(n + 1 for n in verdict.path)],
-                "best_candidate": list(best),
-                "accept_length": len(verdict.path),
-                "acceptance_rule": "typical" if self.typical else "greedy",  # not "acceptance": speculative sampling's numbers
+            data=TreeStep(
+                tree_tokens=tokens,
+                tree_parents=list(tree.parents),
+                tree_depths=list(tree.depths),
+                tree_sources=["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
+                accepted_path=[0, *(n + 1 for n in verdict.path)],
+                best_candidate=list(best),
+                accept_length=len(verdict.path),
+                proposer="heads",
+                tree_kind="static" if self.static is not None else "dynamic",
+                acceptance_rule="typical" if self.typical else "greedy",
                 **verdict.details,
-            },
+            ),
         )
 
 

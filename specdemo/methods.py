@@ -38,6 +38,7 @@ class MethodSpec:
     samples_when: str | None = None  # a yes/no setting that lets it sample without keeping the distribution
     processors: bool = True  # takes a repetition penalty and n-gram blocking, with the answer AR would give under them
     other_answer: str | None = None  # why its answer may differ from greedy AR's on purpose (None: it must not)
+    controls: tuple[str, ...] = ()  # the settings the page has a control for (the others: library, API and bench only)
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -71,7 +72,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'keeping the branch it agrees with. The tree also gets a branch copied from the text (prompt lookup, '
             "Saxena 2023): the tokens that followed the answer's last few tokens where they occurred before, so an "
             'answer that quotes its prompt or repeats itself commits several tokens a pass.'
-        ), samples=True,
+        ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
     ),
     "medusa": MethodSpec(
         "medusa", medusa.generate, 'extra heads on the target guess several tokens ahead; the target checks their tree in one pass',
@@ -86,7 +87,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "the tree). Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
             '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
             'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
-        ), samples_when="typical_acceptance",
+        ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length"),
     ),
     "lookahead": MethodSpec(
         "lookahead", lookahead.generate, 'Jacobi iterations in a window make n-grams; the same pass checks the ones that fit',
@@ -95,7 +96,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'levels), collects the n-grams each column produces into a pool, and verifies pool n-grams that start with '
             'the last token. Here the pool is also fed from the prompt, and one candidate is copied from the text '
             '(prompt lookup decoding).'
-        ),
+        ), controls=("window", "ngram", "candidates"),
     ),
     "jacobi": MethodSpec(
         "jacobi", jacobi.generate, 'guess a block, refine every guess at once until it stops changing',
@@ -104,7 +105,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "with the target's prediction given the guesses before it; repeat until nothing changes: the fixed point "
             'is exactly the greedy answer. On an ordinary model about one token settles per pass, which the trajectory '
             'shows.'
-        ),
+        ), controls=("block_size",),
     ),
     "cllm": MethodSpec(
         "cllm", cllm.generate, 'Jacobi decoding on a copy of the target trained to converge in fewer passes',
@@ -115,7 +116,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'settle while the tokens before them are still wrong (stationary tokens), both marked in the trajectory. '
             "It is a changed model: its greedy answer equals AR's on the CLLM's own weights and may differ from the "
             "base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm)."
-        ),
+        ), controls=("block_size",),
     ),
     "beam": MethodSpec(
         "beam", beam.generate, 'keep the k likeliest partial answers (about search, not speed)',
@@ -125,7 +126,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'continuations compete, the k best are kept and the rest pruned. A finished answer is scored by its '
             'log-probability divided by its length to the power of the length penalty (> 1 favours longer answers). It '
             "looks further ahead than greedy, so its answer can differ from AR's: it is about search, not speed."
-        ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy",
+        ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy", controls=("num_beams", "length_penalty", "early_stopping"),
     ),
     "contrastive": MethodSpec(
         "contrastive", contrastive.generate, 'prefer what the target finds likely and a small amateur does not (about quality, not speed)',
@@ -136,7 +137,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'only the stronger model sees is favoured. It is about quality, NOT speed: every token costs an expert and '
             "an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own "
             'greedy answers are shown beside it.'
-        ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur",
+        ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur", controls=("alpha", "amateur_temperature"),
     ),
 })
 

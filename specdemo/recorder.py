@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .events import FinishReason, StepEvent, Summary
+from .steps import Payload
 
 
 class StepRecorder:
@@ -52,7 +53,7 @@ class StepRecorder:
         accepted: Sequence[int] = (),
         rejected: Sequence[int] = (),
         draft_forwards: int = 0,
-        extra: dict[str, Any] | None = None,
+        data: Payload | None = None,
     ) -> StepEvent:
         """Record one target pass that commits `committed` (accepted proposals first)."""
         committed = self._apply_stop_rules(list(committed))
@@ -72,7 +73,7 @@ class StepRecorder:
             target_forwards=self.target_forwards,
             draft_forwards=self.draft_forwards,
             elapsed_s=time.perf_counter() - self.start,
-            extra=extra or {},
+            data=data,
         )
 
     def kept(self, committed: Sequence[int]) -> list[int]:

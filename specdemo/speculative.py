@@ -29,11 +29,12 @@ from . import draft_tree
 from .draft import Draft
 from .eagle import FeatureDraft
 from .errors import SpecDemoError, check_whole
-from .events import StepEvent, Summary
+from .events import StepEvent, Summary, acceptance_by_position
 from .kvcache import keep_prefix
 from .loop import Context, Learned, Proposer, Verdict, decode
 from .prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
 from .sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
+from .steps import ChainStep, SamplingCheck, TreeStep
 from .verify import Proposal, TargetPass, accept_greedy, choices_after
 
 MAX_GAMMA = 16
@@ -84,8 +85,6 @@ class DraftProposer(Proposer):
         self.step_gamma = 0  # draft positions this pass may propose
         self.tree: draft_tree.DraftTree | None = None  # this pass's tree, or None for a chain
         self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
-        self.accepted_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was accepted
-        self.proposed_at = [0] * MAX_GAMMA  # steps in which draft position (tree depth) i was proposed
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
         ready = self.target_features is not None or not self.features
@@ -124,37 +123,38 @@ class DraftProposer(Proposer):
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
         depth = max(self.tree.depths) if self.tree else proposal.size
-        for position in range(depth):
-            self.proposed_at[position] += 1
-            self.accepted_at[position] += position < len(path)
         if self.tree:
             turned_down = self.tree.best_continuation(path[-1] if path else -1)
-            details, draft_passes = tree_details(self.tree, int(sequence[0, n - 1]), path, turned_down), self.tree.draft_passes
-            rejected = [self.tree.tokens[node] for node in turned_down]
+            data = tree_step(self.tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
+            rejected, draft_passes = [self.tree.tokens[node] for node in turned_down], self.tree.draft_passes
         else:
-            details, rejected, draft_passes = verdict.details, list(proposal.tokens[len(path) :]), proposal.size
+            numbers = dict(gamma=depth, accept_length=len(path), target_token=verdict.token)
+            data = SamplingCheck(**numbers, **verdict.details) if "p" in verdict.details else ChainStep(**numbers, **verdict.details)
+            rejected, draft_passes = list(proposal.tokens[len(path) :]), proposal.size
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
         # (a copied branch can commit more than γ: that is no rejection).
         if self.adaptive_gamma and self.step_gamma == self.gamma:
             self.gamma = min(self.gamma + 2, MAX_GAMMA) if len(path) >= self.gamma else max(self.gamma - 1, 1)
-        extra = {"gamma": depth, "accept_length": len(path), "target_token": verdict.token, **details}
-        return Learned(rejected, draft_passes, extra)
+        return Learned(rejected, draft_passes, data)
 
-    def summary(self) -> dict:
-        return {"acceptance_by_position": [a / p for a, p in zip(self.accepted_at, self.proposed_at) if p]}
+    def summary(self, events: list[StepEvent]) -> dict:
+        return {"acceptance_by_position": acceptance_by_position(events)}
 
 
-def tree_details(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int]) -> dict:
+def tree_step(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
     """A verified draft tree for the event, node 0 the root, as in Medusa's events."""
-    return {
-        "tree_tokens": [root, *tree.tokens],
-        "tree_parents": [-1, *(p + 1 for p in tree.parents)],
-        "tree_depths": [0, *tree.depths],
-        "accepted_path": [0, *(node + 1 for node in path)],
-        "best_candidate": [0, *(node + 1 for node in [*path, *rejected])],
-        "tree_scores": tree.scores,
-        "tree_sources": tree.sources,
-    }
+    return TreeStep(
+        tree_tokens=[root, *tree.tokens],
+        tree_parents=[-1, *(p + 1 for p in tree.parents)],
+        tree_depths=[0, *tree.depths],
+        tree_sources=tree.sources,
+        accepted_path=[0, *(node + 1 for node in path)],
+        best_candidate=[0, *(node + 1 for node in [*path, *rejected])],
+        accept_length=len(path),
+        gamma=max(tree.depths),
+        target_token=token,
+        tree_scores=tree.scores,
+    )
 
 
 AUTO_TREE_SIZE = 6  # with draft_tree_top_k = 2: the best of sizes 4 to 16 on our bench prompts (docs/methods/speculative.md)

@@ -64,32 +64,6 @@ def on_gpu(function):
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
 
 
-def method_view(events: list[StepEvent], decode) -> dict:
-    """The method's own pictures after its latest event: a figure (or None) per plot of the page,
-    and the HTML view."""
-    view = {"timeline": None, "detail": None, "trajectory": None, "tree": None, "html": ""}
-    if not events:
-        return view
-    event = events[-1]
-    view["timeline"] = views.step_timeline_figure(events)
-    if event.method in ("jacobi", "cllm"):
-        view["trajectory"] = views.trajectory_figure(views.jacobi_blocks(events)[-1], decode)
-    elif event.method == "lookahead":
-        view["detail"], view["html"] = views.pool_figure(events), views.lookahead_html(event, decode)
-    elif event.method == "speculative":
-        view["detail"] = views.acceptance_by_position_figure(views.acceptance_by_position(events))
-        drafted_tree = next((e for e in reversed(events) if "tree_tokens" in e.extra), None)  # a last one-token pass drafts none
-        if drafted_tree is not None:
-            view["tree"] = views.tree_figure(drafted_tree, decode)
-    elif event.method == "beam":
-        view["detail"] = views.beam_figure(events, decode)
-    elif event.method == "contrastive":
-        view["detail"] = views.contrastive_figure(event, decode)
-    elif event.method == "medusa" and "tree_tokens" in event.extra:
-        view["tree"], view["detail"] = views.tree_figure(event, decode), views.tree_mask_figure(event, decode)
-    return view
-
-
 PLOTS = ("timeline", "detail", "trajectory", "tree")
 KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
@@ -153,7 +127,7 @@ def export_events(events: list[StepEvent], summary) -> str:
     for old in EXPORTS.glob("specdemo-run-*.json"):
         if time.time() - old.stat().st_mtime > EXPORTS_KEPT_S:
             old.unlink(missing_ok=True)
-    payload = {"events": [vars(e) for e in events], "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
+    payload = {"events": [e.as_dict() for e in events], "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-run-", dir=EXPORTS, delete=False) as handle:
         json.dump(payload, handle, default=list)
         return handle.name
@@ -237,7 +211,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 raise SpecDemoError(f"{name} must be a number, got {value!r}")
         if not values["tree_size"]:
             values["tree_size"] = None  # 0 on the slider: the tree's own size
-        own = METHODS[method].settings if method in METHODS else ()  # an unknown method gets its sentence from Request
+        own = METHODS[method].controls if method in METHODS else ()  # an unknown method gets its sentence from Request
         settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}
         sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
         return Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling, settings)
@@ -250,7 +224,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         for events, summary in timed_events(run(target, baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
             if summary and summary.finish_reason != "stopped":
                 baselines.put(target, request, (events, summary))
-            yield note + views.stream_html(events, decode, target.decode), *view_updates(method_view(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
+            yield note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
 
     @on_gpu
     def on_generate(model_name, precision, *inputs):
@@ -271,7 +245,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
                 yield (
                     views.stream_html(events, decode, target.decode),
-                    *view_updates(method_view(events, decode)),
+                    *view_updates(views.method_pictures(events, decode)),
                     views.speed_figure(events, baseline_events),
                     run_stats,
                     why_html(run_stats, baseline_stats, events) + same_as_ar_html(target, request, summary, baseline_summary, decode)
@@ -288,9 +262,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     def on_step(history, step):
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
-            return "", *view_updates(method_view([], decode)), "Generate an answer first, then walk through it step by step here."
+            return "", *view_updates(views.method_pictures([], decode)), "Generate an answer first, then walk through it step by step here."
         step = max(0, min(int(step), len(events) - 1))
-        shown = view_updates(method_view(events[: step + 1], decode))
+        shown = view_updates(views.method_pictures(events[: step + 1], decode))
         # as HTML, escaped: a token such as '*' or '_' would be Markdown's formatting
         explained = f"<p>{html.escape(views.explain_step(events[step], decode))}</p>"
         return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, explained

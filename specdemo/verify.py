@@ -60,14 +60,19 @@ class Proposal:
 
     def ancestry(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node`, itself included ([] for the root, -1)."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return path_to(self.parents, node)
 
 
 EMPTY = Proposal()
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """The nodes of a forest given by `parents` (-1: the root) from the root's child down to `node`."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 @dataclass

@@ -11,10 +11,12 @@ the acceptance rule: p, q, min(1, p/q) and the uniform draw.
 
 import html
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .events import StepEvent
+from .events import StepEvent, acceptance_by_position
+from .steps import BeamStep, ChainStep, ContrastiveStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 
 ORIGINS = {
     "ar": "autoregressive: the target's next token",
@@ -63,12 +65,12 @@ def own_origin(event: StepEvent) -> str:
 
 def sampling_numbers(event: StepEvent) -> dict[int, str]:
     """Per draft position, the acceptance rule's numbers (speculative sampling only)."""
-    extra = event.extra
-    if "acceptance" not in extra:
+    data = event.data
+    if not isinstance(data, SamplingCheck):
         return {}
     return {
         i: f": p={p:.3f}, q={q:.3f}, min(1, p/q)={a:.3f}, draw={r:.3f}"
-        for i, (p, q, a, r) in enumerate(zip(extra["p"], extra["q"], extra["acceptance"], extra["draws"]))
+        for i, (p, q, a, r) in enumerate(zip(data.p, data.q, data.acceptance, data.draws))
     }
 
 
@@ -150,13 +152,12 @@ TRAJECTORY_STATES = ["not yet correct", "correct", "fast-forwarded", "fixed whil
 def trajectory_cells(block_events: list[StepEvent]) -> list[list[int]]:
     """For one Jacobi block, the state (an index into TRAJECTORY_STATES) of each position at
     each iteration, from the flags of the block's last event."""
-    last = block_events[-1].extra
-    correct_since = last["correct_since"]
-    fast = {p for e in block_events for p in e.extra["fast_forwarded"]}
-    early = {p for e in block_events for p in e.extra["fixed_early"]}
+    correct_since = block_events[-1].data.correct_since
+    fast = {p for e in block_events for p in e.data.fast_forwarded}
+    early = {p for e in block_events for p in e.data.fixed_early}
     cells = []
     for event in block_events:
-        iteration, row = event.extra["iteration"], []
+        iteration, row = event.data.iteration, []
         for position, since in enumerate(correct_since):
             if since is None or since > iteration:
                 row.append(0)
@@ -170,7 +171,7 @@ def jacobi_blocks(events: list[StepEvent]) -> list[list[StepEvent]]:
     """The events grouped by Jacobi block, in order."""
     blocks: dict[int, list[StepEvent]] = {}
     for event in events:
-        blocks.setdefault(event.extra["block_start"], []).append(event)
+        blocks.setdefault(event.data.block_start, []).append(event)
     return list(blocks.values())
 
 
@@ -178,7 +179,7 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     """The Jacobi trajectory of one block as an iterations x positions grid (the CLLM blog's
     figure): each cell the token guessed there, coloured by whether it is already final."""
     cells = trajectory_cells(block_events)
-    text = [[decode(t) for t in e.extra["state"]] for e in block_events]
+    text = [[decode(t) for t in e.data.state] for e in block_events]
     colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
     scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
     figure = go.Figure(
@@ -188,7 +189,7 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
             hovertemplate="iteration %{y}, position %{x}: %{text} (%{customdata})<extra></extra>",
         )
     )
-    start = block_events[0].extra["block_start"]
+    start = block_events[0].data.block_start
     key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}" for colour, state in zip(colours, TRAJECTORY_STATES))
     figure.update_layout(
         title=f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens<br><sup>{key}</sup>",
@@ -199,25 +200,25 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
 
 def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     """One lookahead pass: the window (levels x columns), the candidates tried and what each matched."""
-    extra = event.extra
+    data = event.data
     rows = "".join(
         f"<tr><th>level {level}</th>{''.join(f'<td>{html.escape(decode(t))}</td>' for t in tokens)}</tr>"
-        for level, tokens in enumerate([*extra["window"], extra["new_level"]])
+        for level, tokens in enumerate([*data.window, data.new_level])
     )
     tried = []
-    for index, (candidate, length) in enumerate(zip(extra["candidates"], extra["candidate_accept_lengths"])):
-        source = extra.get("candidate_sources", ["pool"] * len(extra["candidates"]))[index]
+    for index, (candidate, length) in enumerate(zip(data.candidates, data.candidate_accept_lengths)):
+        source = data.candidate_sources[index]
         spans = "".join(
             f'<span class="tok" data-origin="{"accepted" if i < length else "rejected"}">{html.escape(decode(t))}</span>'
             for i, t in enumerate(candidate)
         )
-        best = " (committed)" if index == extra["best_candidate"] and length else ""
+        best = " (committed)" if index == data.best_candidate and length else ""
         tried.append(f"<li>{source}: {spans} &rarr; {length} matched{best}</li>")
     candidates = f"<ol>{''.join(tried)}</ol>" if tried else "<p>no n-gram in the pool starts with the last token</p>"
     return (
         f'{STYLE}<div class="specdemo-lookahead"><p>Step {event.step + 1}: the window '
         f"(the last row is this pass's new level; each column read downwards is an n-gram for the pool)</p>"
-        f"<table>{rows}</table><p>Candidates verified in the same pass (pool size {extra['pool_size']}):</p>{candidates}</div>"
+        f"<table>{rows}</table><p>Candidates verified in the same pass (pool size {data.pool_size}):</p>{candidates}</div>"
     )
 
 
@@ -232,11 +233,11 @@ def beam_nodes(events: list[StepEvent]) -> list[dict]:
     """Every candidate of every beam-search step as a node: the event's candidate fields plus its
     place (x: step + 1, y: minus its rank that step), its parent's place (the prompt at (0, 0))
     and whether it lies on the chosen answer's path (only once the last event names the answer)."""
-    chosen = events[-1].extra.get("chosen") if events else None
+    chosen = events[-1].data.chosen if events else None
     nodes, beam_rows = [], {0: 0}  # beam_rows: the row of each beam of the previous step
     for event in events:
         next_rows = {}
-        for rank, candidate in enumerate(event.extra["beams"]):
+        for rank, candidate in enumerate(event.data.beams):
             tokens = candidate["tokens"]
             on_path = chosen is not None and tokens == chosen[: len(tokens)]
             parent = (event.step, beam_rows.get(candidate["parent"], 0))
@@ -276,11 +277,11 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
     path = [n for n in nodes if n["on_path"]]
     figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path", hoverinfo="skip",
                        marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
-    k = events[-1].extra["num_beams"] if events else 0
+    k = events[-1].data.num_beams if events else 0
     done = " (done: the chosen answer in green)" if path else ""
     figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}", xaxis=dict(title="step (target pass)", dtick=1),
                          yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
-    rows = max((len(e.extra["beams"]) for e in events), default=1)
+    rows = max((len(e.data.beams) for e in events), default=1)
     return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
 
 
@@ -310,91 +311,114 @@ def compact(figure: go.Figure) -> go.Figure:
 
 
 def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
-    """One or two sentences that say what a step did, for the step-through mode."""
+    """One or two sentences that say what a step did, for the step-through mode: the sentence of
+    its payload's kind (EXPLAIN), after what every step shares."""
     quoted = lambda tokens: " ".join(repr(decode(t)) for t in tokens)  # noqa: E731
-    committed, accepted = len(event.committed), len(event.accepted)
-    pass_ = f"Step {event.step + 1}: "
-    done = f"{committed} token{'s' if committed != 1 else ''} committed in one target pass."
-    own = quoted(event.committed[accepted:])
-    if event.method == "ar":
-        return pass_ + f"the target's next token is {own}: one token a pass, the baseline."
-    if event.method == "speculative" and "tree_tokens" in event.extra:
-        grown, taken = copied_clauses(event.extra)
-        return pass_ + (
-            f"the draft grew a tree of {event.extra['tree_sources'].count('draft')} tokens, keeping the branches it found likeliest{grown}, "
-            f"{event.extra['gamma']} deep in all; the target checked every branch in one pass and followed one for "
-            f"{accepted} token(s) ({quoted(event.accepted) or 'none'}){taken}, then added {own}. {done}"
-        )
-    if event.method == "speculative" and not event.proposed:  # a feature draft's first pass, or no room left to draft
-        return pass_ + (
+    committed = len(event.committed)
+    said = Said(quoted, quoted(event.committed[len(event.accepted) :]), f"{committed} token{'s' if committed != 1 else ''} committed in one target pass.")
+    return f"Step {event.step + 1}: " + EXPLAIN.get(type(event.data), explain_one_token)(event, said, decode)
+
+
+@dataclass(frozen=True)
+class Said:
+    """What every step's sentence may quote."""
+
+    quoted: Callable  # token ids -> their quoted texts
+    own: str  # the target's own tokens, quoted
+    done: str  # "n tokens committed in one target pass."
+
+
+def explain_one_token(event: StepEvent, said: Said, decode) -> str:
+    return f"the target's next token is {said.own}: one token a pass, the baseline."
+
+
+def explain_chain(event: StepEvent, said: Said, decode) -> str:
+    if not event.proposed and event.data.proposer == "heads":
+        return f"the prompt pass gave the target's first token {said.own}; the heads read its last hidden state to guess the tokens after it."
+    if not event.proposed:  # a feature draft's first pass, or no room left to draft
+        return (
             "nothing was drafted this pass (a feature draft drafts from the target's features, which its first pass computes; "
-            f"an answer's last token leaves no room for a draft), so the target gave {own}, as AR would. {done}"
+            f"an answer's last token leaves no room for a draft), so the target gave {said.own}, as AR would. {said.done}"
         )
-    if event.method == "speculative":
-        proposed = len(event.proposed)
-        if accepted == proposed:
-            verdict = f"the target accepted all {proposed} and added {own} of its own"
-        else:
-            verdict = f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} ({quoted(event.rejected[:1])}) with {own}"
-        return pass_ + f"the draft proposed {proposed} tokens ({quoted(event.proposed)}); {verdict}. {done}"
-    if event.method in ("jacobi", "cllm"):
-        extra = event.extra
-        return pass_ + (
-            f"iteration {extra['iteration']} of the block at token {extra['block_start']}: {len(event.proposed)} guesses refined "
-            f"at once; the first {accepted} were already what the target predicts, so they are final, and the target's "
-            f"token after them ({own}) too. {done}"
-        )
-    if event.method == "lookahead":
-        extra = event.extra
-        tried = len(extra["candidates"])
-        best = f"the best matched {extra['accept_length']} token(s) ({quoted(event.accepted)})" if tried else "none to try"
-        return pass_ + (
-            f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
-            f"{best}, then the target added {own}. {done} The pool now holds {extra['pool_size']} n-grams."
-        )
-    if event.method == "medusa" and not event.proposed:
-        return pass_ + f"the prompt pass gave the target's first token {own}; the heads read its last hidden state to guess the tokens after it."
-    if event.method == "medusa":
-        grown, taken = copied_clauses(event.extra)
-        chosen = " (the paths they were surest of at this step)" if event.extra.get("tree_kind") == "dynamic" else ""
-        return pass_ + (
-            f"the heads proposed a tree of {event.extra['tree_sources'].count('head')} candidate tokens{chosen}{grown}, checked in one pass with tree "
-            f"attention; the deepest path the target agreed with has {accepted} ({quoted(event.accepted) or 'none'}){taken}, then the target added {own}. {done}"
-        )
-    if event.method == "beam":
-        return pass_ + explain_beam_step(event, quoted)
-    if event.method == "contrastive":
-        return pass_ + explain_contrastive_step(event, decode)
-    return pass_ + done
+    proposed, accepted = len(event.proposed), len(event.accepted)
+    if accepted == proposed:
+        verdict = f"the target accepted all {proposed} and added {said.own} of its own"
+    else:
+        verdict = f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} ({said.quoted(event.rejected[:1])}) with {said.own}"
+    return f"the draft proposed {proposed} tokens ({said.quoted(event.proposed)}); {verdict}. {said.done}"
 
 
-def explain_beam_step(event: StepEvent, quoted: Callable) -> str:
-    beams = event.extra["beams"]
+def explain_tree(event: StepEvent, said: Said, decode) -> str:
+    data, accepted = event.data, f"{len(event.accepted)} ({said.quoted(event.accepted) or 'none'})"
+    grown, taken = copied_clauses(data)
+    if data.proposer == "heads":
+        chosen = " (the paths they were surest of at this step)" if data.tree_kind == "dynamic" else ""
+        return (
+            f"the heads proposed a tree of {data.tree_sources.count('head')} candidate tokens{chosen}{grown}, checked in one pass with tree "
+            f"attention; the deepest path the target agreed with has {accepted}{taken}, then the target added {said.own}. {said.done}"
+        )
+    return (
+        f"the draft grew a tree of {data.tree_sources.count('draft')} tokens, keeping the branches it found likeliest{grown}, "
+        f"{data.gamma} deep in all; the target checked every branch in one pass and followed one for "
+        f"{len(event.accepted)} token(s) ({said.quoted(event.accepted) or 'none'}){taken}, then added {said.own}. {said.done}"
+    )
+
+
+def explain_jacobi(event: StepEvent, said: Said, decode) -> str:
+    return (
+        f"iteration {event.data.iteration} of the block at token {event.data.block_start}: {len(event.proposed)} guesses refined "
+        f"at once; the first {len(event.accepted)} were already what the target predicts, so they are final, and the target's "
+        f"token after them ({said.own}) too. {said.done}"
+    )
+
+
+def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
+    tried = len(event.data.candidates)
+    best = f"the best matched {event.data.accept_length} token(s) ({said.quoted(event.accepted)})" if tried else "none to try"
+    return (
+        f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
+        f"{best}, then the target added {said.own}. {said.done} The pool now holds {event.data.pool_size} n-grams."
+    )
+
+
+def explain_beam_step(event: StepEvent, said: Said, decode) -> str:
+    quoted, beams = said.quoted, event.data.beams
     kept = [beam for beam in beams if beam["status"] == "kept"]
     pruned = sum(beam["status"] == "pruned" for beam in beams)
     best = max(kept or beams, key=lambda beam: beam["log_prob"])
     settled = f"all beams now agree on {quoted(event.committed)}, so it is final" if event.committed else "the beams still disagree, so nothing is final yet"
     return (
-        f"all {event.extra['num_beams']} beams ran in one batched pass; of their {len(beams)} best continuations {len(kept)} were kept, "
+        f"all {event.data.num_beams} beams ran in one batched pass; of their {len(beams)} best continuations {len(kept)} were kept, "
         f"{pruned} pruned{', and some finished' if len(kept) + pruned < len(beams) else ''}. The best beam ends in {quoted(best['tokens'][-1:])} "
         f"(log-probability {best['log_prob']:.2f}); {settled}."
     )
 
 
-def explain_contrastive_step(event: StepEvent, decode: Callable[[int], str]) -> str:
-    extra = event.extra
-    by_token = {candidate["token"]: candidate for candidate in extra["candidates"]}
-    chosen, expert = by_token[extra["chosen"]], by_token.get(extra["expert_choice"])
-    text = f"the expert and the amateur each ran one pass; {decode(extra['chosen'])!r} won with log p_expert − log p_amateur = {chosen['score']:.2f}"
-    if extra["expert_choice"] != extra["chosen"] and expert is not None:
+def explain_contrastive_step(event: StepEvent, said: Said, decode: Callable[[int], str]) -> str:
+    data = event.data
+    by_token = {candidate["token"]: candidate for candidate in data.candidates}
+    chosen, expert = by_token[data.chosen], by_token.get(data.expert_choice)
+    text = f"the expert and the amateur each ran one pass; {decode(data.chosen)!r} won with log p_expert − log p_amateur = {chosen['score']:.2f}"
+    if data.expert_choice != data.chosen and expert is not None:
         text += (
-            f", although the expert alone preferred {decode(extra['expert_choice'])!r}: the amateur liked that one too "
+            f", although the expert alone preferred {decode(data.expert_choice)!r}: the amateur liked that one too "
             f"(log p_amateur {expert['amateur_logprob']:.2f}), so its score was only {expert['score']:.2f}"
         )
     else:
         text += ", the expert's own favourite too"
-    implausible = sum(not candidate["plausible"] for candidate in extra["candidates"])
+    implausible = sum(not candidate["plausible"] for candidate in data.candidates)
     return text + f". {implausible} of the top candidates fell below the plausibility cut-off and could not win."
+
+
+EXPLAIN = {  # a step's sentence, by the kind of its payload (AR's steps carry none)
+    ChainStep: explain_chain,
+    SamplingCheck: explain_chain,
+    TreeStep: explain_tree,
+    JacobiStep: explain_jacobi,
+    LookaheadStep: explain_lookahead,
+    BeamStep: explain_beam_step,
+    ContrastiveStep: explain_contrastive_step,
+}
 
 
 def divergence_sentence(found, dtype: str, decode: Callable[[int], str], suspect_margin: float) -> str:
@@ -436,27 +460,12 @@ def ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def acceptance_by_position(events: list[StepEvent]) -> list[float]:
-    """Per draft position i, the share of the steps that proposed it in which it was accepted
-    (for a draft tree, position i is depth i + 1: a tree proposes several tokens there)."""
-    proposed, accepted = [], []
-    for event in events:
-        depth = max(event.extra["tree_depths"]) if "tree_depths" in event.extra else len(event.proposed)
-        for i in range(depth):
-            if i == len(proposed):
-                proposed.append(0)
-                accepted.append(0)
-            proposed[i] += 1
-            accepted[i] += i < len(event.accepted)
-    return [a / p for a, p in zip(accepted, proposed)]
-
-
 def pool_figure(events: list[StepEvent]) -> go.Figure:
     """Lookahead's n-gram pool over the run: its size, and how many tokens each pass took from it."""
     steps = [e.step + 1 for e in events]
     figure = go.Figure()
-    figure.add_bar(x=steps, y=[e.extra["accept_length"] for e in events], name="tokens accepted from a candidate", marker_color=COLOURS["accepted"])
-    figure.add_scatter(x=steps, y=[e.extra["pool_size"] for e in events], name="n-grams in the pool", yaxis="y2", mode="lines")
+    figure.add_bar(x=steps, y=[e.data.accept_length for e in events], name="tokens accepted from a candidate", marker_color=COLOURS["accepted"])
+    figure.add_scatter(x=steps, y=[e.data.pool_size for e in events], name="n-grams in the pool", yaxis="y2", mode="lines")
     figure.update_layout(
         title="The n-gram pool", xaxis_title="step (target pass)", yaxis_title="accepted tokens",
         yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
@@ -464,12 +473,12 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
     return compact(figure)
 
 
-def copied_clauses(extra: dict) -> tuple[str, str]:
+def copied_clauses(data: TreeStep) -> tuple[str, str]:
     """What a tree's copied branch adds to a step's sentence: how many nodes were copies, and how
     many of the accepted tokens."""
-    sources = extra["tree_sources"]
+    sources = data.tree_sources
     copied = sources.count("copy")
-    accepted_copies = sum(sources[node - 1] == "copy" for node in extra["accepted_path"][1:])
+    accepted_copies = sum(sources[node - 1] == "copy" for node in data.accepted_path[1:])
     grown = f", and {copied} more were copied from what followed the text's last tokens where they occurred before" if copied else ""
     return grown, (f", {accepted_copies} of them copied" if accepted_copies else "")
 
@@ -477,10 +486,10 @@ def copied_clauses(extra: dict) -> tuple[str, str]:
 def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
     the accepted path in green and the rest of the best candidate in red."""
-    extra = event.extra
-    tokens, parents, depths = extra["tree_tokens"], extra["tree_parents"], extra["tree_depths"]
-    accepted = set(extra["accepted_path"])
-    rejected = set(extra["best_candidate"]) - accepted
+    data = event.data
+    tokens, parents, depths = data.tree_tokens, data.tree_parents, data.tree_depths
+    accepted = set(data.accepted_path)
+    rejected = set(data.best_candidate) - accepted
     rows: dict[int, int] = {}
     y = []
     for depth in depths:  # nodes come ordered by depth: stack each depth's nodes downwards
@@ -495,7 +504,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
                 line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
             )
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
-    copied = [False, *(source == "copy" for source in extra.get("tree_sources", []))]  # node 0 is the root
+    copied = [False, *(source == "copy" for source in data.tree_sources)]  # node 0 is the root
     figure.add_scatter(
         x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
         marker=dict(size=14, color=colour, symbol=["square" if c else "circle" for c in copied], line=dict(color="#5f6368", width=1)),
@@ -503,7 +512,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     )
     copies = f", {sum(copied)} copied ■" if any(copied) else ""  # short: the title must fit a half-width plot
     figure.update_layout(
-        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {extra['accept_length']} accepted",
+        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
     return compact(figure)
@@ -512,12 +521,12 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
     or one of its ancestors (Cai et al. 2024, Fig. 2)."""
-    parents = event.extra["tree_parents"]
+    parents = event.data.tree_parents
     lineage = []  # per node, itself and its ancestors
     for node, parent in enumerate(parents):
         lineage.append({node, *(lineage[parent] if parent >= 0 else ())})
     sees = [[j in lineage[i] for j in range(len(parents))] for i in range(len(parents))]
-    labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.extra["tree_tokens"])]
+    labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.data.tree_tokens)]
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
     figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
@@ -528,8 +537,8 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
     """One contrastive-decoding step (Li et al. 2023): the expert's and the amateur's log-probs of
     the expert's top candidates, the plausibility cut-off (log α + max log p_EXP) as a dashed line,
     candidates under it greyed, and a star over the chosen token, the best log p_EXP - log p_AMA."""
-    extra = event.extra
-    candidates = extra["candidates"]
+    data = event.data
+    candidates = data.candidates
     positions = list(range(len(candidates)))  # token texts may repeat: place bars by index, label by text
     grey = lambda colour: [colour if c["plausible"] else "#d5d7db" for c in candidates]  # noqa: E731
     scores = [f"score {c['score']:.2f}" if c["plausible"] else "implausible" for c in candidates]
@@ -539,16 +548,16 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
             x=positions, y=[c[key] for c in candidates], name=name, marker_color=grey(colour), customdata=scores,
             hovertemplate="%{y:.2f} (%{customdata})<extra>" + name + "</extra>",
         )
-    chosen = next(i for i, c in enumerate(candidates) if c["token"] == extra["chosen"])
+    chosen = next(i for i, c in enumerate(candidates) if c["token"] == data.chosen)
     figure.add_scatter(
         x=[chosen], y=[0], mode="markers+text", name="chosen", text=["chosen"], textposition="top center",
         marker=dict(symbol="star", size=16, color=COLOURS["accepted"]), hoverinfo="skip",
     )
-    figure.add_hline(y=extra["cutoff_logprob"], line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
+    figure.add_hline(y=data.cutoff_logprob, line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
     # the axis follows the expert's bars and the cut-off: an amateur bar far below them is cut (its hover keeps the value)
-    floor = min(min(c["expert_logprob"] for c in candidates), extra["cutoff_logprob"]) - 4
+    floor = min(min(c["expert_logprob"] for c in candidates), data.cutoff_logprob) - 4
     figure.update_layout(
-        title=f"Step {event.step + 1}: chose {decode(extra['chosen'])!r}; the expert alone would take {decode(extra['expert_choice'])!r}",
+        title=f"Step {event.step + 1}: chose {decode(data.chosen)!r}; the expert alone would take {decode(data.expert_choice)!r}",
         barmode="group", yaxis=dict(title="log-probability", range=[floor, 1]), legend=dict(orientation="h", y=-0.25),
         xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
     )
@@ -572,3 +581,29 @@ def race_grid(columns: list[tuple[str, str]]) -> str:
     """The answers side by side: (method, its answer's HTML), AR first."""
     cells = "".join(f"<div><h4>{html.escape(method)}</h4>{answer}</div>" for method, answer in columns)
     return f'<div style="display:grid;grid-template-columns:repeat({len(columns)},1fr);gap:12px">{cells}</div>'
+
+
+def method_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> dict:
+    """The method's own pictures after its latest event, by the kind of its payload: a figure (or
+    None) per plot of the page, and an HTML view."""
+    pictures = {"timeline": None, "detail": None, "trajectory": None, "tree": None, "html": ""}
+    if not events:
+        return pictures
+    event, data = events[-1], events[-1].data
+    pictures["timeline"] = step_timeline_figure(events)
+    if isinstance(data, JacobiStep):
+        pictures["trajectory"] = trajectory_figure(jacobi_blocks(events)[-1], decode)
+    elif isinstance(data, LookaheadStep):
+        pictures["detail"], pictures["html"] = pool_figure(events), lookahead_html(event, decode)
+    elif isinstance(data, BeamStep):
+        pictures["detail"] = beam_figure(events, decode)
+    elif isinstance(data, ContrastiveStep):
+        pictures["detail"] = contrastive_figure(event, decode)
+    elif isinstance(data, TreeStep) and data.proposer == "heads":
+        pictures["tree"], pictures["detail"] = tree_figure(event, decode), tree_mask_figure(event, decode)
+    elif isinstance(data, (ChainStep, SamplingCheck, TreeStep)) and data.proposer == "draft":
+        pictures["detail"] = acceptance_by_position_figure(acceptance_by_position(events))
+        drafted_tree = next((e for e in reversed(events) if isinstance(e.data, TreeStep)), None)  # a last one-token pass drafts none
+        if drafted_tree is not None:
+            pictures["tree"] = tree_figure(drafted_tree, decode)
+    return pictures

@@ -100,3 +100,12 @@ def test_ruff_passes():
         pytest.fail("ruff is not installed: `make test` installs it from requirements-test.txt")
     result = subprocess.run([ruff, "check", "--no-cache", "."], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_pages_controls_are_settings_of_their_methods():
+    from specdemo.methods import METHODS
+    from specdemo.ui import KNOBS
+
+    for spec in METHODS.values():
+        assert set(spec.controls) <= set(spec.settings) & set(KNOBS), spec.name
+    assert set(KNOBS) == {name for spec in METHODS.values() for name in spec.controls}  # every control serves a method

@@ -10,6 +10,7 @@ from specdemo import ar, beam
 from specdemo.errors import SpecDemoError
 from specdemo.events import StepEvent, Summary, final_summary
 from specdemo.sampling import SamplingConfig
+from specdemo.steps import BeamStep
 from specdemo.views import beam_figure, beam_nodes
 
 EOS_IDS = (20, 62, 70)  # tokens the tiny model emits among its beams: hypotheses finish early
@@ -100,9 +101,9 @@ def test_events_describe_the_beams_consistently(tiny_model, prompt_ids, num_beam
     events, summary = run(tiny_model, prompt_ids, num_beams, 25, eos, length_penalty=length_penalty)
     previous = {0: []}  # tokens of each beam of the previous step: the prompt at first
     for event in events:
-        extra = event.extra
-        candidates = extra["beams"]
-        assert extra["num_beams"] == num_beams and len(candidates) == 2 * num_beams
+        data = event.data
+        candidates = data.beams
+        assert data.num_beams == num_beams and len(candidates) == 2 * num_beams
         assert [c["log_prob"] for c in candidates] == sorted((c["log_prob"] for c in candidates), reverse=True)
         for c in candidates:
             assert c["tokens"] == previous[c["parent"]] + [c["token"]]
@@ -112,11 +113,11 @@ def test_events_describe_the_beams_consistently(tiny_model, prompt_ids, num_beam
         kept = [c for c in candidates if c["status"] == "kept"]
         if event is not events[-1]:
             assert [c["beam"] for c in kept] == list(range(num_beams))
-        finished = extra["finished"]
+        finished = data.finished
         assert len(finished) <= num_beams and [h["score"] for h in finished] == sorted((h["score"] for h in finished), reverse=True)
         previous = {c["beam"]: c["tokens"] for c in kept}
-    assert events[-1].extra["chosen"] == list(summary.tokens) == events[-1].extra["finished"][0]["tokens"]
-    assert all("chosen" not in event.extra for event in events[:-1])
+    assert events[-1].data.chosen == list(summary.tokens) == events[-1].data.finished[0]["tokens"]
+    assert all(event.data.chosen is None for event in events[:-1])
 
 
 def test_stop_signal_ends_generation(tiny_model, prompt_ids):
@@ -174,7 +175,7 @@ def test_figure_draws_kept_pruned_and_the_chosen_path(tiny_model, prompt_ids):
     events, summary = run(tiny_model, prompt_ids, 2, 12, 62)
     figure = beam_figure(events, decode=lambda token: f"t{token}")
     traces = {trace.name: trace for trace in figure.data if trace.name}
-    statuses = [c["status"] for e in events for c in e.extra["beams"]]
+    statuses = [c["status"] for e in events for c in e.data.beams]
     for status in ("kept", "pruned"):
         assert len(traces[status].x) == statuses.count(status) > 0
     assert traces["pruned"].marker.symbol == "circle-open" != traces["kept"].marker.symbol
@@ -192,8 +193,8 @@ def test_figure_of_a_run_in_progress_has_no_chosen_path(tiny_model, prompt_ids):
 
 
 def test_nodes_hang_under_their_parent_beams():
-    def event(step, beams, **extra):
-        return StepEvent("beam", step, (), extra={"num_beams": 2, "beams": beams, **extra})
+    def event(step, beams, **more):
+        return StepEvent("beam", step, (), data=BeamStep(**{"num_beams": 2, "beams": beams, "finished": [], **more}))
 
     def node(tokens, parent, beam, status):
         return {"token": tokens[-1], "tokens": tokens, "log_prob": -1.0, "score": -1.0, "parent": parent, "beam": beam, "status": status}

@@ -37,11 +37,11 @@ def test_trajectories_are_the_states_jacobi_decoding_feeds(tiny_model, prompt_id
     `specdemo.jacobi` feeds block by block, and end at the greedy answer."""
     events = [e for e in jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=8, eos_token_ids=()) if isinstance(e, StepEvent)]
     answer = greedy(tiny_model, prompt_ids, 30)
-    starts = sorted({e.extra["block_start"] for e in events})
+    starts = sorted({e.data.block_start for e in events})
     sequence, answer_start = prompt_ids[0].tolist() + answer, prompt_ids.shape[1]
     states = trajectories(tiny_model, sequence, answer_start, starts, 8)
     for start, block_states in zip(starts, states):
-        fed = [list(e.extra["state"]) for e in events if e.extra["block_start"] == start]
+        fed = [list(e.data.state) for e in events if e.data.block_start == start]
         assert block_states[: len(fed)] == fed
         assert block_states[-1] == answer[start : start + len(block_states[-1])]
 

@@ -13,6 +13,7 @@ from transformers import LlamaConfig
 from specdemo import SpecDemoError, ar, contrastive
 from specdemo.draft import load_draft
 from specdemo.events import StepEvent, Summary, final_summary
+from specdemo.steps import ContrastiveStep
 from specdemo.views import COLOURS, contrastive_figure
 
 from conftest import make_tiny_model
@@ -39,7 +40,7 @@ def run(expert, amateur, max_new_tokens=1, **kwargs):
 
 
 def by_token(event):
-    return {c["token"]: c for c in event.extra["candidates"]}
+    return {c["token"]: c for c in event.data.candidates}
 
 
 def test_the_expert_favourite_is_penalised_when_the_amateur_likes_it_more():
@@ -48,10 +49,10 @@ def test_the_expert_favourite_is_penalised_when_the_amateur_likes_it_more():
     expert, amateur = FixedLM([0.5, 0.3, 0.16, 0.04]), FixedLM([0.8, 0.1, 0.06, 0.04])
     events, summary = run(expert, amateur, max_new_tokens=2, alpha=0.1, amateur_temperature=1.0, top_candidates=4)
     assert summary.tokens == (1, 1) and [e.committed for e in events] == [(1,), (1,)]
-    extra = events[0].extra
-    assert (extra["chosen"], extra["expert_choice"], extra["amateur_choice"]) == (1, 0, 0)
-    assert extra["cutoff_logprob"] == pytest.approx(math.log(0.05))
-    assert [c["token"] for c in extra["candidates"]] == [0, 1, 2, 3]  # most likely under the expert first
+    data = events[0].data
+    assert (data.chosen, data.expert_choice, data.amateur_choice) == (1, 0, 0)
+    assert data.cutoff_logprob == pytest.approx(math.log(0.05))
+    assert [c["token"] for c in data.candidates] == [0, 1, 2, 3]  # most likely under the expert first
     candidates = by_token(events[0])
     for token, p_expert, p_amateur, score in [(0, 0.5, 0.8, -0.4700), (1, 0.3, 0.1, 1.0986), (2, 0.16, 0.06, 0.9808)]:
         assert candidates[token]["expert_logprob"] == pytest.approx(math.log(p_expert), abs=1e-5)
@@ -86,7 +87,7 @@ def test_the_amateur_temperature_sharpens_its_distribution():
 def test_the_chosen_token_is_appended_when_outside_the_top_candidates():
     expert, amateur = FixedLM([0.5, 0.3, 0.16, 0.04]), FixedLM([0.8, 0.1, 0.06, 0.04])
     (event,), _ = run(expert, amateur, alpha=0.1, amateur_temperature=1.0, top_candidates=1)
-    assert [c["token"] for c in event.extra["candidates"]] == [0, 1] and event.extra["chosen"] == 1
+    assert [c["token"] for c in event.data.candidates] == [0, 1] and event.data.chosen == 1
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +104,9 @@ def test_events_count_both_passes_and_choose_the_best_score(tiny_model, other_mo
     assert summary.target_forwards == summary.draft_forwards == 12 and summary.tokens == tuple(t for e in events for t in e.committed)
     for event in events:
         assert event.proposed == event.accepted == event.rejected == ()
-        plausible = [c for c in event.extra["candidates"] if c["plausible"]]
-        assert event.committed == (event.extra["chosen"],) == (max(plausible, key=lambda c: c["score"])["token"],)
-        assert all(c["expert_logprob"] >= event.extra["cutoff_logprob"] for c in plausible)
+        plausible = [c for c in event.data.candidates if c["plausible"]]
+        assert event.committed == (event.data.chosen,) == (max(plausible, key=lambda c: c["score"])["token"],)
+        assert all(c["expert_logprob"] >= event.data.cutoff_logprob for c in plausible)
 
 
 def test_eos_and_stop_end_the_answer(tiny_model, other_model, prompt_ids):
@@ -163,8 +164,8 @@ def contrastive_step():
         {"token": 3, "expert_logprob": -1.2, "amateur_logprob": -2.3, "score": 1.1, "plausible": True},
         {"token": 4, "expert_logprob": -3.2, "amateur_logprob": -9.2, "score": None, "plausible": False},
     ]
-    extra = {"candidates": candidates, "cutoff_logprob": -3.0, "chosen": 3, "expert_choice": 2, "amateur_choice": 2}
-    return StepEvent("contrastive", step=4, committed=(3,), draft_forwards=5, target_forwards=5, extra=extra)
+    data = ContrastiveStep(candidates=candidates, cutoff_logprob=-3.0, chosen=3, expert_choice=2, amateur_choice=2)
+    return StepEvent("contrastive", step=4, committed=(3,), draft_forwards=5, target_forwards=5, data=data)
 
 
 def test_the_figure_marks_the_choice_greys_the_implausible_and_draws_the_cutoff():

@@ -10,6 +10,7 @@ from specdemo import SpecDemoError, ar, draft_tree, speculative
 from specdemo.draft import Draft
 from specdemo.events import StepEvent, final_summary
 from specdemo.sampling import SamplingConfig
+from specdemo.steps import SamplingCheck, TreeStep
 from specdemo.verify import accept_greedy
 
 from conftest import make_tiny_model
@@ -52,14 +53,14 @@ def test_tree_accepts_the_branch_a_chain_misses(tiny_model, prompt_ids):
     events = list(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=8, draft_tree_top_k=2))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert events[-1].tokens == expected
-    assert all(e.extra["accept_length"] >= 1 for e in steps[:-1])  # the second child of the root is always right
-    trees = [e for e in steps if "tree_tokens" in e.extra]
+    assert all(e.data.accept_length >= 1 for e in steps[:-1])  # the second child of the root is always right
+    trees = [e for e in steps if isinstance(e.data, TreeStep)]
     assert len(trees) >= len(steps) - 1  # only a last pass with room for one token drafts nothing
     for e in trees:  # the event's tree and path spell what was committed
-        extra = e.extra
-        assert [extra["tree_tokens"][node] for node in extra["accepted_path"][1:]] == list(e.accepted)
-        assert list(e.committed) == [*e.accepted, extra["target_token"]][: len(e.committed)]
-        assert all(extra["tree_parents"][child] == parent for parent, child in zip(extra["accepted_path"], extra["accepted_path"][1:]))
+        data = e.data
+        assert [data.tree_tokens[node] for node in data.accepted_path[1:]] == list(e.accepted)
+        assert list(e.committed) == [*e.accepted, data.target_token][: len(e.committed)]
+        assert all(data.tree_parents[child] == parent for parent, child in zip(data.accepted_path, data.accepted_path[1:]))
 
 
 def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
@@ -127,9 +128,9 @@ def test_tree_rollback_feeds_the_feature_draft_the_accepted_branch(tiny_model, p
 def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
     draft = Draft("t", tiny_model)
     greedy = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, gamma=2))
-    assert "tree_tokens" in greedy.extra  # plain greedy: a tree
+    assert isinstance(greedy.data, TreeStep)  # plain greedy: a tree
     sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, sampling=SamplingConfig(do_sample=True, seed=0)))
-    assert "tree_tokens" not in sampled.extra and "acceptance" in sampled.extra  # sampling: the chain and its rule
+    assert isinstance(sampled.data, SamplingCheck)  # sampling: the chain and its rule
     with pytest.raises(SpecDemoError, match="tree"):
         next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6, sampling=SamplingConfig(do_sample=True)))
     with pytest.raises(SpecDemoError, match="tree"):
@@ -145,16 +146,16 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     from specdemo.views import COLOURS, acceptance_by_position, explain_step, tree_figure
 
     events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
-    step = next(e for e in events if isinstance(e, StepEvent) and e.extra.get("accept_length") and e.rejected)
+    step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length and e.rejected)
     colours = list(tree_figure(step, str).data[-1].marker.color)
-    assert [colours[node] for node in step.extra["accepted_path"]] == [COLOURS["accepted"]] * (step.extra["accept_length"] + 1)
+    assert [colours[node] for node in step.data.accepted_path] == [COLOURS["accepted"]] * (step.data.accept_length + 1)
     assert colours.count(COLOURS["rejected"]) == len(step.rejected) >= 1
     text = explain_step(step, str)
     by_depth = acceptance_by_position([step])  # one share per depth of the tree, not per node
-    assert len(by_depth) == max(step.extra["tree_depths"]) and by_depth[: step.extra["accept_length"]] == [1.0] * step.extra["accept_length"]
-    drafted = step.extra["tree_sources"].count("draft")
-    assert f"a tree of {drafted} tokens" in text and f"{max(step.extra['tree_depths'])} deep in all" in text
-    assert f"followed one for {step.extra['accept_length']} token(s)" in text
+    assert len(by_depth) == max(step.data.tree_depths) and by_depth[: step.data.accept_length] == [1.0] * step.data.accept_length
+    drafted = step.data.tree_sources.count("draft")
+    assert f"a tree of {drafted} tokens" in text and f"{max(step.data.tree_depths)} deep in all" in text
+    assert f"followed one for {step.data.accept_length} token(s)" in text
 
 
 def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
@@ -182,11 +183,11 @@ def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids)
     assert alone.tokens == expected and alone.accepted == 0
     events = [e for e in speculative.generate(tiny_model, prompt_ids, copy_length=6, **settings)]
     assert events[-1].tokens == expected and events[-1].target_forwards < alone.target_forwards
-    steps = [e for e in events if isinstance(e, StepEvent) and "tree_sources" in e.extra]
-    copied = [e for e in steps if any(e.extra["tree_sources"][node - 1] == "copy" for node in e.extra["accepted_path"][1:])]
-    assert copied and max(e.extra["accept_length"] for e in copied) >= 2
+    steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep)]
+    copied = [e for e in steps if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
+    assert copied and max(e.data.accept_length for e in copied) >= 2
     # a copy costs no draft pass: the one-level draft runs once a step however deep the copy goes
-    assert max(e.extra["gamma"] for e in steps) > 1 and events[-1].draft_forwards == len(steps) == events[-1].steps
+    assert max(e.data.gamma for e in steps) > 1 and events[-1].draft_forwards == len(steps) == events[-1].steps
 
 
 def test_adaptive_gamma_does_not_shrink_when_a_copy_commits_more(tiny_model, prompt_ids):
@@ -196,15 +197,15 @@ def test_adaptive_gamma_does_not_shrink_when_a_copy_commits_more(tiny_model, pro
     events = speculative.generate(tiny_model, prompt_ids, max_new_tokens=120, draft_tree_size=2, copy_length=8, **settings)
     steps = [e for e in events if isinstance(e, StepEvent)]
     gammas = [e.draft_forwards - before.draft_forwards for before, e in zip([StepEvent("", 0, ())] + steps, steps)]  # totals -> per step
-    past_gamma = [i for i, e in enumerate(steps[:-2]) if e.extra["accept_length"] > gammas[i]]
+    past_gamma = [i for i, e in enumerate(steps[:-2]) if e.data.accept_length > gammas[i]]
     assert past_gamma  # the copy went past γ
-    assert all(gammas[i + 1] >= gammas[i] for i in past_gamma), list(zip(gammas, (e.extra["accept_length"] for e in steps)))
+    assert all(gammas[i + 1] >= gammas[i] for i in past_gamma), list(zip(gammas, (e.data.accept_length for e in steps)))
 
 
 def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
     draft = Draft("t", tiny_model)
     sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, sampling=SamplingConfig(do_sample=True, seed=0)))
-    assert "tree_sources" not in sampled.extra  # sampling drafts the chain, with nothing copied
+    assert not isinstance(sampled.data, TreeStep)  # sampling drafts the chain, with nothing copied
     for bad in [{"draft_tree_size": 0, "copy_length": 3}, {"copy_length": -1}, {"copy_length": 2.0}, {"copy_length": 17}]:
         with pytest.raises(SpecDemoError, match="copy"):
             next(speculative.generate(tiny_model, prompt_ids, draft=draft, **bad))
@@ -217,12 +218,12 @@ def test_a_copied_branch_is_drawn_and_explained():
     """Copied nodes are squares in the tree and the sentence says how many of the accepted tokens were copies."""
     from specdemo.views import explain_step, tree_figure
 
-    extra = {
-        "tree_tokens": [5, 7, 8, 9, 4], "tree_parents": [-1, 0, 0, 1, 3], "tree_depths": [0, 1, 1, 2, 3],
-        "tree_sources": ["draft", "draft", "copy", "copy"], "accepted_path": [0, 1, 3, 4], "best_candidate": [0, 1, 3, 4],
-        "accept_length": 3, "gamma": 3, "target_token": 6,
-    }
-    step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), extra=extra)
+    data = TreeStep(
+        tree_tokens=[5, 7, 8, 9, 4], tree_parents=[-1, 0, 0, 1, 3], tree_depths=[0, 1, 1, 2, 3],
+        tree_sources=["draft", "draft", "copy", "copy"], accepted_path=[0, 1, 3, 4], best_candidate=[0, 1, 3, 4],
+        accept_length=3, gamma=3, target_token=6,
+    )
+    step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), data=data)
     figure = tree_figure(step, str)
     assert list(figure.data[-1].marker.symbol) == ["circle", "circle", "circle", "square", "square"]
     assert "(4 nodes, 2 copied ■), 3 accepted" in figure.layout.title.text

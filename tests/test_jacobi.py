@@ -60,8 +60,8 @@ def test_block_positions_after_an_eos_never_settle():
     model = make_bigram_model({7: 7}, default=7)
     events = steps(jacobi.generate(model, torch.tensor([[1, 7]]), max_new_tokens=10, block_size=6, eos_token_ids=(7,)))
     assert [e.committed for e in events] == [(7,)]
-    assert events[0].extra["correct_since"] == [0, None, None, None, None, None]
-    assert events[0].extra["fast_forwarded"] == [] and events[0].extra["fixed_early"] == []
+    assert events[0].data.correct_since == [0, None, None, None, None, None]
+    assert events[0].data.fast_forwarded == [] and events[0].data.fixed_early == []
 
 
 def test_trajectory_of_one_token_a_pass():
@@ -70,10 +70,10 @@ def test_trajectory_of_one_token_a_pass():
     model = make_bigram_model({t: t + 1 for t in range(60)}, default=0)
     events = steps(jacobi.generate(model, torch.tensor([[3, 10]]), max_new_tokens=4, block_size=4, eos_token_ids=()))
     assert [e.committed for e in events] == [(11,), (12,), (13,), (14,)]
-    assert [e.extra["state"] for e in events] == [[10, 10, 10, 10], [11, 11, 11, 11], [11, 12, 12, 12], [11, 12, 13, 13]]
-    assert events[-1].extra["next_state"] == [11, 12, 13, 14]
-    assert events[-1].extra["correct_since"] == [1, 2, 3, 4]
-    assert all(e.extra["fast_forwarded"] == [] and e.extra["fixed_early"] == [] for e in events)
+    assert [e.data.state for e in events] == [[10, 10, 10, 10], [11, 11, 11, 11], [11, 12, 12, 12], [11, 12, 13, 13]]
+    assert events[-1].data.next_state == [11, 12, 13, 14]
+    assert events[-1].data.correct_since == [1, 2, 3, 4]
+    assert all(e.data.fast_forwarded == [] and e.data.fixed_early == [] for e in events)
     assert [e.rejected for e in events] == [(10, 10, 10, 10), (11, 11, 11), (12, 12), (13,)]
 
 
@@ -83,11 +83,11 @@ def test_trajectory_with_fast_forwarding():
     pass accepts them all: positions 2 and 3 became correct with position 1 (fast-forwarded)."""
     model = make_bigram_model({10: 20}, default=30)
     events = steps(jacobi.generate(model, torch.tensor([[3, 10]]), max_new_tokens=4, block_size=4, eos_token_ids=()))
-    assert [e.extra["state"] for e in events] == [[10, 10, 10, 10], [20, 20, 20, 20], [20, 30, 30, 30]]
+    assert [e.data.state for e in events] == [[10, 10, 10, 10], [20, 20, 20, 20], [20, 30, 30, 30]]
     assert [e.committed for e in events] == [(20,), (30,), (30, 30)]
-    assert [e.extra["accept_length"] for e in events] == [0, 0, 2]
-    assert events[-1].extra["correct_since"] == [1, 2, 2, 2]
-    assert events[-1].extra["fast_forwarded"] == [2, 3]
+    assert [e.data.accept_length for e in events] == [0, 0, 2]
+    assert events[-1].data.correct_since == [1, 2, 2, 2]
+    assert events[-1].data.fast_forwarded == [2, 3]
     assert [e.target_forwards for e in events] == [1, 2, 3]
 
 

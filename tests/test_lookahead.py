@@ -133,19 +133,19 @@ def test_the_window_iterates_and_its_ngrams_get_accepted():
     events = counting_events([12, 5], text_ngrams=False)
     assert [t for e in events for t in e.committed] == list(range(6, 46))
     for before, after in zip(events, events[1:]):
-        assert before.extra["new_level"] == [t + 1 for t in before.extra["window"][-1]]
-        assert after.extra["window"] == before.extra["window"][1:] + [before.extra["new_level"]]
+        assert before.data.new_level == [t + 1 for t in before.data.window[-1]]
+        assert after.data.window == before.data.window[1:] + [before.data.new_level]
     assert max(len(e.committed) for e in events) == 4 and len(events) < 40
     for e in events:
         assert e.committed[: len(e.accepted)] == e.accepted
-        if e.extra["best_candidate"] is not None:
-            assert e.extra["accept_length"] == max(e.extra["candidate_accept_lengths"])
+        if e.data.best_candidate is not None:
+            assert e.data.accept_length == max(e.data.candidate_accept_lengths)
 
 
 def test_ngrams_of_the_prompt_are_verified_from_the_first_pass():
     events = counting_events([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 5], text_ngrams=True, max_new_tokens=8)
     # the copy: what followed the prompt's earlier 5, six tokens long; then 12 from the target
-    assert events[0].extra["candidates"][0] == [6, 7, 8, 9, 10, 11] and events[0].extra["candidate_sources"][0] == "copy"
+    assert events[0].data.candidates[0] == [6, 7, 8, 9, 10, 11] and events[0].data.candidate_sources[0] == "copy"
     assert events[0].committed == (6, 7, 8, 9, 10, 11, 12) and events[0].accepted == (6, 7, 8, 9, 10, 11)
 
 

@@ -49,14 +49,14 @@ def test_tree_presets_and_size(tiny_model, prompt_ids):
     heads = random_heads(tiny_model)
     heads.choices = [list(p) for p in CHOICES]
     run = lambda **kw: next(e for e in medusa.generate(tiny_model, prompt_ids, heads=heads, eos_token_ids=(), copy_length=0, **kw) if e.step == 1)  # noqa: E731
-    static = run(tree="static").extra
-    assert static["tree_kind"] == "static" and len(static["tree_tokens"]) == 1 + len(CHOICES)
-    assert static["tree_depths"] == [0, *(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))]
-    assert run(tree="chain").extra["tree_depths"] == [0, 1, 2, 3]
-    assert len(run(tree="static", tree_size=3).extra["tree_tokens"]) == 4
-    dynamic = run().extra  # the default: as many nodes as the heads' static tree, chosen for this pass
-    assert dynamic["tree_kind"] == "dynamic" and len(dynamic["tree_tokens"]) == 1 + len(CHOICES)
-    assert len(run(tree_size=12).extra["tree_tokens"]) == 13  # a dynamic tree may be larger than the static one
+    static = run(tree="static").data
+    assert static.tree_kind == "static" and len(static.tree_tokens) == 1 + len(CHOICES)
+    assert static.tree_depths == [0, *(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))]
+    assert run(tree="chain").data.tree_depths == [0, 1, 2, 3]
+    assert len(run(tree="static", tree_size=3).data.tree_tokens) == 4
+    dynamic = run().data  # the default: as many nodes as the heads' static tree, chosen for this pass
+    assert dynamic.tree_kind == "dynamic" and len(dynamic.tree_tokens) == 1 + len(CHOICES)
+    assert len(run(tree_size=12).data.tree_tokens) == 13  # a dynamic tree may be larger than the static one
     with pytest.raises(SpecDemoError, match="tree_size"):
         run(tree="static", tree_size=99)
     with pytest.raises(SpecDemoError, match="tree_size"):
@@ -133,10 +133,10 @@ def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, promp
     assert len(events[-1].tokens) == 30
     steps = [e for e in events[1:-1]]
     for event in steps:
-        extra = event.extra
-        for node in extra["accepted_path"][1:]:  # every accepted node cleared its parent's bar
-            parent = extra["tree_parents"][node]
-            assert extra["token_probs"][node] > extra["thresholds"][parent]
+        data = event.data
+        for node in data.accepted_path[1:]:  # every accepted node cleared its parent's bar
+            parent = data.tree_parents[node]
+            assert data.token_probs[node] > data.thresholds[parent]
     assert any(event.accepted for event in steps)
 
 
@@ -200,7 +200,7 @@ def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, tree, tree_size)
     assert events[-1].tokens == expected
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
-        assert len(event.extra["tree_tokens"]) == len(event.extra["tree_parents"]) == len(event.extra["tree_depths"])
+        assert len(event.data.tree_tokens) == len(event.data.tree_parents) == len(event.data.tree_depths)
 
 
 def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
@@ -211,9 +211,9 @@ def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
     for lm_head in heads.lm_heads:
         torch.nn.init.normal_(lm_head.weight, std=0.5)
     events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree_size=6, copy_length=0, max_new_tokens=30, eos_token_ids=()))[1:-1]
-    assert len({tuple(e.extra["tree_parents"]) for e in events}) > 1
+    assert len({tuple(e.data.tree_parents) for e in events}) > 1
     for event in events:
-        assert len(event.extra["tree_tokens"]) == 7 and event.extra["tree_kind"] == "dynamic"
+        assert len(event.data.tree_tokens) == 7 and event.data.tree_kind == "dynamic"
 
 
 def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
@@ -226,8 +226,8 @@ def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
     alone, copying = run(0), run(6)
     assert alone[-1].tokens == copying[-1].tokens == expected
     assert copying[-1].target_forwards < alone[-1].target_forwards
-    copied = [e for e in copying[1:-1] if any(e.extra["tree_sources"][node - 1] == "copy" for node in e.extra["accepted_path"][1:])]
-    assert copied and max(e.extra["accept_length"] for e in copied) >= 2
+    copied = [e for e in copying[1:-1] if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
+    assert copied and max(e.data.accept_length for e in copied) >= 2
     with pytest.raises(SpecDemoError, match="copy_length"):
         run(-1)
 

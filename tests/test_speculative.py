@@ -83,7 +83,7 @@ def test_rejections_cover_every_draft_position(tiny_model, prompt_ids):
     for every in [2, 3, 4, 5, 6, 7, 8]:
         for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=6, draft_tree_size=0):
             if isinstance(e, StepEvent) and e.rejected:
-                seen.add(e.extra["accept_length"])
+                seen.add(e.data.accept_length)
     assert seen == set(range(6))
 
 

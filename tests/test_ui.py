@@ -30,7 +30,7 @@ def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):
 
 def test_method_views_follow_the_method(embedded):
     from specdemo.live import Request, collect, run
-    from specdemo.ui import method_view
+    from specdemo.views import method_pictures as method_view
 
     decode = lambda token: embedded.decode([token])  # noqa: E731
     expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail", "tree"}, "lookahead": {"timeline", "detail"}}
