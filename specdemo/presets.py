@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from .cllm import EMBEDDED_CLLM
-from .eagle import EMBEDDED_EAGLE
-from .errors import SpecDemoError
-from .medusa import EMBEDDED_HEADS
-from .models import EMBEDDED
+from specdemo.core.errors import SpecDemoError
+from specdemo.methods.cllm import EMBEDDED_CLLM
+from specdemo.methods.eagle import EMBEDDED_EAGLE
+from specdemo.methods.medusa import EMBEDDED_HEADS
+from specdemo.models import EMBEDDED
 
 
 @dataclass(frozen=True)

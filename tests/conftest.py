@@ -56,7 +56,7 @@ def serve(app):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    from specdemo.ui import serve as serve_page
+    from specdemo.app.ui import serve as serve_page
 
     serve_page(app, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)  # the app's own queue and limits
     return app
@@ -65,7 +65,7 @@ def serve(app):
 @pytest.fixture(scope="session")
 def served_app(embedded):
     """The app on the embedded model, served for the API and browser tests."""
-    from specdemo.ui import build_app
+    from specdemo.app.ui import build_app
 
     app = serve(build_app(embedded))
     yield app

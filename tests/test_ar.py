@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
-from specdemo import ar
-from specdemo.errors import SpecDemoError
-from specdemo.events import StepEvent, Summary, final_summary
-from specdemo.sampling import SamplingConfig
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import StepEvent, Summary, final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.methods import ar
 
 
 def hf_greedy(model, input_ids, max_new_tokens, **kwargs):

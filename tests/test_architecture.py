@@ -7,30 +7,36 @@ import pytest
 import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
-CORE = {"events", "recorder", "kvcache", "attention", "verify", "loop", "sampling", "errors"}
+CORE = {"events", "steps", "recorder", "kvcache", "attention", "verify", "loop", "sampling", "errors"}
 METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
-APP = {"ui", "views", "live", "limits"}
+APP = {"ui", "handlers", "views", "live", "limits"}
+LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
+PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
+
+
+def source(module: str) -> Path:
+    return next(PACKAGE / layer / f"{module}.py" for layer, modules in LAYERS.items() if module in modules)
 
 
 def imports(module: str) -> set[str]:
-    """Top-level names a module imports: `torch`, `gradio`, and `.verify` as `verify`."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    """What a module imports, by last name: `torch`, `gradio`, `specdemo.core.verify` as `verify`,
+    `from specdemo.methods import ar` as `ar` and `methods` (the registry)."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source(module).read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module in PACKAGES:
+            names |= {node.module.rsplit(".", 1)[-1], *(alias.name for alias in node.names)}
+        elif isinstance(node, ast.ImportFrom) and node.module.startswith("specdemo."):
+            names.add(node.module.rsplit(".", 1)[-1])
         elif isinstance(node, ast.ImportFrom):
-            if node.level and node.module:
-                names.add(node.module.split(".")[0])
-            elif node.level:  # from . import ar, beam
-                names |= {alias.name for alias in node.names}
-            else:
-                names.add(node.module.split(".")[0])
+            names.add(node.module.split(".")[0])
     return names
 
 
-def test_the_layers_are_the_modules():
-    assert {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"} >= CORE | METHODS | APP
+def test_each_layer_is_a_folder():
+    for layer, modules in LAYERS.items():
+        assert {path.stem for path in (PACKAGE / layer).glob("*.py")} - {"__init__"} == modules, layer
 
 
 @pytest.mark.parametrize("module", sorted(CORE | METHODS))
@@ -43,21 +49,22 @@ def test_the_core_knows_no_method(module):
     assert not imports(module) & (METHODS | {"methods", "models", "presets"})
 
 
-@pytest.mark.parametrize("module", ["ui", "views"])
+@pytest.mark.parametrize("module", ["ui", "handlers", "views"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""
-    assert not imports(module) & {"torch", "transformers", *CORE - {"events", "errors", "sampling"}, *METHODS}
+    assert not imports(module) & {"torch", "transformers", *CORE - {"events", "steps", "errors", "sampling"}, *METHODS}
 
 
 def test_live_runs_methods_without_tensors_or_the_page():
     assert not imports("live") & {"torch", "transformers", "gradio", "plotly", "ui", "views"}
 
 
-def test_the_page_reaches_decoding_only_through_live():
-    tree = ast.parse((PACKAGE / "ui.py").read_text())
+@pytest.mark.parametrize("module", ["ui", "handlers"])
+def test_the_page_reaches_decoding_only_through_live(module):
+    tree = ast.parse(source(module).read_text())
     calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     assert not calls & {"generate", "forward"}  # no method's generator, no model pass
-    assert "gradio" in imports("ui") and "plotly" in imports("views")
+    assert "gradio" in imports(module) and "plotly" in imports("views")
 
 
 def test_the_worked_example_of_docs_architecture_runs(tiny_model):
@@ -66,14 +73,12 @@ def test_the_worked_example_of_docs_architecture_runs(tiny_model):
     import sys
     import types
 
-    from specdemo import ar
-    from specdemo.events import final_summary
-    from specdemo.methods import MethodSpec
+    from specdemo.core.events import final_summary
+    from specdemo.methods import MethodSpec, ar
 
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     proposer_file, registry_line = re.findall(r"```python\n(.*?)```", text, re.S)
-    module = types.ModuleType("specdemo.prompt_lookup_decoding")
-    module.__package__ = "specdemo"
+    module = types.ModuleType("specdemo.methods.prompt_lookup_decoding")
     sys.modules[module.__name__] = module
     try:
         exec(compile(proposer_file, "docs/architecture.md", "exec"), module.__dict__)
@@ -103,8 +108,8 @@ def test_ruff_passes():
 
 
 def test_the_pages_controls_are_settings_of_their_methods():
+    from specdemo.app.handlers import KNOBS
     from specdemo.methods import METHODS
-    from specdemo.ui import KNOBS
 
     for spec in METHODS.values():
         assert set(spec.controls) <= set(spec.settings) & set(KNOBS), spec.name

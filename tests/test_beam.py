@@ -6,12 +6,12 @@ import threading
 import pytest
 import torch
 
-from specdemo import ar, beam
-from specdemo.errors import SpecDemoError
-from specdemo.events import StepEvent, Summary, final_summary
-from specdemo.sampling import SamplingConfig
-from specdemo.steps import BeamStep
-from specdemo.views import beam_figure, beam_nodes
+from specdemo.app.views import beam_figure, beam_nodes
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import StepEvent, Summary, final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.core.steps import BeamStep
+from specdemo.methods import ar, beam
 
 EOS_IDS = (20, 62, 70)  # tokens the tiny model emits among its beams: hypotheses finish early
 

@@ -79,10 +79,10 @@ def page(browser, served_app):
 def fast_page(browser, embedded):
     """A page that offers the fast (bfloat16) precision whatever this CPU: the app offers it only
     where the CPU multiplies bfloat16 natively, but bfloat16 runs on any CPU (emulated, slower)."""
-    from specdemo import ui
+    from specdemo.app import handlers, ui
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ui, "fast_dtype", lambda device: "bfloat16")
+        patch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
         app = serve(ui.build_app(embedded, presets=()))
         yield open_page(browser, app.local_url)
         app.close()

@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from specdemo import SpecDemoError, ar, cllm, jacobi
-from specdemo.events import StepEvent, final_summary
+from specdemo import SpecDemoError
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.methods import ar, cllm, jacobi
 from training.jacobi_trajectories import trajectories
 from training.train_cllm import adapter_tensors, add_adapters, remove_adapters, train_adapters
 
@@ -34,7 +35,7 @@ def test_cllm_refuses_a_model_of_another_vocabulary(tiny_model, prompt_ids):
 
 def test_trajectories_are_the_states_jacobi_decoding_feeds(tiny_model, prompt_ids):
     """All blocks iterated together in one pass each (block_states_mask) go through the states
-    `specdemo.jacobi` feeds block by block, and end at the greedy answer."""
+    `specdemo.methods.jacobi` feeds block by block, and end at the greedy answer."""
     events = [e for e in jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=8, eos_token_ids=()) if isinstance(e, StepEvent)]
     answer = greedy(tiny_model, prompt_ids, 30)
     starts = sorted({e.data.block_start for e in events})

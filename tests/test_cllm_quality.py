@@ -5,8 +5,8 @@ import json
 import torch
 from test_distill import tiny_target
 
-from specdemo import cllm
-from specdemo.views import cllm_quality_html
+from specdemo.app.views import cllm_quality_html
+from specdemo.methods import cllm
 from training.cllm_quality import MAX_BIGRAM_DROP, base_nll, measure
 
 from conftest import make_tiny_model

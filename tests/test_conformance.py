@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from specdemo import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
-from specdemo.draft import Draft
-from specdemo.events import StepEvent, Summary
-from specdemo.loop import Proposer, decode
-from specdemo.sampling import GREEDY, SamplingConfig
-from specdemo.verify import Proposal
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.loop import Proposer, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.verify import Proposal
+from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
+from specdemo.methods.draft import Draft
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
@@ -71,7 +71,7 @@ NAMES = [
 
 
 def check_protocol(items: list, max_new_tokens: int, eos: tuple[int, ...] = ()) -> Summary:
-    """The rules of `specdemo.events`, checked on one run's stream; returns its Summary."""
+    """The rules of `specdemo.core.events`, checked on one run's stream; returns its Summary."""
     *events, summary = items
     assert isinstance(summary, Summary) and all(isinstance(e, StepEvent) for e in events)
     answer, proposed, accepted, draft_forwards = [], 0, 0, 0

@@ -5,9 +5,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from specdemo import SpecDemoError, ar, lookahead, medusa
-from specdemo.events import final_summary
-from specdemo.medusa import MedusaHeads
+from specdemo import SpecDemoError
+from specdemo.core.events import final_summary
+from specdemo.methods import ar, lookahead, medusa
+from specdemo.methods.medusa import MedusaHeads
 
 CONTEXT = 24
 

@@ -10,11 +10,12 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from specdemo import SpecDemoError, ar, contrastive
-from specdemo.draft import load_draft
-from specdemo.events import StepEvent, Summary, final_summary
-from specdemo.steps import ContrastiveStep
-from specdemo.views import COLOURS, contrastive_figure
+from specdemo import SpecDemoError
+from specdemo.app.views import COLOURS, contrastive_figure
+from specdemo.core.events import StepEvent, Summary, final_summary
+from specdemo.core.steps import ContrastiveStep
+from specdemo.methods import ar, contrastive
+from specdemo.methods.draft import load_draft
 
 from conftest import make_tiny_model
 
@@ -182,7 +183,7 @@ def test_the_figure_marks_the_choice_greys_the_implausible_and_draws_the_cutoff(
 
 
 def test_a_step_is_explained_by_why_the_experts_favourite_lost():
-    from specdemo.views import explain_step
+    from specdemo.app.views import explain_step
 
     text = explain_step(contrastive_step(), {2: " cat", 3: " sat", 4: " dog"}.__getitem__)
     assert "' sat' won" in text and "1.10" in text
@@ -191,6 +192,6 @@ def test_a_step_is_explained_by_why_the_experts_favourite_lost():
 
 
 def test_its_tokens_are_the_targets_own_in_the_stream():
-    from specdemo.views import stream_html
+    from specdemo.app.views import stream_html
 
     assert 'data-origin="ar"' in stream_html([contrastive_step()], {3: " sat"}.__getitem__)

@@ -5,10 +5,10 @@ and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
 import pytest
 import torch
 
-from specdemo import ar, jacobi, lookahead, medusa, speculative
-from specdemo.draft import Draft
-from specdemo.events import final_summary
-from specdemo.sampling import SamplingConfig
+from specdemo.core.events import final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.methods import ar, jacobi, lookahead, medusa, speculative
+from specdemo.methods.draft import Draft
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdemo import ar
+from specdemo.methods import ar
 from training import distill
 from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, plan, read_prompts, word_runs
 from training.selfdistill import batch_decode

@@ -3,9 +3,9 @@ a tiny model where a tie is forced, and flagged on a forced bug (a method that c
 
 import torch
 
-from specdemo import ar
 from specdemo.bench import explain_differences
 from specdemo.divergence import SUSPECT_MARGIN, divergences, first_difference, rounding_noise
+from specdemo.methods import ar
 
 from conftest import make_tiny_model
 
@@ -89,8 +89,8 @@ def test_the_bench_explains_only_methods_that_should_equal_ar():
 
 
 def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
+    from specdemo.app.views import divergence_sentence
     from specdemo.divergence import Divergence
-    from specdemo.views import divergence_sentence
 
     decode = {5: " sky", 9: " air"}.get
     tie = Divergence(position=7, ar_token=5, other_token=9, margin=0.03, top_two=0.03, wide_gap=-0.01)
@@ -107,9 +107,8 @@ def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
 def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
     """Where a method's bfloat16 answer parts from AR's, AR's margin there is within what rounding
     moves (SUSPECT_MARGIN): a margin above it would be a bug, not a flipped near-tie."""
-    from specdemo import medusa, speculative
-    from specdemo.events import final_summary
-    from specdemo.methods import method_options
+    from specdemo.core.events import final_summary
+    from specdemo.methods import medusa, method_options, speculative
     from specdemo.models import load_model
 
     target = load_model("embedded", "bfloat16", "cpu")

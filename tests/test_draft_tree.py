@@ -6,12 +6,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdemo import SpecDemoError, ar, draft_tree, speculative
-from specdemo.draft import Draft
-from specdemo.events import StepEvent, final_summary
-from specdemo.sampling import SamplingConfig
-from specdemo.steps import SamplingCheck, TreeStep
-from specdemo.verify import accept_greedy
+from specdemo import SpecDemoError
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.core.steps import SamplingCheck, TreeStep
+from specdemo.core.verify import accept_greedy
+from specdemo.methods import ar, draft_tree, speculative
+from specdemo.methods.draft import Draft
 
 from conftest import make_tiny_model
 from test_eagle import OracleDraft, feature_draft
@@ -143,7 +144,7 @@ def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
 def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     """The app's views read the step's tree like Medusa's: the accepted branch in green, the
     draft's favourite continuation after it in red, and a sentence that says what happened."""
-    from specdemo.views import COLOURS, acceptance_by_position, explain_step, tree_figure
+    from specdemo.app.views import COLOURS, acceptance_by_position, explain_step, tree_figure
 
     events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
     step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length and e.rejected)
@@ -216,7 +217,7 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
 
 def test_a_copied_branch_is_drawn_and_explained():
     """Copied nodes are squares in the tree and the sentence says how many of the accepted tokens were copies."""
-    from specdemo.views import explain_step, tree_figure
+    from specdemo.app.views import explain_step, tree_figure
 
     data = TreeStep(
         tree_tokens=[5, 7, 8, 9, 4], tree_parents=[-1, 0, 0, 1, 3], tree_depths=[0, 1, 1, 2, 3],

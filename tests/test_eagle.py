@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
-from specdemo import ar, speculative
-from specdemo.eagle import FeatureDraft, init_from_target
-from specdemo.events import final_summary
-from specdemo.sampling import SamplingConfig
+from specdemo.core.events import final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.methods import ar, speculative
+from specdemo.methods.eagle import FeatureDraft, init_from_target
 
 from test_speculative import chi_square_p, target_marginals
 

@@ -5,7 +5,7 @@ the draft saves and loads."""
 import torch
 from transformers import DynamicCache
 
-from specdemo.eagle import (
+from specdemo.methods.eagle import (
     FeatureDraft,
     init_from_target,
     load_feature_draft,

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from specdemo import SpecDemoError, ar, get_method
+from specdemo import SpecDemoError, get_method
 from specdemo.bench import parse_methods
+from specdemo.core.sampling import SamplingConfig
+from specdemo.methods import ar
 from specdemo.models import load_model, parse_dtype
-from specdemo.sampling import SamplingConfig
 
 
 def test_empty_prompt(embedded, tiny_model):

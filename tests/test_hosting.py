@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from specdemo import SpecDemoError, limits, live, ui
+from specdemo import SpecDemoError
+from specdemo.app import handlers, limits, live, ui
 from specdemo.methods import METHODS
 
 
@@ -73,8 +74,8 @@ def test_stop_ends_a_race_between_two_passes(embedded, monkeypatch):
                 summaries.append((request.method, item))
             yield item
 
-    monkeypatch.setattr(ui, "run", recorded)
-    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.01)
+    monkeypatch.setattr(handlers, "run", recorded)
+    monkeypatch.setattr(handlers, "UPDATE_EVERY_S", 0.01)
     race = handler(ui.build_app(embedded, presets=()), "on_race")
     updates = race(None, None, "Count from one to two hundred, one number a line.", ["jacobi", "lookahead"], 120)
     for table, _ in updates:
@@ -94,11 +95,11 @@ def test_the_presets_can_be_turned_off(embedded, monkeypatch):
 def test_exports_do_not_pile_up(tmp_path, monkeypatch):
     import os
 
-    monkeypatch.setattr(ui, "EXPORTS", tmp_path)
+    monkeypatch.setattr(handlers, "EXPORTS", tmp_path)
     old = tmp_path / "specdemo-run-old.json"
     old.write_text("{}")
     os.utime(old, (0, 0))
-    fresh = ui.export_events([], None)
+    fresh = handlers.export_events([], None)
     assert not old.exists() and os.path.exists(fresh)
 
 
@@ -115,7 +116,7 @@ def test_nan_in_a_slider_or_an_api_value_is_answered_with_a_sentence(embedded):
     inputs[6], inputs[19] = 1.0, float("nan")  # the block-size slider
     with pytest.raises(gr.Error, match="block_size must be a number"):
         list(handler(app, "on_generate")(*inputs))
-    generate = ui.api_generate_for(ui.Targets(embedded, ()))
+    generate = handlers.api_generate_for(handlers.Targets(embedded, ()))
     with pytest.raises(gr.Error, match="top_p must be a number"):
         generate("hi", "ar", 8, True, 1.0, 0, float("nan"))
     assert generate("Say hi.", "ar", 4)[1]["tokens"] >= 1
@@ -135,12 +136,12 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
         loaded.append(model)
         return model
 
-    monkeypatch.setattr(ui, "load_model", load)
-    monkeypatch.setattr(ui, "unload", evicted.append)
-    monkeypatch.setattr(ui, "free_memory", lambda: evicted.append("freed"))
-    targets = ui.Targets(embedded, (Preset("A", "org/a"), Preset("B", "org/b")))
-    a = targets("A", ui.EXACT)
-    assert targets("A", ui.EXACT) is a and evicted == []  # resident: not loaded again
-    b = targets("B", ui.EXACT)
+    monkeypatch.setattr(handlers, "load_model", load)
+    monkeypatch.setattr(handlers, "unload", evicted.append)
+    monkeypatch.setattr(handlers, "free_memory", lambda: evicted.append("freed"))
+    targets = handlers.Targets(embedded, (Preset("A", "org/a"), Preset("B", "org/b")))
+    a = targets("A", handlers.EXACT)
+    assert targets("A", handlers.EXACT) is a and evicted == []  # resident: not loaded again
+    b = targets("B", handlers.EXACT)
     assert evicted == [a, "freed"] and loaded == [a, b]
-    assert targets(None, ui.EXACT) is embedded and targets.resident is b  # the start is never evicted
+    assert targets(None, handlers.EXACT) is embedded and targets.resident is b  # the start is never evicted

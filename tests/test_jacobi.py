@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from specdemo import SpecDemoError, ar, jacobi
-from specdemo.events import StepEvent, final_summary
-from specdemo.sampling import SamplingConfig
+from specdemo import SpecDemoError
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.methods import ar, jacobi
 
 from conftest import make_tiny_model
 

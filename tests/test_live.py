@@ -4,10 +4,11 @@ import threading
 
 import pytest
 
-from specdemo import SpecDemoError, limits, live
-from specdemo.events import StepEvent, Summary
-from specdemo.live import Baselines, Request, first_difference, speedup, stats, timed_events
-from specdemo.sampling import SamplingConfig
+from specdemo import SpecDemoError
+from specdemo.app import limits, live
+from specdemo.app.live import Baselines, Request, first_difference, speedup, stats, timed_events
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.sampling import SamplingConfig
 
 
 @pytest.mark.parametrize(
@@ -124,9 +125,8 @@ def test_beam_takes_its_settings_and_n_gram_blocking():
 def test_greedy_methods_take_a_repetition_penalty_and_n_gram_blocking(embedded, method):
     """They verify each prefix as one-token AR with the same processors would, so the app lets a
     person set both, and the answer is AR's under them (cllm: AR's on its own weights; float32)."""
-    from specdemo import ar
-    from specdemo.events import final_summary
-    from specdemo.methods import decoded_model
+    from specdemo.core.events import final_summary
+    from specdemo.methods import ar, decoded_model
 
     prompt, sampling = "List three fruits, then three more.", SamplingConfig(repetition_penalty=1.3, no_repeat_ngram_size=3)
     _, summary = live.collect(live.run(embedded, Request(prompt, method, 24, sampling)))

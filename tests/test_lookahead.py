@@ -4,13 +4,14 @@ equality with greedy AR, and several tokens a pass where the window can find the
 import pytest
 import torch
 
-from specdemo import SpecDemoError, ar, lookahead
-from specdemo.attention import additive_mask, chain_positions, sees_from_parents
-from specdemo.events import StepEvent, final_summary
-from specdemo.lookahead import NgramPool, choose_candidates
-from specdemo.prompt_lookup import copied_branch, copy_from_text
-from specdemo.sampling import SamplingConfig
-from specdemo.verify import fed_parents
+from specdemo import SpecDemoError
+from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.sampling import SamplingConfig
+from specdemo.core.verify import fed_parents
+from specdemo.methods import ar, lookahead
+from specdemo.methods.lookahead import NgramPool, choose_candidates
+from specdemo.methods.prompt_lookup import copied_branch, copy_from_text
 
 from test_jacobi import make_bigram_model
 

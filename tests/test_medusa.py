@@ -7,11 +7,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdemo import SpecDemoError, ar, medusa
-from specdemo.attention import additive_mask, chain_positions
-from specdemo.events import StepEvent, final_summary
-from specdemo.kvcache import keep_positions
-from specdemo.medusa import (
+from specdemo import SpecDemoError
+from specdemo.core.attention import additive_mask, chain_positions
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.kvcache import keep_positions
+from specdemo.core.sampling import SamplingConfig
+from specdemo.core.verify import accept_greedy, deepest
+from specdemo.methods import ar, medusa
+from specdemo.methods.medusa import (
     MedusaHeads,
     build_tree,
     dynamic_paths,
@@ -19,8 +22,6 @@ from specdemo.medusa import (
     probs_after_parents,
     typical_verdicts,
 )
-from specdemo.sampling import SamplingConfig
-from specdemo.verify import accept_greedy, deepest
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 

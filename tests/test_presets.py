@@ -4,10 +4,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdemo import live, medusa, presets
-from specdemo.errors import SpecDemoError
-from specdemo.events import final_summary
-from specdemo.methods import method_options
+from specdemo import presets
+from specdemo.app import live
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import final_summary
+from specdemo.methods import medusa, method_options
 from specdemo.models import LoadedModel, load_model
 from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS, Preset, available_presets, preset_for
 
@@ -80,8 +81,8 @@ def test_published_heads_get_their_presets_tree(tiny_model, tmp_path, monkeypatc
     """Published Medusa heads come without a tree; a preset that names one (the Vicuna preset:
     the authors' mc_sim_7b_63) makes it their static tree and the size of their dynamic one, and
     decoding with either still equals AR."""
-    from specdemo import ar
-    from specdemo import medusa as medusa_module
+    from specdemo.methods import ar
+    from specdemo.methods import medusa as medusa_module
     from specdemo.presets import MC_SIM_7B_63
 
     heads = medusa_module.MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, 1)

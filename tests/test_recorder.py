@@ -1,6 +1,6 @@
 """The stop rules every method shares: EOS ends the answer, max_new_tokens caps it."""
 
-from specdemo.recorder import StepRecorder
+from specdemo.core.recorder import StepRecorder
 
 
 def test_eos_inside_a_multi_token_step_cuts_after_it():

@@ -8,10 +8,11 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specdemo import SpecDemoError, ar, speculative
-from specdemo.draft import Draft, load_draft
-from specdemo.events import StepEvent, final_summary
-from specdemo.sampling import SamplingConfig, logits_processors
+from specdemo import SpecDemoError
+from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.sampling import SamplingConfig, logits_processors
+from specdemo.methods import ar, speculative
+from specdemo.methods.draft import Draft, load_draft
 
 from conftest import make_tiny_model
 
@@ -180,8 +181,8 @@ def test_draft_with_another_vocabulary_is_refused(embedded, tmp_path):
 @pytest.mark.parametrize("prompt", ["Write a haiku about the sea.", "Explain in two sentences why we sleep."])
 @pytest.mark.parametrize("draft_kind, tree_size", [("feature", 0), ("feature", 12), ("token", 0)])
 def test_greedy_equals_ar_on_embedded_model_with_trained_draft(embedded, prompt, draft_kind, tree_size):
-    from specdemo.eagle import FeatureDraft
     from specdemo.methods import method_options, token_draft
+    from specdemo.methods.eagle import FeatureDraft
 
     draft = method_options("speculative", embedded)["draft"] if draft_kind == "feature" else token_draft(embedded)
     assert isinstance(draft, FeatureDraft) == (draft_kind == "feature")  # the preset's feature draft is speculative's

@@ -3,9 +3,10 @@
 import gradio as gr
 import pytest
 
-from specdemo import ar
-from specdemo.events import Summary, final_summary
-from specdemo.ui import build_app, race_row, stream_answer
+from specdemo.app.handlers import race_row, stream_answer
+from specdemo.app.ui import build_app
+from specdemo.core.events import Summary, final_summary
+from specdemo.methods import ar
 
 
 def test_stream_answer_grows_to_the_full_answer(embedded):
@@ -29,8 +30,8 @@ def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):
 
 
 def test_method_views_follow_the_method(embedded):
-    from specdemo.live import Request, collect, run
-    from specdemo.views import method_pictures as method_view
+    from specdemo.app.live import Request, collect, run
+    from specdemo.app.views import method_pictures as method_view
 
     decode = lambda token: embedded.decode([token])  # noqa: E731
     expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail", "tree"}, "lookahead": {"timeline", "detail"}}
@@ -42,7 +43,7 @@ def test_method_views_follow_the_method(embedded):
 
 
 def test_why_panel_predicts_from_the_runs_own_numbers():
-    from specdemo.ui import why_html
+    from specdemo.app.handlers import why_html
 
     run_stats = {"forward_passes": 10, "wall_s": 0.5, "tokens_per_forward": 2.0, "draft_forwards": 20, "tokens_per_s": 40.0}
     ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0, "tokens_per_s": 25.0}
@@ -53,8 +54,8 @@ def test_why_panel_predicts_from_the_runs_own_numbers():
 def test_race_checks_cllm_against_its_own_ar(embedded):
     """The race row of a fine-tuned copy says whether it equals its own AR, and apart from that
     whether it equals the target's AR (a difference there is expected, not a failure)."""
-    from specdemo.events import Summary
-    from specdemo.ui import race_row
+    from specdemo.app.handlers import race_row
+    from specdemo.core.events import Summary
 
     summary = Summary("cllm", (5, 6, 7), "length", 2, 2)
     numbers = {"tokens_per_s": 30.0, "tokens_per_forward": 1.5}
@@ -79,9 +80,9 @@ def test_the_model_picker_shows_gpu_presets_only_when_offered(embedded):
 
 
 def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
-    from specdemo.errors import SpecDemoError
+    from specdemo.app.handlers import Targets
+    from specdemo.core.errors import SpecDemoError
     from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS
-    from specdemo.ui import Targets
 
     targets = Targets(embedded, (*GPU_PRESETS, EMBEDDED_PRESET))
     assert targets(EMBEDDED_PRESET.name) is embedded and targets(None) is embedded
@@ -150,7 +151,7 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
 
 def test_a_step_explanation_shows_tokens_as_written(embedded):
     """The sentence is HTML-escaped text: a token like '<b>' or '**' is shown, not rendered."""
-    from specdemo.events import StepEvent
+    from specdemo.core.events import StepEvent
 
     on_step = handler(build_app(embedded, presets=()), "on_step")[0]
     history = ([StepEvent("ar", step=0, committed=(5,))], None, {5: "<b>**"}.get, None)
@@ -161,8 +162,8 @@ def test_a_step_explanation_shows_tokens_as_written(embedded):
 def test_an_answer_that_differs_from_ar_is_explained(embedded):
     """Generate's verdict and the race's cell say why an answer parts from AR's: in float32 any
     difference is a possible bug, and the sentence names the token and the margin."""
-    from specdemo.live import Request
-    from specdemo.ui import difference_note, same_as_ar_html
+    from specdemo.app.handlers import difference_note, same_as_ar_html
+    from specdemo.app.live import Request
 
     request = Request("Name a colour.", "speculative", 6)
     ar_summary = final_summary(ar.generate(embedded.model, embedded.encode_chat(request.prompt), max_new_tokens=6,
@@ -184,13 +185,14 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     is not float32; each precision is its own loaded model (so its own AR baseline)."""
     import pytest
 
-    from specdemo import SpecDemoError, ui
-    from specdemo.live import Baselines, Request
+    from specdemo import SpecDemoError
+    from specdemo.app import handlers
+    from specdemo.app.live import Baselines, Request
 
-    monkeypatch.setattr(ui, "fast_dtype", lambda device: "bfloat16")
-    targets = ui.Targets(embedded, ())
-    assert list(targets.precisions) == [ui.EXACT, "fast (bfloat16)"] and targets.start_precision == ui.EXACT
-    assert targets(None, ui.EXACT) is embedded and targets(None, "") is embedded
+    monkeypatch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
+    targets = handlers.Targets(embedded, ())
+    assert list(targets.precisions) == [handlers.EXACT, "fast (bfloat16)"] and targets.start_precision == handlers.EXACT
+    assert targets(None, handlers.EXACT) is embedded and targets(None, "") is embedded
     fast = targets(None, "fast (bfloat16)")
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec
     baselines, request = Baselines(), Request("Name a colour.", "ar", 4)
@@ -198,7 +200,7 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     assert baselines.has(embedded, request) and not baselines.has(fast, request)  # same model and prompt, another precision
     with pytest.raises(SpecDemoError, match="precision must be one of"):
         targets(None, "fastest")
-    monkeypatch.setattr(ui, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
-    assert list(ui.Targets(embedded, ()).precisions) == [ui.EXACT]
+    monkeypatch.setattr(handlers, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
+    assert list(handlers.Targets(embedded, ()).precisions) == [handlers.EXACT]
     radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"] if c["props"].get("elem_id") == "precision")
     assert radio["visible"] is False

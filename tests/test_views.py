@@ -3,9 +3,7 @@
 import re
 from dataclasses import replace
 
-from specdemo.events import StepEvent
-from specdemo.steps import BeamStep, ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
-from specdemo.views import (
+from specdemo.app.views import (
     COLOURS,
     acceptance_by_position_figure,
     explain_step,
@@ -21,6 +19,8 @@ from specdemo.views import (
     tree_figure,
     tree_mask_figure,
 )
+from specdemo.core.events import StepEvent
+from specdemo.core.steps import BeamStep, ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 
 WORDS = {1: "The", 2: " cat", 3: " sat", 4: " dog", 5: " on", 6: " mat", 7: " ran", 8: " the"}
 decode = WORDS.__getitem__
@@ -182,7 +182,7 @@ def test_a_beam_step_is_explained_from_its_beams():
 
 
 def test_answers_are_shown_side_by_side_under_their_labels():
-    from specdemo.views import answers_html
+    from specdemo.app.views import answers_html
 
     page = answers_html({"contrastive": [1, 6], "expert <alone>": [1, 8]}, lambda tokens: "".join(decode(t) for t in tokens))
     assert "<h4>expert &lt;alone&gt;</h4>" in page

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.cllm import EMBEDDED_CLLM, QUALITY_FILE, load_cllm
+from specdemo.methods.cllm import EMBEDDED_CLLM, QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
 from . import distill

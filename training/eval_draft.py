@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from specdemo import ar, final_summary, load_model
+from specdemo import final_summary, load_model
 from specdemo.bench import DEFAULT_PROMPTS, read_prompts
-from specdemo.draft import load_draft
+from specdemo.methods import ar
+from specdemo.methods.draft import load_draft
 
 
 @torch.inference_mode()

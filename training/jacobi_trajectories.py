@@ -4,7 +4,7 @@
 
 For each answer the target wrote greedily (training/selfdistill.py: our prompts, never the
 bench's), every block of `block_size` answer tokens is Jacobi-decoded after its true prefix,
-from the first guess `specdemo.jacobi` makes (the last committed token repeated) to its fixed
+from the first guess `specdemo.methods.jacobi` makes (the last committed token repeated) to its fixed
 point, and each state on the way is stored (Kou et al. 2024, "CLLMs", Sec. 3.1: the
 trajectory collection; Algorithm 1). All blocks of one answer iterate together in one pass
 each: a block's tokens see the prompt, the answer before the block, and the block's earlier
@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from specdemo.attention import additive
-from specdemo.kvcache import keep_prefix
+from specdemo.core.attention import additive
+from specdemo.core.kvcache import keep_prefix
 from specdemo.models import load_model
 
 from .selfdistill import load_split
 
-BLOCK_SIZE = 16  # specdemo.jacobi's default block
+BLOCK_SIZE = 16  # specdemo.methods.jacobi's default block
 
 
 def block_starts(answer_length: int, block_size: int, offset: int) -> list[int]:

@@ -32,10 +32,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from specdemo import jacobi
-from specdemo.attention import additive
-from specdemo.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, load_cllm
-from specdemo.events import final_summary
+from specdemo.core.attention import additive
+from specdemo.core.events import final_summary
+from specdemo.methods import jacobi
+from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, load_cllm
 from specdemo.models import load_model
 
 from .jacobi_trajectories import block_positions, block_states_mask
@@ -80,7 +80,7 @@ def remove_adapters(model: nn.Module, adapters: dict[str, LowRankAdapter]) -> No
 
 
 def adapter_tensors(adapters: dict[str, LowRankAdapter]) -> dict[str, torch.Tensor]:
-    """The adapters in the format `specdemo.cllm.merge_adapters` reads (float16: half the size;
+    """The adapters in the format `specdemo.methods.cllm.merge_adapters` reads (float16: half the size;
     the merged weights are what the CLLM is, so its own AR is the reference either way)."""
     tensors = {}
     for name, adapter in adapters.items():
@@ -260,7 +260,7 @@ def write_manifest(args, report: dict) -> None:
 
 **What it is.** Low-rank adapters (LoRA rank {args.rank}, scale {args.scale}) on every attention and MLP
 projection of the embedded SmolLM2-135M-Instruct, consistency-trained (Kou et al. 2024, CLLMs) so
-that Jacobi decoding commits more tokens per pass. `specdemo.cllm.load_cllm(EMBEDDED_CLLM, target)`
+that Jacobi decoding commits more tokens per pass. `specdemo.methods.cllm.load_cllm(EMBEDDED_CLLM, target)`
 merges them into a copy of the target at load time, no network. The result is a changed model:
 the `cllm` method's greedy answer equals AR on these merged weights, not the base model's AR.
 
@@ -272,7 +272,7 @@ It makes the greedy self-distillation answers (`build/selfdistill.pt`, 15 to 20 
 the Jacobi trajectories (`build/jacobi_trajectories.pt`, about 17 min here) when missing, then
 trains ({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
 
-**Data.** Jacobi trajectories (blocks of {report['block_size']} tokens, from `specdemo.jacobi`'s first guess to the
+**Data.** Jacobi trajectories (blocks of {report['block_size']} tokens, from `specdemo.methods.jacobi`'s first guess to the
 fixed point) of the target's own greedy answers to the prompts `training/prompts.py` builds from our
 templates and word lists; no benchmark prompt. {report['train_answers']} answers, {report['train_blocks']} blocks.
 Loss: global consistency + {args.ar_weight:g} x AR (label smoothing {LABEL_SMOOTHING}), AdamW lr {args.lr},

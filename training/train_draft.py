@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.draft import EMBEDDED_DRAFT, build_shared_draft, save_shared_draft
+from specdemo.methods.draft import EMBEDDED_DRAFT, build_shared_draft, save_shared_draft
 from specdemo.models import load_model
 
 from .selfdistill import draft_vocabulary, length_groups, load_split
@@ -157,7 +157,7 @@ of the target's shape and a final norm (initialised from target layers {args.ini
 sharing the target's token embedding and LM head (not stored here; taken from the target at load time).
 It proposes tokens from its vocabulary of the {args.vocab_size} token ids most frequent in the training answers
 (`draft_vocab.json`; they cover {report['vocab_coverage_held_out']:.1%} of the held-out answer tokens).
-Loaded by `specdemo.draft.load_draft("embedded", target)`, no network.
+Loaded by `specdemo.methods.draft.load_draft("embedded", target)`, no network.
 
 **Command** (from a clean checkout, after `make setup`; about {report['minutes'] + 25:.0f} minutes on 2 CPU cores):
 

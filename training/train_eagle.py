@@ -2,7 +2,7 @@
 
     python -m training.train_eagle        # target features, training, evaluation, assets/smollm2-135m-eagle/
 
-The draft (`specdemo.eagle.FeatureDraft`) reads pairs (f_t, x_{t+1}), the target's feature (its last
+The draft (`specdemo.methods.eagle.FeatureDraft`) reads pairs (f_t, x_{t+1}), the target's feature (its last
 hidden state after the final norm) and the token that followed it, and predicts the next feature
 f̂_{t+1}, which the target's own LM head turns into the token x_{t+2}. As in EAGLE (Li et al. 2024,
 Sec. 4) it learns from the target's features directly: SmoothL1(f̂_{t+1}, f_{t+1}) + w_cls x the
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from specdemo.draft import EMBEDDED_DRAFT, load_draft
-from specdemo.eagle import (
+from specdemo.methods.draft import EMBEDDED_DRAFT, load_draft
+from specdemo.methods.eagle import (
     EMBEDDED_EAGLE,
     VOCAB_FILE,
     FeatureDraft,
@@ -355,7 +355,7 @@ evaluate, and nothing of them is trained on. The features come from one bfloat16
 over each whole sequence (prompt and answer), kept in memory in bfloat16."""
     (args.out / "MANIFEST.md").write_text(f"""# EAGLE feature draft for the embedded SmolLM2-135M-Instruct
 
-**What it is.** A feature-level draft (EAGLE, Li et al. 2024; `specdemo.eagle.FeatureDraft`): pair t,
+**What it is.** A feature-level draft (EAGLE, Li et al. 2024; `specdemo.methods.eagle.FeatureDraft`): pair t,
 the target's feature f_t (its last hidden state after the final norm) and the token x_(t+1) that
 followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer of the target's shape
 to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
@@ -364,7 +364,7 @@ tokens of `draft_vocab.json` ({vocab_text};
 further on its own features. Initialised from the target's last layer with fc passing f_t through
 (`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
 shares (and never changes) the target's embedding and LM head, which are not stored here.
-Loaded by `specdemo.eagle.load_feature_draft(folder, target)`, no network.
+Loaded by `specdemo.methods.eagle.load_feature_draft(folder, target)`, no network.
 
 {command_text}
 

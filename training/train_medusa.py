@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.medusa import EMBEDDED_HEADS, MedusaHeads
+from specdemo.methods.medusa import EMBEDDED_HEADS, MedusaHeads
 from specdemo.models import load_model
 
 from . import distill
@@ -228,7 +228,7 @@ Head k predicts the token k + 2 places ahead. `medusa_config.json` lists the {ar
 rank paths most often right on held-out answers, best first (`medusa_choices`); the static tree is
 the first {args.tree_size} (`default_tree_size`), and any prefix of the list is a tree. `medusa` chooses
 a tree of {args.tree_size} nodes afresh each pass by default (`tree="dynamic"`), by the heads' confidences.
-Loaded by `specdemo.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
+Loaded by `specdemo.methods.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
 
 {command_text}
 

@@ -3,7 +3,7 @@
 A spec holds the method's generator function, what it accepts (sampling, logits processors, its
 own settings, read from the function's signature), whether its answer must equal AR's, and its
 descriptions. Every generator takes (model, input_ids, *, max_new_tokens, sampling,
-eos_token_ids, stop, ...) and yields the step events of `specdemo.events`; `method_options`
+eos_token_ids, stop, ...) and yields the step events of `specdemo.core.events`; `method_options`
 loads what a method needs beyond that (a draft, heads...) for a given target, once per process.
 Adding a method is one module and one entry here (docs/architecture.md).
 """
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from . import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
-from .draft import Draft, load_draft
-from .eagle import load_feature_draft
-from .errors import SpecDemoError
-from .models import LoadedModel
-from .presets import preset_for
+from specdemo.core.errors import SpecDemoError
+from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
+from specdemo.methods.draft import Draft, load_draft
+from specdemo.methods.eagle import load_feature_draft
+from specdemo.models import LoadedModel
+from specdemo.presets import preset_for
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
 LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name"})  # companions `method_options` loads, and internals

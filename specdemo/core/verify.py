@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .attention import additive_mask, chain_positions, sees_from_parents
-from .kvcache import keep_positions
-from .sampling import TokenChooser
+from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
+from specdemo.core.kvcache import keep_positions
+from specdemo.core.sampling import TokenChooser
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .errors import SpecDemoError, check_request, check_whole
-from .events import StepEvent, Summary
-from .recorder import StepRecorder, resolve_eos
-from .steps import ContrastiveStep
+from specdemo.core.errors import SpecDemoError, check_request, check_whole
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.recorder import StepRecorder, resolve_eos
+from specdemo.core.steps import ContrastiveStep
 
 ALPHA = 0.1  # the plausibility threshold of the paper's experiments
 AMATEUR_TEMPERATURE = 0.5  # τ of the paper's GPT-2 runs (§3.4; the authors' run_generation.py example)

@@ -22,7 +22,7 @@ StepEvent fields
     target_forwards  target forward passes so far, this one included
     draft_forwards   draft-model forward passes so far (0 for methods without a draft)
     elapsed_s        seconds since the method started (prompt ready) until this event
-    data             what the method tells about this pass, a typed payload of `specdemo.steps`
+    data             what the method tells about this pass, a typed payload of `specdemo.core.steps`
                      (a TreeStep, a JacobiStep, a LookaheadStep, the p / q numbers of a
                      SamplingCheck...); None for AR
 
@@ -33,14 +33,14 @@ Summary fields: method, tokens (the whole answer), finish_reason ("eos": an end-
 token was committed; "length": max_new_tokens reached; "stopped": the caller's stop signal),
 steps, target_forwards, draft_forwards, proposed and accepted (totals), elapsed_s, extra.
 
-A new kind of pass adds a payload class to `specdemo.steps`; these classes never fork.
+A new kind of pass adds a payload class to `specdemo.core.steps`; these classes never fork.
 """
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .steps import Payload, TreeStep
+from specdemo.core.steps import Payload, TreeStep
 
 FinishReason = Literal["eos", "length", "stopped"]
 

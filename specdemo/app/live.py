@@ -7,16 +7,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import ar, cllm
-from .divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
-from .errors import SpecDemoError, check_whole
-from .events import StepEvent, Summary, final_summary
-from .limits import LIMITS, budget
-from .methods import METHODS, companion, decoded_model, get_method, method_options
-from .models import LoadedModel
-from .sampling import GREEDY, SamplingConfig
+from specdemo.app.limits import LIMITS, budget
+from specdemo.core.errors import SpecDemoError, check_whole
+from specdemo.core.events import StepEvent, Summary, final_summary
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
+from specdemo.methods import METHODS, ar, cllm, companion, decoded_model, get_method, method_options
+from specdemo.models import LoadedModel
 
-# Per-request limits of the app, so one visitor cannot hold the model for long (specdemo.limits).
+# Per-request limits of the app, so one visitor cannot hold the model for long (specdemo.app.limits).
 MAX_PROMPT_CHARS = LIMITS.max_prompt_chars
 MAX_NEW_TOKENS = LIMITS.max_new_tokens
 

@@ -49,11 +49,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
-from .errors import SpecDemoError, check_request, check_whole
-from .events import StepEvent, Summary
-from .recorder import StepRecorder, resolve_eos
-from .sampling import GREEDY, SamplingConfig, logits_processors
-from .steps import BeamStep
+from specdemo.core.errors import SpecDemoError, check_request, check_whole
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.recorder import StepRecorder, resolve_eos
+from specdemo.core.sampling import GREEDY, SamplingConfig, logits_processors
+from specdemo.core.steps import BeamStep
 
 NO_BEAM = -1e9  # log_prob of the beams that do not exist yet at the first step (transformers' value)
 

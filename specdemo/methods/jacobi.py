@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from .errors import SpecDemoError, check_whole
-from .events import StepEvent, Summary
-from .loop import Context, Learned, Proposer, Verdict, decode
-from .sampling import GREEDY, SamplingConfig
-from .steps import JacobiStep
-from .verify import Proposal, TargetPass, accept_greedy, choices_after
+from specdemo.core.errors import SpecDemoError, check_whole
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.steps import JacobiStep
+from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 
 MAX_BLOCK_SIZE = 64
 

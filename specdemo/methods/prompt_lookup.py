@@ -9,7 +9,7 @@ wider verification pass.
 
 import torch
 
-from .errors import check_whole
+from specdemo.core.errors import check_whole
 
 COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (docs/methods/speculative.md)
 SHORTEST_MATCH = 2  # copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass

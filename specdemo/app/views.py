@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .events import StepEvent, acceptance_by_position
-from .steps import BeamStep, ChainStep, ContrastiveStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
+from specdemo.core.events import StepEvent, acceptance_by_position
+from specdemo.core.steps import BeamStep, ChainStep, ContrastiveStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 
 ORIGINS = {
     "ar": "autoregressive: the target's next token",

@@ -5,7 +5,7 @@ import os
 import threading
 from dataclasses import dataclass, fields
 
-from .errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError
 
 
 @dataclass(frozen=True)

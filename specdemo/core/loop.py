@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .errors import SpecDemoError, check_request
-from .events import StepEvent, Summary
-from .recorder import StepRecorder, resolve_eos
-from .sampling import SamplingConfig, TokenChooser
-from .steps import Payload
-from .verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
+from specdemo.core.errors import SpecDemoError, check_request
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.recorder import StepRecorder, resolve_eos
+from specdemo.core.sampling import SamplingConfig, TokenChooser
+from specdemo.core.steps import Payload
+from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Verdict:
 @dataclass
 class Learned:
     """What a proposer's event shows beyond the tokens: the proposed tokens the target turned down,
-    the draft's passes this step, and the method's payload (`specdemo.steps`)."""
+    the draft's passes this step, and the method's payload (`specdemo.core.steps`)."""
 
     rejected: list[int] = field(default_factory=list)
     draft_passes: int = 0

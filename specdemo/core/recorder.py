@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .events import FinishReason, StepEvent, Summary
-from .steps import Payload
+from specdemo.core.events import FinishReason, StepEvent, Summary
+from specdemo.core.steps import Payload
 
 
 class StepRecorder:

@@ -3,7 +3,7 @@
 Kou et al. 2024, "CLLMs: Consistency Large Language Models". The model is fine-tuned so that
 from any state on a Jacobi trajectory it predicts the trajectory's fixed point (the global
 consistency loss, their Eq. 4), next to the AR loss that keeps its answers close to the
-target's (Eq. 5). Decoding is `specdemo.jacobi` unchanged: the speed comes from the weights,
+target's (Eq. 5). Decoding is `specdemo.methods.jacobi` unchanged: the speed comes from the weights,
 which commit several tokens per pass where the base model commits about one. Its greedy answer
 is AR's greedy answer *on the CLLM weights*, which may differ from the base model's.
 
@@ -24,13 +24,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from . import jacobi
-from .errors import SpecDemoError
-from .events import StepEvent, Summary
-from .models import LoadedModel, load_model
-from .sampling import GREEDY, SamplingConfig
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.methods import jacobi
+from specdemo.models import LoadedModel, load_model
 
-EMBEDDED_CLLM = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-cllm"
+EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-cllm"
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
 QUALITY_FILE = "quality.json"  # training/cllm_quality.py: is the CLLM still a good model? (distinct bigrams, base NLL)

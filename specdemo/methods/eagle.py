@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from .draft import ASSETS, spread
-from .errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError
+from specdemo.methods.draft import ASSETS, spread
 
 EMBEDDED_EAGLE = ASSETS / "smollm2-135m-eagle"
 WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE = "eagle.safetensors", "eagle_config.json", "draft_vocab.json"

@@ -25,17 +25,17 @@ from collections.abc import Generator, Iterable, Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from . import draft_tree
-from .draft import Draft
-from .eagle import FeatureDraft
-from .errors import SpecDemoError, check_whole
-from .events import StepEvent, Summary, acceptance_by_position
-from .kvcache import keep_prefix
-from .loop import Context, Learned, Proposer, Verdict, decode
-from .prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
-from .sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
-from .steps import ChainStep, SamplingCheck, TreeStep
-from .verify import Proposal, TargetPass, accept_greedy, choices_after
+from specdemo.core.errors import SpecDemoError, check_whole
+from specdemo.core.events import StepEvent, Summary, acceptance_by_position
+from specdemo.core.kvcache import keep_prefix
+from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
+from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
+from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
+from specdemo.methods import draft_tree
+from specdemo.methods.draft import Draft
+from specdemo.methods.eagle import FeatureDraft
+from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
 
 MAX_GAMMA = 16
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .attention import additive
-from .draft import Draft
-from .eagle import FeatureDraft
-from .kvcache import keep_prefix
-from .verify import Proposal, path_to
+from specdemo.core.attention import additive
+from specdemo.core.kvcache import keep_prefix
+from specdemo.core.verify import Proposal, path_to
+from specdemo.methods.draft import Draft
+from specdemo.methods.eagle import FeatureDraft
 
 
 @dataclass

@@ -35,16 +35,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from .attention import sees_from_parents
-from .draft import ASSETS
-from .errors import SpecDemoError, check_whole
-from .events import StepEvent, Summary
-from .loop import Context, Learned, Proposer, Verdict, decode
-from .models import local_folder
-from .prompt_lookup import check_copy_length, copied_branch
-from .sampling import GREEDY, SamplingConfig
-from .steps import ChainStep, TreeStep
-from .verify import EMPTY, Proposal, TargetPass, deepest, scores_after
+from specdemo.core.attention import sees_from_parents
+from specdemo.core.errors import SpecDemoError, check_whole
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.steps import ChainStep, TreeStep
+from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
+from specdemo.methods.draft import ASSETS
+from specdemo.methods.prompt_lookup import check_copy_length, copied_branch
+from specdemo.models import local_folder
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from

@@ -1,5 +1,6 @@
-"""The web page: layout and event wiring only. Decoding lives in the methods, running them in
-`specdemo.live`, drawing in `specdemo.views`; this module connects them to Gradio components."""
+"""What the page's events do: each handler turns the page's named inputs into a request, runs it
+through `specdemo.app.live` and returns what the page shows (drawn by `specdemo.app.views`).
+The layout and the wiring are `specdemo.app.ui`'s."""
 
 import html
 import json
@@ -12,12 +13,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import views
-from .errors import SpecDemoError
-from .events import StepEvent
-from .limits import LIMITS, budget
-from .live import (
-    MAX_NEW_TOKENS,
+from specdemo.app import views
+from specdemo.app.limits import LIMITS, budget
+from specdemo.app.live import (
     SUSPECT_MARGIN,
     Baselines,
     Request,
@@ -36,18 +34,11 @@ from .live import (
     timed_events,
     whole,
 )
-from .methods import METHODS, decoded_model, forget_companions, method_options
-from .models import LoadedModel, fast_dtype, free_memory, load_model, unload
-from .presets import Preset, available_presets, preset_for, preset_named
-
-EXAMPLES = [
-    "Write a haiku about autumn leaves.",
-    "Explain in two sentences why the sky is blue.",
-    "Write a Python function that reverses a string.",
-    "Translate to French: The library opens at nine in the morning.",
-    "What is 17 times 23? Show your steps.",
-    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
-]
+from specdemo.core.errors import SpecDemoError
+from specdemo.core.events import StepEvent
+from specdemo.methods import METHODS, decoded_model, forget_companions, method_options
+from specdemo.models import LoadedModel, fast_dtype, free_memory, load_model, unload
+from specdemo.presets import Preset, preset_for, preset_named
 
 GPU_MARGIN_S = 15  # ZeroGPU's time beyond a click's budget: attaching the GPU, the last pass, drawing
 
@@ -71,16 +62,30 @@ KNOBS = (  # in the order of the page's inputs
 )
 
 
-def processing_methods() -> list[str]:
-    return [m for m, spec in METHODS.items() if spec.processors]
+GENERATE_INPUTS = (  # the Generate event's inputs, by name, in the order the page passes them
+    "model", "precision", "prompt", "method", "max_new_tokens",
+    "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "no_repeat_ngram_size", *KNOBS,
+)
 
 
-def sampling_label() -> str:
-    """The sampling accordion's title, from the registry: who samples, who takes the processors."""
-    exact = " and ".join(m for m, spec in METHODS.items() if spec.samples)
-    opt_in = "; ".join(f"{m} only with {spec.samples_when.replace('_', ' ')}" for m, spec in METHODS.items() if spec.samples_when)
-    return (f"Sampling ({exact} exactly; {opt_in}; the others decode greedily). Repetition penalty and n-gram blocking: "
-            f"{', '.join(processing_methods())}, with the answer AR would give under them")
+def request_from(named: dict) -> Request:
+    """The request the page's controls describe (`named`: GENERATE_INPUTS' values by name), every
+    value checked: a sentence naming the setting otherwise."""
+    values = {name: named[name] for name in KNOBS}
+    # the draft tree and copy boxes: checked, speculative chooses (a tree, with a copy, when greedy); unchecked, none
+    chooses = lambda checked: None if checked else 0  # noqa: E731
+    convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
+               "length_penalty": float, "alpha": float, "amateur_temperature": float}
+    for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecDemoError(f"{name} must be a number, got {value!r}")
+    if not values["tree_size"]:
+        values["tree_size"] = None  # 0 on the slider: the tree's own size
+    method = named["method"]
+    own = METHODS[method].controls if method in METHODS else ()  # an unknown method gets its sentence from Request
+    settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}
+    sampling = sampling_from(*(named[name] for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "no_repeat_ngram_size")))
+    return Request(text("prompt", named["prompt"] or ""), text("method", method), whole("max_new_tokens", named["max_new_tokens"]), sampling, settings)
 
 
 def view_updates(view: dict) -> list:
@@ -188,57 +193,39 @@ def decoder(target: LoadedModel):
     return lambda token: target.decode([token])
 
 
-def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:
-    """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
-    `presets`: the models a person may switch to (default: those this machine can run)."""
-    baselines = Baselines()
-    # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets
-    if presets is None:  # SPECDEMO_PRESETS=0 (a public Space): only the model the app started with
-        presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets else ()
-    targets = Targets(target, presets)
-    # One generation at a time on this model: every event that decodes shares one queue slot,
-    # so Gradio's queue tells each waiting visitor how many are ahead.
-    one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
+class Handlers:
+    """The page's decoding events, for one page: its models (`Targets`) and its cache of AR
+    baselines. On ZeroGPU the two that decode ask for a GPU (`on_gpu`)."""
 
-    def make_request(prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size, *knobs) -> Request:
-        values = dict(zip(KNOBS, knobs))
-        # the draft tree and copy boxes: checked, speculative chooses (a tree, with a copy, when greedy); unchecked, none
-        chooses = lambda checked: None if checked else 0  # noqa: E731
-        convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "tree": str, "typical_acceptance": bool, "early_stopping": bool,
-                   "length_penalty": float, "alpha": float, "amateur_temperature": float}
-        for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
-            if isinstance(value, float) and not math.isfinite(value):
-                raise SpecDemoError(f"{name} must be a number, got {value!r}")
-        if not values["tree_size"]:
-            values["tree_size"] = None  # 0 on the slider: the tree's own size
-        own = METHODS[method].controls if method in METHODS else ()  # an unknown method gets its sentence from Request
-        settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}
-        sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
-        return Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling, settings)
+    def __init__(self, targets: "Targets"):
+        self.targets, self.baselines = targets, Baselines()
+        self.on_generate, self.on_race = on_gpu(self.on_generate), on_gpu(self.on_race)
 
-    def stream_baseline(target, request, decode, stop):
+    def stream_baseline(self, target, request, decode, stop):
         """AR on this prompt first, streamed with the same page updates as the run it is compared
         with: on a CPU drawing takes time from decoding, as much in both runs, so the speedup
         compares like with like. Stop, or the end of the click's budget, ends it (nothing is kept then)."""
         note = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
-        for events, summary in timed_events(run(target, baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
+        for events, summary in timed_events(run(target, self.baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
             if summary and summary.finish_reason != "stopped":
-                baselines.put(target, request, (events, summary))
+                self.baselines.put(target, request, (events, summary))
             yield note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
 
-    @on_gpu
-    def on_generate(model_name, precision, *inputs):
+    def on_generate(self, *values):
+        """Generate: the AR baseline (once per prompt and settings), then the method, streamed; the
+        values are GENERATE_INPUTS' in order."""
         stop = budget()  # one deadline for the click: loading, the AR baseline, the method and reference runs
         try:
-            request = make_request(*inputs)
-            target = targets(model_name, precision)
+            named = dict(zip(GENERATE_INPUTS, values, strict=True))
+            request = request_from(named)
+            target = self.targets(named["model"], named["precision"])
             decode = decoder(target)
             method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
-            if not baselines.has(target, request):
-                yield from stream_baseline(target, request, decode, stop)
-                if not baselines.has(target, request):  # Stop or the budget ended the baseline
+            if not self.baselines.has(target, request):
+                yield from self.stream_baseline(target, request, decode, stop)
+                if not self.baselines.has(target, request):  # Stop or the budget ended the baseline
                     return
-            baseline_events, baseline_summary = baselines.get(target, request)
+            baseline_events, baseline_summary = self.baselines.get(target, request)
             baseline_stats = stats(baseline_events, baseline_summary)
             for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
                 run_stats = {**stats(events, summary), "speedup_vs_ar": None}
@@ -259,7 +246,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         finally:
             stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
 
-    def on_step(history, step):
+    def on_step(self, history, step):
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
             return "", *view_updates(views.method_pictures([], decode)), "Generate an answer first, then walk through it step by step here."
@@ -269,26 +256,25 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         explained = f"<p>{html.escape(views.explain_step(events[step], decode))}</p>"
         return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, explained
 
-    @on_gpu
-    def on_race(model_name, precision, prompt, methods, max_new_tokens):
+    def on_race(self, model_name, precision, prompt, methods, max_new_tokens):
         """AR, then each chosen method once, streamed as they run, all within one click's budget;
         Stop ends the race between two passes."""
         stop = budget()
         try:
             methods = race_methods(methods)
             base = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
-            target = targets(model_name, precision)
+            target = self.targets(model_name, precision)
             decode = decoder(target)
             columns = lambda runs: views.race_grid([(m, views.stream_html(e, decode, target.decode)) for m, e in runs])  # noqa: E731
-            if baselines.has(target, base):
-                baseline_events, baseline_summary = baselines.get(target, base)
+            if self.baselines.has(target, base):
+                baseline_events, baseline_summary = self.baselines.get(target, base)
             else:
                 for baseline_events, baseline_summary in timed_events(run(target, base, stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
                     yield views.race_table([views.race_note("ar", "running...")]), columns([("ar", baseline_events)])
                 if baseline_summary.finish_reason == "stopped":
                     yield views.race_table([views.race_note("ar", STOPPED)]), columns([("ar", baseline_events)])
                     return
-                baselines.put(target, base, (baseline_events, baseline_summary))
+                self.baselines.put(target, base, (baseline_events, baseline_summary))
             ar_stats, rows, runs = stats(baseline_events, baseline_summary), [], [("ar", baseline_events)]
             for method in methods:
                 request = Request(base.prompt, method, base.max_new_tokens)
@@ -310,139 +296,6 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         finally:
             stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
 
-    # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
-    with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
-        # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
-        dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
-        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device}{dtype}.")
-        model = gr.Dropdown(
-            targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
-            "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
-        )
-        model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
-        precision = gr.Radio(
-            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
-            label="Precision: exact (float32) gives every method AR's answer; fast rounds a pass of many tokens differently "
-            "from a pass of one, which can flip a near-tie (the comparison says where)",
-        )
-        with gr.Tab("Generate"):
-            with gr.Row():
-                with gr.Column(scale=2):
-                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, placeholder="Ask something...")
-                    gr.Examples(EXAMPLES, inputs=prompt)
-                with gr.Column(scale=1):
-                    method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method")
-                    max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
-                    with gr.Row():
-                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                        stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion(sampling_label(), open=False):
-                with gr.Row():
-                    do_sample = gr.Checkbox(False, label="Sample")
-                    temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
-                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
-                    repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
-                    seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
-                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})")
-            with gr.Accordion("Method settings", open=False):
-                with gr.Row():
-                    gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
-                    adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
-                    draft_tree_size = gr.Checkbox(
-                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"
-                    )
-                    copy_length = gr.Checkbox(
-                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
-                    )
-                    tree = gr.Dropdown(
-                        ["dynamic", "static", "chain"], value="dynamic",
-                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out answers; chain: top-1 only)",
-                    )
-                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 12 for ours)")
-                    typical_acceptance = gr.Checkbox(
-                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
-                    )
-                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
-                    window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
-                    ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
-                    candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
-                    num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
-                    length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
-                    early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
-                    alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
-                    amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
-            how = gr.Markdown(METHODS["ar"].description, elem_id="how")
-            gr.HTML(views.legend_html())
-            stream = gr.HTML(elem_id="stream")
-            with gr.Row():
-                with gr.Column():
-                    view_plot = gr.Plot(label="Tokens per pass", elem_id="method-plot")
-                    trajectory_plot = gr.Plot(label="Jacobi trajectory", elem_id="trajectory-plot", visible=False)
-                    tree_plot = gr.Plot(label="Candidate tree (Medusa, speculative's draft tree)", elem_id="tree-plot", visible=False)
-                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot", visible=False)
-                    view_html = gr.HTML(elem_id="method-view")
-                with gr.Column():
-                    speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
-                    run_stats = gr.JSON(label="This run", elem_id="stats")
-                    why = gr.HTML(elem_id="why")
-            download = gr.File(label="This run's events (JSON)", elem_id="export")
-        with gr.Tab("Step through"):
-            gr.Markdown("Walk through the last generated answer one target pass at a time.")
-            step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step")
-            with gr.Row():
-                back = gr.Button("◀ Back")
-                forward = gr.Button("Next ▶")
-            explanation = gr.HTML(elem_id="explanation")
-            step_stream = gr.HTML()
-            step_plots = [gr.Plot(visible=False) for _ in PLOTS]
-            step_html = gr.HTML()
-        with gr.Tab("Race"):
-            race_choice = gr.CheckboxGroup(
-                [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
-            )
-            with gr.Row():
-                race_button = gr.Button("Race", variant="primary", elem_id="race")
-                race_stop = gr.Button("Stop", elem_id="race-stop")
-            race_table = gr.Markdown(elem_id="race-table")
-            race_streams = gr.HTML(elem_id="race-streams")
-        history = gr.State(None)
-
-        inputs = [model, precision, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size,
-                  gamma, adaptive_gamma, draft_tree_size, copy_length, tree, tree_size, typical_acceptance, block_size, window, ngram, candidates,
-                  num_beams, length_penalty, early_stopping, alpha, amateur_temperature]
-        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
-        step_outputs = [step_stream, *step_plots, step_html, explanation]
-        # trigger_mode "once": a visitor's clicks while their decode waits or runs are ignored, so each has at most one queued
-        running = gr.on(
-            [generate.click, prompt.submit], on_generate, inputs=inputs, outputs=outputs, api_visibility="private", trigger_mode="once", **one_at_a_time
-        )
-        # the slider fires no change when a new run ends on the same step number as the last one
-        running.then(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
-        racing = race_button.click(
-            on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private",
-            trigger_mode="once", **one_at_a_time
-        )
-        # closing the generator ends the decoding loop between passes
-        stop.click(None, cancels=[running, racing], queue=False)
-        race_stop.click(None, cancels=[running, racing], queue=False)
-        # cheap events never wait behind a decode: off the queue, answered at once
-        method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
-        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
-        step.change(on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
-        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
-        # the slider refuses a value past its maximum, and would then refuse every later one too
-        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
-        gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
-    return app
-
-
-def serve(app: gr.Blocks, **launch) -> None:
-    """Queue and launch the page with the limits of `specdemo.limits`: decodes wait in one queue of
-    LIMITS.queue_size (one runs at a time, `one_at_a_time`; each visitor sees their place in it),
-    cheap events skip it, and uploads are capped."""
-    app.queue(max_size=LIMITS.queue_size).launch(max_file_size=LIMITS.max_upload, **launch)
-
 
 def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
     """Why a greedy answer that should equal its reference's does not: one sentence, or ''."""
@@ -454,7 +307,7 @@ def difference_note(target: LoadedModel, request: Request, summary, reference_su
 
 
 def budget_note(summary) -> str:
-    """Why a run ended before its answer did: Stop, or the click's budget (`specdemo.limits`)."""
+    """Why a run ended before its answer did: Stop, or the click's budget (`specdemo.app.limits`)."""
     return f"<p><i>{html.escape(STOPPED.capitalize())}.</i></p>" if summary.finish_reason == "stopped" else ""
 
 

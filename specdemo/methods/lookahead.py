@@ -28,14 +28,14 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from .errors import check_whole
-from .events import StepEvent, Summary
-from .jacobi import check_greedy
-from .loop import Context, Learned, Proposer, Verdict, decode
-from .prompt_lookup import copy_from_text
-from .sampling import GREEDY, SamplingConfig
-from .steps import LookaheadStep
-from .verify import Proposal, TargetPass
+from specdemo.core.errors import check_whole
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.steps import LookaheadStep
+from specdemo.core.verify import Proposal, TargetPass
+from specdemo.methods.jacobi import check_greedy
+from specdemo.methods.prompt_lookup import copy_from_text
 
 
 class NgramPool:

@@ -19,7 +19,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .errors import SpecDemoError, check_whole
+from specdemo.core.errors import SpecDemoError, check_whole
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from .errors import SpecDemoError
-from .models import EMBEDDED, LoadedModel
+from specdemo.core.errors import SpecDemoError
+from specdemo.models import EMBEDDED, LoadedModel
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_DRAFT = ASSETS / "smollm2-135m-draft"
 
 

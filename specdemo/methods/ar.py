@@ -11,9 +11,9 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from .events import StepEvent, Summary
-from .loop import Proposer, decode
-from .sampling import GREEDY, SamplingConfig
+from specdemo.core.events import StepEvent, Summary
+from specdemo.core.loop import Proposer, decode
+from specdemo.core.sampling import GREEDY, SamplingConfig
 
 
 def generate(

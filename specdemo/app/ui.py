@@ -1,0 +1,185 @@
+"""The web page: layout and event wiring only. What the events do is `specdemo.app.handlers`'s,
+running a method `specdemo.app.live`'s, drawing `specdemo.app.views`'; this module places the
+Gradio components and connects them."""
+
+import gradio as gr
+
+from specdemo.app import views
+from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, Handlers, Targets, api_generate_for
+from specdemo.app.limits import LIMITS
+from specdemo.app.live import MAX_NEW_TOKENS
+from specdemo.methods import METHODS
+from specdemo.models import LoadedModel
+from specdemo.presets import Preset, available_presets
+
+EXAMPLES = [
+    "Write a haiku about autumn leaves.",
+    "Explain in two sentences why the sky is blue.",
+    "Write a Python function that reverses a string.",
+    "Translate to French: The library opens at nine in the morning.",
+    "What is 17 times 23? Show your steps.",
+    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
+]
+
+
+def processing_methods() -> list[str]:
+    return [m for m, spec in METHODS.items() if spec.processors]
+
+
+def sampling_label() -> str:
+    """The sampling accordion's title, from the registry: who samples, who takes the processors."""
+    exact = " and ".join(m for m, spec in METHODS.items() if spec.samples)
+    opt_in = "; ".join(f"{m} only with {spec.samples_when.replace('_', ' ')}" for m, spec in METHODS.items() if spec.samples_when)
+    return (f"Sampling ({exact} exactly; {opt_in}; the others decode greedily). Repetition penalty and n-gram blocking: "
+            f"{', '.join(processing_methods())}, with the answer AR would give under them")
+
+
+def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:
+    """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
+    `presets`: the models a person may switch to (default: those this machine can run)."""
+    # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets
+    if presets is None:  # SPECDEMO_PRESETS=0 (a public Space): only the model the app started with
+        presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets else ()
+    handlers = Handlers(Targets(target, presets))
+    targets = handlers.targets
+    # One generation at a time on this model: every event that decodes shares one queue slot,
+    # so Gradio's queue tells each waiting visitor how many are ahead.
+    one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
+
+    # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
+    with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
+        # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
+        dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
+        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device}{dtype}.")
+        model = gr.Dropdown(
+            targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
+            "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
+        )
+        model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
+        precision = gr.Radio(
+            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
+            label="Precision: exact (float32) gives every method AR's answer; fast rounds a pass of many tokens differently "
+            "from a pass of one, which can flip a near-tie (the comparison says where)",
+        )
+        with gr.Tab("Generate"):
+            with gr.Row():
+                with gr.Column(scale=2):
+                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, placeholder="Ask something...")
+                    gr.Examples(EXAMPLES, inputs=prompt)
+                with gr.Column(scale=1):
+                    method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method")
+                    max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
+                    with gr.Row():
+                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                        stop = gr.Button("Stop", elem_id="stop")
+            with gr.Accordion(sampling_label(), open=False):
+                with gr.Row():
+                    do_sample = gr.Checkbox(False, label="Sample")
+                    temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
+                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
+                    repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
+                    seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
+                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})")
+            with gr.Accordion("Method settings", open=False):
+                with gr.Row():
+                    gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
+                    adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
+                    draft_tree_size = gr.Checkbox(
+                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"
+                    )
+                    copy_length = gr.Checkbox(
+                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
+                    )
+                    tree = gr.Dropdown(
+                        ["dynamic", "static", "chain"], value="dynamic",
+                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out answers; chain: top-1 only)",
+                    )
+                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 12 for ours)")
+                    typical_acceptance = gr.Checkbox(
+                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
+                    )
+                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
+                    window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
+                    ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
+                    candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
+                    num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
+                    length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
+                    early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
+                    alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
+                    amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
+            how = gr.Markdown(METHODS["ar"].description, elem_id="how")
+            gr.HTML(views.legend_html())
+            stream = gr.HTML(elem_id="stream")
+            with gr.Row():
+                with gr.Column():
+                    view_plot = gr.Plot(label="Tokens per pass", elem_id="method-plot")
+                    trajectory_plot = gr.Plot(label="Jacobi trajectory", elem_id="trajectory-plot", visible=False)
+                    tree_plot = gr.Plot(label="Candidate tree (Medusa, speculative's draft tree)", elem_id="tree-plot", visible=False)
+                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot", visible=False)
+                    view_html = gr.HTML(elem_id="method-view")
+                with gr.Column():
+                    speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
+                    run_stats = gr.JSON(label="This run", elem_id="stats")
+                    why = gr.HTML(elem_id="why")
+            download = gr.File(label="This run's events (JSON)", elem_id="export")
+        with gr.Tab("Step through"):
+            gr.Markdown("Walk through the last generated answer one target pass at a time.")
+            step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step")
+            with gr.Row():
+                back = gr.Button("◀ Back")
+                forward = gr.Button("Next ▶")
+            explanation = gr.HTML(elem_id="explanation")
+            step_stream = gr.HTML()
+            step_plots = [gr.Plot(visible=False) for _ in PLOTS]
+            step_html = gr.HTML()
+        with gr.Tab("Race"):
+            race_choice = gr.CheckboxGroup(
+                [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
+            )
+            with gr.Row():
+                race_button = gr.Button("Race", variant="primary", elem_id="race")
+                race_stop = gr.Button("Stop", elem_id="race-stop")
+            race_table = gr.Markdown(elem_id="race-table")
+            race_streams = gr.HTML(elem_id="race-streams")
+        history = gr.State(None)
+
+        controls = dict(
+            model=model, precision=precision, prompt=prompt, method=method, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, no_repeat_ngram_size=no_repeat_ngram_size, gamma=gamma,
+            adaptive_gamma=adaptive_gamma, draft_tree_size=draft_tree_size, copy_length=copy_length, tree=tree, tree_size=tree_size,
+            typical_acceptance=typical_acceptance, block_size=block_size, window=window, ngram=ngram, candidates=candidates, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
+        )
+        inputs = [controls[name] for name in GENERATE_INPUTS]  # by name: the handler reads them back by the same names
+        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
+        step_outputs = [step_stream, *step_plots, step_html, explanation]
+        # trigger_mode "once": a visitor's clicks while their decode waits or runs are ignored, so each has at most one queued
+        running = gr.on(
+            [generate.click, prompt.submit], handlers.on_generate, inputs=inputs, outputs=outputs, api_visibility="private", trigger_mode="once", **one_at_a_time
+        )
+        # the slider fires no change when a new run ends on the same step number as the last one
+        running.then(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
+        racing = race_button.click(
+            handlers.on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private",
+            trigger_mode="once", **one_at_a_time
+        )
+        # closing the generator ends the decoding loop between passes
+        stop.click(None, cancels=[running, racing], queue=False)
+        race_stop.click(None, cancels=[running, racing], queue=False)
+        # cheap events never wait behind a decode: off the queue, answered at once
+        method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
+        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
+        step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
+        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
+        # the slider refuses a value past its maximum, and would then refuse every later one too
+        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
+        gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
+    return app
+
+
+def serve(app: gr.Blocks, **launch) -> None:
+    """Queue and launch the page with the limits of `specdemo.app.limits`: decodes wait in one queue of
+    LIMITS.queue_size (one runs at a time, `one_at_a_time`; each visitor sees their place in it),
+    cheap events skip it, and uploads are capped."""
+    app.queue(max_size=LIMITS.queue_size).launch(max_file_size=LIMITS.max_upload, **launch)
