@@ -111,6 +111,25 @@ def test_method_streams_accepted_and_rejected_tokens(page, method):
     page.screenshot(path=str(SCREENSHOTS / f"{method}.png"), full_page=True)
 
 
+def test_the_answer_only_view_hides_the_drafts_and_keeps_the_line_breaks(page):
+    """A code answer: ticked, the stream shows the answer's text alone, its line breaks kept."""
+    page.locator("#prompt textarea").fill("Write a Python function that reverses a string.")
+    choose_method(page, "speculative")
+    page.locator("#max-new-tokens input[type=number]").fill("48")
+    page.locator("#generate").click()
+    expect(page.locator("#stats")).to_contain_text(re.compile('"method": "speculative".*"finish_reason": "(eos|length)"', re.S), timeout=180_000)
+    rejected = page.locator('#stream .tok[data-origin="rejected"]').first
+    expect(rejected).to_be_visible()
+    page.locator("#answer-only input").check()
+    expect(rejected).to_be_hidden()
+    answer = "".join(page.locator('#stream .tok:not([data-origin="rejected"])').all_text_contents())
+    shown = page.locator("#stream .specdemo-stream").inner_text()
+    assert "\n" in answer and shown.strip() == answer.strip()  # the text as written, line breaks and all
+    page.screenshot(path=str(SCREENSHOTS / "answer-only.png"), full_page=True)
+    page.locator("#answer-only input").uncheck()
+    expect(rejected).to_be_visible()
+
+
 def test_step_through_explains_each_step(page):
     """After the runs above, the Step through tab walks the last answer (lookahead's) pass by pass."""
     page.get_by_role("tab", name="Step through").click()

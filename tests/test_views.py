@@ -213,3 +213,12 @@ def test_a_character_split_over_tokens_shows_whole():
 def test_a_speculative_pass_that_drafted_nothing_says_so():
     text = explain_step(StepEvent("speculative", step=0, committed=(7,), data=ChainStep(gamma=0, accept_length=0, target_token=7)), decode)
     assert "nothing was drafted" in text and "proposed 0" not in text and "accepted all" not in text
+
+
+def test_a_rejected_newline_does_not_break_the_answers_lines():
+    """Only the answer's own line breaks break lines; a rejected newline shows as ↵."""
+    words = {1: "def", 2: "\n", 3: " f", 4: "\n"}
+    event = StepEvent("speculative", step=0, committed=(1, 2), proposed=(1, 4), accepted=(1,), rejected=(4,),
+                      data=ChainStep(gamma=2, accept_length=1, target_token=2))
+    shown = [(origin, text) for origin, _, text in spans(stream_html([event], words.__getitem__))]
+    assert shown == [("accepted", "def"), ("rejected", "↵"), ("target", "\n")]

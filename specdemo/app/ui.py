@@ -22,6 +22,9 @@ EXAMPLES = [
 ]
 
 
+ANSWER_ONLY_JS = "(on) => { document.body.classList.toggle('specdemo-answer-only', on); return []; }"
+
+
 def processing_methods() -> list[str]:
     return [m for m, spec in METHODS.items() if spec.processors]
 
@@ -109,7 +112,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                     alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
                     amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
             how = gr.Markdown(METHODS["ar"].description, elem_id="how")
-            gr.HTML(views.legend_html())
+            with gr.Row():
+                gr.HTML(views.legend_html())
+                answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only")
             stream = gr.HTML(elem_id="stream")
             with gr.Row():
                 with gr.Column():
@@ -167,6 +172,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         # closing the generator ends the decoding loop between passes
         stop.click(None, cancels=[running, racing], queue=False)
         race_stop.click(None, cancels=[running, racing], queue=False)
+        # in the browser alone: every stream on the page shows the answer only, or with its drafts
+        answer_only.change(None, inputs=answer_only, js=ANSWER_ONLY_JS, queue=False)
         # cheap events never wait behind a decode: off the queue, answered at once
         method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)

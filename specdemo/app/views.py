@@ -40,6 +40,8 @@ STYLE = """
 .tok[data-origin="target"] { background: #c9dcff; }
 .tok[data-origin="rejected"] { color: #b3261e; text-decoration: line-through; opacity: 0.65; font-size: 0.85em; }
 .specdemo-legend .tok { margin-right: 0.8em; }
+.specdemo-answer-only .specdemo-stream .tok[data-origin="rejected"] { display: none; }
+.specdemo-answer-only .specdemo-stream .tok { background: none; }
 </style>
 """
 
@@ -77,14 +79,15 @@ def sampling_numbers(event: StepEvent) -> dict[int, str]:
 def stream_html(events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None) -> str:
     """The answer so far, every token a span coloured by its origin. With `decode_tokens`, a
     committed token shows what it adds to the text (`committed_texts`), so a character split
-    over several tokens is whole; a rejected one is never part of the text and shows alone."""
+    over several tokens is whole; a rejected one is never part of the text and shows alone, its
+    line breaks as ↵: a rejected newline must not break the answer's lines."""
     events = list(events)
     committed = [token for event in events for token in event.committed]
     texts = iter(committed_texts(committed, decode_tokens) if decode_tokens else map(decode, committed))
     spans = []
     for event in events:
         for token, origin, tooltip in token_origins(event):
-            text = html.escape(decode(token) if origin == "rejected" else next(texts))
+            text = html.escape(decode(token).replace("\n", "↵") if origin == "rejected" else next(texts))
             spans.append(f'<span class="tok" data-origin="{origin}" title="{html.escape(tooltip)}">{text}</span>')
     return f'{STYLE}<div class="specdemo-stream">{"".join(spans)}</div>'
 
