@@ -76,6 +76,7 @@ def test_step_timeline_counts_per_origin():
 def test_acceptance_by_position_figure():
     figure = acceptance_by_position_figure([0.8, 0.5, 0.25])
     assert list(figure.data[0].x) == [1, 2, 3] and list(figure.data[0].y) == [0.8, 0.5, 0.25]
+    assert list(figure.layout.xaxis.range) == [0.5, 3.5]  # γ = 3: the axis ends at position 3
 
 
 def jacobi_event(step, iteration, state, committed, accepted, correct_since, fast=(), early=(), block_start=0):

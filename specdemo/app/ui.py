@@ -22,6 +22,8 @@ EXAMPLES = [
 ]
 
 
+PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
+               "tree": "Candidate tree (Medusa, speculative's draft tree)"}
 ANSWER_ONLY_JS = "(on) => { document.body.classList.toggle('specdemo-answer-only', on); return []; }"
 
 
@@ -118,10 +120,10 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             stream = gr.HTML(elem_id="stream")
             with gr.Row():
                 with gr.Column():
-                    view_plot = gr.Plot(label="Tokens per pass", elem_id="method-plot")
-                    trajectory_plot = gr.Plot(label="Jacobi trajectory", elem_id="trajectory-plot", visible=False)
-                    tree_plot = gr.Plot(label="Candidate tree (Medusa, speculative's draft tree)", elem_id="tree-plot", visible=False)
-                    detail_plot = gr.Plot(label="More of the method", elem_id="detail-plot", visible=False)
+                    view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
+                    trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
+                    tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
+                    detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
                     view_html = gr.HTML(elem_id="method-view")
                 with gr.Column():
                     speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
@@ -136,7 +138,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 forward = gr.Button("Next ▶")
             explanation = gr.HTML(elem_id="explanation")
             step_stream = gr.HTML()
-            step_plots = [gr.Plot(visible=False) for _ in PLOTS]
+            step_plots = [gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS]  # titled as on Generate, not "Plot"
             step_html = gr.HTML()
         with gr.Tab("Race"):
             race_choice = gr.CheckboxGroup(

@@ -144,7 +144,8 @@ def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Fig
     positions = list(range(1, len(acceptance_by_position) + 1))
     figure = go.Figure(go.Bar(x=positions, y=acceptance_by_position, marker_color=COLOURS["accepted"]))
     figure.update_layout(
-        title="Acceptance by draft position", xaxis=dict(title="draft position (a tree's depth)", dtick=1), yaxis_title="accepted share", yaxis_range=[0, 1]
+        title="Acceptance by draft position", yaxis_title="accepted share", yaxis_range=[0, 1],
+        xaxis=dict(title="draft position (a tree's depth)", dtick=1, range=[0.5, len(positions) + 0.5]),  # the positions drafted, no more
     )
     return compact(figure)
 
