@@ -108,7 +108,9 @@ def target_pass(model: PreTrainedModel, cache: DynamicCache, sequence: torch.Ten
     return the last hidden state of every fed position (a feature draft's input, Medusa's heads')."""
     cached = cache.get_seq_length()
     pending = sequence.shape[1] - cached
-    fed = torch.cat([sequence[:, cached:], sequence.new_tensor([proposal.tokens])], dim=-1)  # [1, pending + size]
+    fed = sequence[:, cached:]  # [1, pending + size]: AR's pass feeds the last token alone
+    if proposal.size:
+        fed = torch.cat([fed, sequence.new_tensor([proposal.tokens])], dim=-1)
     tree = {}
     if not proposal.is_chain:
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
