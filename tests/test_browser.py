@@ -133,7 +133,7 @@ def test_the_answer_only_view_hides_the_drafts_and_keeps_the_line_breaks(page):
 def test_step_through_explains_each_step(page):
     """After the runs above, the Step through tab walks the last answer (lookahead's) pass by pass."""
     page.get_by_role("tab", name="Step through").click()
-    page.locator("#step input[type=number]").fill("0")
+    page.locator("#step input[type=number]").fill("1")
     page.locator("#step input[type=number]").press("Enter")
     expect(page.locator("#explanation")).to_contain_text("Step 1:", timeout=30_000)
     page.get_by_role("button", name="Next ▶").click()
@@ -169,7 +169,7 @@ def test_classic_strategies_show_their_views(page, method, says):
         expect(page.locator("#why")).to_contain_text(says)
     else:
         page.get_by_role("tab", name="Step through").click()
-        page.locator("#step input[type=number]").fill("3")
+        page.locator("#step input[type=number]").fill("4")  # the 4th pass
         page.locator("#step input[type=number]").press("Enter")
         expect(page.locator("#explanation")).to_contain_text(says, timeout=30_000)
         page.get_by_role("tab", name="Generate").click()

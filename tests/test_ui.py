@@ -99,11 +99,11 @@ def handler(app, name):
 def test_step_through_follows_every_run_and_stops_at_its_last_step(embedded):
     """Next at the last step stays there (the slider refuses a value past its maximum, and then
     every later one), and each run ends by showing its own last step even when the slider's value
-    does not change (two runs of 128 passes both end on step 127)."""
+    does not change (two runs of 128 passes both end on step 128)."""
     app = build_app(embedded, presets=())
     forward = next(f.fn for f in app.fns.values() if [getattr(b, "elem_id", None) for b in f.inputs] == ["step", None])
     ten_steps = ([object()] * 10, None, str, None)
-    assert forward(9, ten_steps) == 9 and forward(3, ten_steps) == 4 and forward(0, None) == 0
+    assert forward(10, ten_steps) == 10 and forward(3, ten_steps) == 4 and forward(1, None) == 1  # steps count from 1
     assert len(handler(app, "on_step")) == 2  # on the slider's change, and after every run
 
 
@@ -155,7 +155,7 @@ def test_a_step_explanation_shows_tokens_as_written(embedded):
 
     on_step = handler(build_app(embedded, presets=()), "on_step")[0]
     history = ([StepEvent("ar", step=0, committed=(5,))], None, {5: "<b>**"}.get, None)
-    explained = on_step(history, 0)[-1]
+    explained = on_step(history, 1)[-1]
     assert "&lt;b&gt;**" in explained and "<b>" not in explained
 
 

@@ -239,7 +239,7 @@ class Handlers:
                     + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary) if summary else "",
                     (events, summary, decode, target.decode),
                     export_events(events, summary) if summary else None,
-                    gr.Slider(maximum=max(len(events) - 1, 0), value=max(len(events) - 1, 0)) if summary else gr.Slider(),
+                    gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)) if summary else gr.Slider(),
                 )
         except SpecDemoError as error:  # a sentence for the person, not a traceback
             raise gr.Error(str(error)) from error
@@ -250,7 +250,7 @@ class Handlers:
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
             return "", *view_updates(views.method_pictures([], decode)), "Generate an answer first, then walk through it step by step here."
-        step = max(0, min(int(step), len(events) - 1))
+        step = max(0, min(int(step) - 1, len(events) - 1))  # the slider counts passes from 1, the events from 0
         shown = view_updates(views.method_pictures(events[: step + 1], decode))
         # as HTML, escaped: a token such as '*' or '_' would be Markdown's formatting
         explained = f"<p>{html.escape(views.explain_step(events[step], decode))}</p>"

@@ -132,7 +132,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             download = gr.File(label="This run's events (JSON)", elem_id="export")
         with gr.Tab("Step through"):
             gr.Markdown("Walk through the last generated answer one target pass at a time.")
-            step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step")
+            step = gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label="Step", elem_id="step")  # step n is the n-th target pass, as the sentences say
             with gr.Row():
                 back = gr.Button("◀ Back")
                 forward = gr.Button("Next ▶")
@@ -180,9 +180,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
         step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
-        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
+        back.click(lambda s: max(1, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
         # the slider refuses a value past its maximum, and would then refuse every later one too
-        forward.click(lambda s, h: min(s + 1, len(h[0]) - 1) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
+        forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 1, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
         gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
     return app
 
