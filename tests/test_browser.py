@@ -130,6 +130,14 @@ def test_the_answer_only_view_hides_the_drafts_and_keeps_the_line_breaks(page):
     expect(rejected).to_be_visible()
 
 
+def test_every_tab_has_a_legend_in_words(page):
+    for tab in ("Generate", "Step through", "Race"):
+        page.get_by_role("tab", name=tab).click()
+        legend = page.locator(".specdemo-legend").filter(has_text="proposed, and accepted by the target")
+        expect(legend.locator("visible=true").first).to_be_visible()
+    page.get_by_role("tab", name="Generate").click()
+
+
 def test_step_through_explains_each_step(page):
     """After the runs above, the Step through tab walks the last answer (lookahead's) pass by pass."""
     page.get_by_role("tab", name="Step through").click()

@@ -65,6 +65,7 @@ def test_jacobi_shows_only_the_replaced_guess_inline():
 
 def test_legend_names_every_origin():
     assert [origin for origin, _, _ in spans(legend_html())] == ["ar", "accepted", "target", "rejected"]
+    assert "proposed, and accepted by the target" in legend_html().split("</span>", 2)[2]  # in words, not only in a tooltip
 
 
 def test_step_timeline_counts_per_origin():

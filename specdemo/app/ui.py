@@ -132,6 +132,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             download = gr.File(label="This run's events (JSON)", elem_id="export")
         with gr.Tab("Step through"):
             gr.Markdown("Walk through the last generated answer one target pass at a time.")
+            gr.HTML(views.legend_html())
             step = gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label="Step", elem_id="step")  # step n is the n-th target pass, as the sentences say
             with gr.Row():
                 back = gr.Button("◀ Back")
@@ -147,6 +148,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             with gr.Row():
                 race_button = gr.Button("Race", variant="primary", elem_id="race")
                 race_stop = gr.Button("Stop", elem_id="race-stop")
+            gr.HTML(views.legend_html())
             race_table = gr.Markdown(elem_id="race-table")
             race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)

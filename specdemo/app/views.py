@@ -113,7 +113,10 @@ def committed_texts(tokens: list[int], decode_tokens: Callable[[list[int]], str]
 
 
 def legend_html() -> str:
-    items = "".join(f'<span class="tok" data-origin="{origin}" title="{html.escape(text)}">{origin}</span>' for origin, text in ORIGINS.items())
+    """What the stream's colours mean, in words (not only on hover): one line per origin."""
+    items = "".join(
+        f'<div><span class="tok" data-origin="{origin}" title="{html.escape(text)}">{origin}</span> {html.escape(text)}</div>' for origin, text in ORIGINS.items()
+    )
     return f'{STYLE}<div class="specdemo-legend">{items}</div>'
 
 
