@@ -10,6 +10,8 @@ from specdemo import SpecDemoError
 from specdemo.app import handlers, limits, live, ui
 from specdemo.methods import METHODS
 
+real_run = live.run  # the tests below wrap it
+
 
 def test_limits_come_from_the_environment_with_a_sentence_for_a_bad_value():
     assert limits.limits_from({}) == limits.Limits()
@@ -55,12 +57,16 @@ def test_a_race_takes_known_methods_once_each():
             live.race_methods(bad)
 
 
-def test_a_hostile_race_runs_each_method_once(embedded):
-    """The race posted with its method list repeated 300 times races each method once."""
+def test_a_hostile_race_runs_each_method_once(embedded, monkeypatch):
+    """The race posted with its method list repeated 300 times races each method once a round."""
+    monkeypatch.setattr(handlers, "RACE_MEASURE_S", 0.0)  # the fewest rounds: 2
+    runs = []
+    monkeypatch.setattr(live, "run", lambda target, request, stop=None: runs.append(request.method) or real_run(target, request, stop))
     race = handler(ui.build_app(embedded, presets=()), "on_race")
-    *_, (table, _) = race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4)
+    *_, (table, _, _) = race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4)
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| method")]
-    assert [row.split("|")[1].strip() for row in rows] == ["lookahead", "jacobi"]
+    assert [row.split("|")[1].strip() for row in rows] == ["ar", "lookahead", "jacobi"]
+    assert runs == ["ar", "lookahead", "jacobi", "jacobi", "lookahead", "ar"]
 
 
 def test_stop_ends_a_race_between_two_passes(embedded, monkeypatch):
@@ -68,18 +74,21 @@ def test_stop_ends_a_race_between_two_passes(embedded, monkeypatch):
     next pass, and no later method starts."""
     summaries = []
 
+    started = []
+
     def recorded(target, request, stop=None):
-        for item in live.run(target, request, stop):
+        started.append(request.method)
+        for item in real_run(target, request, stop):
             if isinstance(item, live.Summary):
                 summaries.append((request.method, item))
             yield item
 
-    monkeypatch.setattr(handlers, "run", recorded)
-    monkeypatch.setattr(handlers, "UPDATE_EVERY_S", 0.01)
+    monkeypatch.setattr(live, "run", recorded)
+    monkeypatch.setattr(live, "TICK_S", 0.01)
     race = handler(ui.build_app(embedded, presets=()), "on_race")
     updates = race(None, None, "Count from one to two hundred, one number a line.", ["jacobi", "lookahead"], 120)
-    for table, _ in updates:
-        if "| lookahead | | | | running..." in table:
+    for table, _, _ in updates:
+        if started == ["ar", "lookahead"] and "lookahead running" in table:  # a tick while lookahead runs, after ar's run
             break
     updates.close()  # what the Stop button does
     assert [method for method, _ in summaries] == ["ar", "lookahead"]  # jacobi never started

@@ -19,19 +19,25 @@ from specdemo.app.live import (
     SUSPECT_MARGIN,
     Baselines,
     Request,
+    Spread,
     amateur_reference,
     cllm_quality,
     collect,
     divergence_from,
     first_difference,
+    median,
+    median_run,
     own_reference,
     race_methods,
     run,
     sampling_from,
+    speeds,
     speedup,
+    spread,
     stats,
     text,
     timed_events,
+    timing_rounds,
     whole,
 )
 from specdemo.core.errors import SpecDemoError
@@ -55,7 +61,7 @@ def on_gpu(function):
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
 
 
-PLOTS = ("timeline", "detail", "trajectory", "tree")
+PLOTS = ("timeline", "detail", "trajectory", "tree", "best")
 KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "tree", "tree_size", "typical_acceptance", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
@@ -93,21 +99,23 @@ def view_updates(view: dict) -> list:
     return [gr.Plot(value=view[name], visible=view[name] is not None) for name in PLOTS] + [view["html"]]
 
 
-def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent]) -> str:
-    """The run's own numbers that explain its speed: time per pass against AR's, tokens per pass."""
+def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent], measured: Spread | None = None) -> str:
+    """The run's own numbers that explain its speed: time per pass against AR's, tokens per pass
+    (`run_stats` and `baseline_stats`: timed runs of each), and the speedup measured (`measured`)."""
     if not run_stats["forward_passes"] or not baseline_stats["forward_passes"]:
         return ""
     pass_ms = 1000 * run_stats["wall_s"] / run_stats["forward_passes"]
     ar_pass_ms = 1000 * baseline_stats["wall_s"] / baseline_stats["forward_passes"]
     predicted = run_stats["tokens_per_forward"] * ar_pass_ms / pass_ms
-    measured = speedup(run_stats, baseline_stats)
+    median = measured.median if measured else speedup(run_stats, baseline_stats) or 0
+    said = f"<b>{median:.2f}x</b>" + (f" (range {measured.low:.2f}x to {measured.high:.2f}x)" if measured else "")
     fed = sum(len(e.proposed) for e in events) / max(len(events), 1)
     return (
-        f"<p><b>Why is it {'faster' if (measured or 0) > 1 else 'not faster'}?</b> A step of this run took {pass_ms:.1f} ms "
+        f"<p><b>Why is it {'faster' if median > 1 else 'not faster'}?</b> A step of this run took {pass_ms:.1f} ms "
         f"(one target pass over about {1 + fed:.1f} tokens{', plus the draft' if run_stats['draft_forwards'] else ''}) "
         f"against {ar_pass_ms:.1f} ms for AR's one-token pass, and committed {run_stats['tokens_per_forward']:.2f} tokens "
         f"against 1. Those predict {run_stats['tokens_per_forward']:.2f} × {ar_pass_ms:.1f} / {pass_ms:.1f} = "
-        f"<b>{predicted:.2f}x</b>; measured: <b>{measured}x</b>.</p>"
+        f"<b>{predicted:.2f}x</b>; measured: {said}.</p>"
     )
 
 
@@ -182,6 +190,10 @@ class Targets:
 
 
 EXACT = "exact (float32)"
+TIMING = "Timing the speed: AR and this method run again, alternately and without drawing, as many rounds as fit a few seconds."
+RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
+REPLAY_EVERY_S = 0.15  # a replay frame's wall time
+REPLAY_SPEEDS = {"real time": 1.0, "half speed": 0.5, "quarter speed": 0.25}
 STOPPED = f"stopped: Stop was pressed, or the click's {LIMITS.budget_s:.0f} s (loading, AR and every method together) ran out"
 
 
@@ -212,9 +224,10 @@ class Handlers:
             yield note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
 
     def on_generate(self, *values):
-        """Generate: the AR baseline (once per prompt and settings), then the method, streamed; the
-        values are GENERATE_INPUTS' in order."""
-        stop = budget()  # one deadline for the click: loading, the AR baseline, the method and reference runs
+        """Generate: the AR baseline (once per prompt and settings), then the method, streamed; then
+        both timed alike (`live.timing_rounds`) for the speedup and its spread. The values are
+        GENERATE_INPUTS' in order."""
+        stop = budget()  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         try:
             named = dict(zip(GENERATE_INPUTS, values, strict=True))
             request = request_from(named)
@@ -226,75 +239,116 @@ class Handlers:
                 if not self.baselines.has(target, request):  # Stop or the budget ended the baseline
                     return
             baseline_events, baseline_summary = self.baselines.get(target, request)
-            baseline_stats = stats(baseline_events, baseline_summary)
             for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
-                run_stats = {**stats(events, summary), "speedup_vs_ar": None}
-                run_stats["speedup_vs_ar"] = speedup(run_stats, baseline_stats) if summary else None
-                yield (
-                    views.stream_html(events, decode, target.decode),
-                    *view_updates(views.method_pictures(events, decode)),
-                    views.speed_figure(events, baseline_events),
-                    run_stats,
-                    why_html(run_stats, baseline_stats, events) + same_as_ar_html(target, request, summary, baseline_summary, decode)
-                    + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary) if summary else "",
-                    (events, summary, decode, target.decode),
-                    export_events(events, summary) if summary else None,
-                    gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)) if summary else gr.Slider(),
-                )
+                shown = (views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)),
+                         views.speed_figure(events, baseline_events))
+                if summary is None:
+                    yield *shown, views.stats_html(stats(events)), *[gr.skip()] * 3, gr.Slider()
+            run_stats = stats(events, summary)
+            verdict = (same_as_ar_html(target, request, summary, baseline_summary, decode)
+                       + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary))
+            finished = (verdict, (events, summary, decode, target.decode), export_events(events, summary), gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)))
+            if summary.finish_reason == "stopped":
+                yield *shown, views.stats_html(run_stats, done=True), *finished
+                return
+            yield *shown, views.stats_html(run_stats, note=TIMING), *finished
+            timed = []
+            for round_, planned, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop):  # noqa: B007 (the last runs are the result)
+                note = f"{TIMING} Round {round_} of {planned}: {done} of 2 runs done."
+                yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=note), *[gr.skip()] * len(finished)
+            if not timed or not timed[0]:  # Stop, or the click's budget, ended the timing
+                yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=STOPPED, done=True), *[gr.skip()] * len(finished)
+                return
+            ar_runs, method_runs = timed
+            measured = spread(speeds(method_runs), speeds(ar_runs))
+            timed_stats, ar_stats = stats(*median_run(method_runs)), stats(*median_run(ar_runs))
+            shown_stats = {**run_stats, "tokens_per_s": median(speeds(method_runs))}
+            table = views.stats_html(shown_stats, measured, median(speeds(ar_runs)), done=True)
+            yield *[gr.skip()] * len(shown), table, why_html(timed_stats, ar_stats, events, measured) + verdict, *[gr.skip()] * (len(finished) - 1)
         except SpecDemoError as error:  # a sentence for the person, not a traceback
             raise gr.Error(str(error)) from error
         finally:
             stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
 
     def on_step(self, history, step):
+        """Step through: step n shows the answer after the n-th target pass, that pass's tokens
+        outlined, its beats (draft, verify, accept) and sentence; step 0 is before the first pass."""
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
             return "", *view_updates(views.method_pictures([], decode)), "Generate an answer first, then walk through it step by step here."
-        step = max(0, min(int(step) - 1, len(events) - 1))  # the slider counts passes from 1, the events from 0
-        shown = view_updates(views.method_pictures(events[: step + 1], decode))
+        step = max(0, min(int(step), len(events)))  # the slider counts passes from 1, the events from 0
+        if step == 0:
+            before = "<p>Step 0: before the first target pass. Nothing is committed yet; press Play or Next to watch each pass.</p>"
+            return "", *view_updates(views.before_pictures(events, decode)), before
+        event = events[step - 1]
+        shown = view_updates(views.method_pictures(events[:step], decode))
         # as HTML, escaped: a token such as '*' or '_' would be Markdown's formatting
-        explained = f"<p>{html.escape(views.explain_step(events[step], decode))}</p>"
-        return views.stream_html(events[: step + 1], decode, decode_tokens), *shown, explained
+        explained = views.beats_html(event, decode) + f"<p>{html.escape(views.explain_step(event, decode))}</p>"
+        return views.stream_html(events[:step], decode, decode_tokens, current=True), *shown, explained
 
-    def on_race(self, model_name, precision, prompt, methods, max_new_tokens):
-        """AR, then each chosen method once, streamed as they run, all within one click's budget;
-        Stop ends the race between two passes."""
+    def on_race(self, model_name, precision, prompt, methods, max_new_tokens, replay_speed="real time"):
+        """AR and each chosen method, timed alike in rounds (`live.timing_rounds`, undrawn); then
+        their median runs replayed side by side at their measured times (slowed by `replay_speed`);
+        then the table and the chart of speedups and tokens per pass, with their spreads. All
+        within one click's budget; Stop ends the race between two passes."""
         stop = budget()
         try:
             methods = race_methods(methods)
+            slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
             base = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
             target = self.targets(model_name, precision)
             decode = decoder(target)
-            columns = lambda runs: views.race_grid([(m, views.stream_html(e, decode, target.decode)) for m, e in runs])  # noqa: E731
-            if self.baselines.has(target, base):
-                baseline_events, baseline_summary = self.baselines.get(target, base)
-            else:
-                for baseline_events, baseline_summary in timed_events(run(target, base, stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
-                    yield views.race_table([views.race_note("ar", "running...")]), columns([("ar", baseline_events)])
-                if baseline_summary.finish_reason == "stopped":
-                    yield views.race_table([views.race_note("ar", STOPPED)]), columns([("ar", baseline_events)])
-                    return
-                self.baselines.put(target, base, (baseline_events, baseline_summary))
-            ar_stats, rows, runs = stats(baseline_events, baseline_summary), [], [("ar", baseline_events)]
-            for method in methods:
+            names = ["ar", *methods]
+            timed = []
+            for round_, planned, done, timed in timing_rounds(target, [Request(base.prompt, m, base.max_new_tokens) for m in names], stop, RACE_MEASURE_S, RACE_MIN_ROUNDS):  # noqa: B007
+                order = names if round_ % 2 else names[::-1]  # timing_rounds reverses every other round
+                running = order[done] if done < len(names) else ""
+                note = f"Timing every method the same way, without drawing: round {round_} of {planned}, {done} of {len(names)} runs done; {running} running."
+                yield views.race_table([views.race_note(m, note if m == running else "") for m in names]), "", gr.skip()
+            if not timed or not timed[0]:
+                yield views.race_table([views.race_note(m, STOPPED) for m in names]), "", None
+                return
+            medians = [median_run(runs) for runs in timed]
+            for frame in views.replay_frames([(m, events) for m, (events, _) in zip(names, medians)], REPLAY_EVERY_S * slow):
+                yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, target.decode)) for label, events in frame]), gr.skip()
+                time.sleep(REPLAY_EVERY_S)
+            ar_speeds, (_, baseline_summary) = speeds(timed[0]), medians[0]
+            rows, results = [], []
+            for method, runs, (events, summary) in zip(names, timed, medians):
+                measured = spread(speeds(runs), ar_speeds)
+                results.append({"method": method, "speedup": measured, "tokens_per_pass": [stats(*r)["tokens_per_forward"] for r in runs]})
+                shown = {**stats(events, summary), "tokens_per_s": median(speeds(runs))}
+                if method == "ar":
+                    rows.append(race_row(method, shown, None, None, summary, decode, measured=measured))
+                    continue
                 request = Request(base.prompt, method, base.max_new_tokens)
-                for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
-                    yield views.race_table(rows + [views.race_note(method, "running...")]), columns(runs + [(method, events)])
-                runs.append((method, events))
-                if summary.finish_reason == "stopped":
-                    rows += [views.race_note(m, STOPPED) for m in methods[len(rows):]]
-                    break
                 reference = own_reference(target, request, stop)
                 own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
                 why = difference_note(target, request, summary, reference or baseline_summary, decode)
                 differs = first_difference(summary.tokens, baseline_summary.tokens)
-                rows.append(race_row(method, stats(events, summary), ar_stats, differs, summary, decode, reference, own_differs, why))
+                rows.append(race_row(method, shown, None, differs, summary, decode, reference, own_differs, why, measured=measured))
             quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in methods else ""
-            yield views.race_table(rows), quality + columns(runs)
+            answers = views.race_grid([(m, views.stream_html(events, decode, target.decode)) for m, (events, _) in zip(names, medians)])
+            yield views.race_table(rows), quality + answers, views.race_figure(results)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         finally:
             stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
+
+    @staticmethod
+    def on_tick(step, history):
+        """Autoplay: the next step, or the end of the answer, where the timer stops."""
+        total = len(history[0]) if history and history[0] else 0
+        step = int(step or 0)
+        if step >= total:
+            return gr.skip(), gr.Timer(active=False)
+        return step + 1, gr.Timer(active=step + 1 < total)
+
+    @staticmethod
+    def on_play(step, history):
+        """Play from the current step (from step 0 when at the end); nothing to play without an answer."""
+        total = len(history[0]) if history and history[0] else 0
+        return (0 if int(step or 0) >= total else gr.skip()), gr.Timer(active=total > 0)
 
 
 def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
@@ -324,10 +378,17 @@ def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_sum
     return f"<p><b>Same answer as AR?</b> No. {html.escape(difference_note(target, request, summary, baseline_summary, decode))}</p>"
 
 
-def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="") -> str:
+def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="", measured: Spread | None = None) -> str:
     """One row of the race table. A method on other weights (cllm) is checked against AR on its
     own weights (`reference`); beside it, whether its answer also equals the target's AR; `why`
-    explains a difference (`difference_note`)."""
+    explains a difference (`difference_note`). `measured`: the speedup over timed runs (else
+    one run's against `baseline_stats`). AR's own row says the baseline's noise."""
+    if measured is not None:
+        gain = f"{measured.median:.2f}x ({measured.low:.2f} to {measured.high:.2f})"
+    else:
+        gain = f"{speedup(run_stats, baseline_stats)}x"
+    if method == "ar":
+        return f"| {method} | {run_stats['tokens_per_s']:.1f} | {run_stats['tokens_per_forward']} | {gain} | the baseline: its range is the timing's noise |"
     same = same_tokens(differs if reference is None else own_differs, summary, decode)
     if why:
         same = f"{same}. " + why.replace("|", "\\|")  # a | would end the table's cell
@@ -335,7 +396,8 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
         same = f"{same} ({METHODS[method].other_answer})"
     if reference is not None:
         same = f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned copy may answer differently)"
-    return f"| {method} | {run_stats['tokens_per_s']} | {run_stats['tokens_per_forward']} | {speedup(run_stats, baseline_stats)}x | {same} |"
+    speed = f"{run_stats['tokens_per_s']:.1f}" if isinstance(run_stats["tokens_per_s"], float) else run_stats["tokens_per_s"]
+    return f"| {method} | {speed} | {run_stats['tokens_per_forward']} | {gain} | {same} |"
 
 
 def same_tokens(differs: int | None, summary, decode) -> str:

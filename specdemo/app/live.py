@@ -4,6 +4,7 @@ this module only calls a method's generator and reads its events.
 """
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -247,6 +248,7 @@ def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
     passes = events[-1].target_forwards if events else 0
     wall_s = summary.elapsed_s if summary else (events[-1].elapsed_s if events else 0.0)
     proposed = sum(len(e.proposed) for e in events)
+    accepted = sum(len(e.accepted) for e in events)
     return {
         "method": events[0].method if events else (summary.method if summary else None),
         "tokens": tokens,
@@ -255,7 +257,9 @@ def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
         "wall_s": round(wall_s, 3),
         "tokens_per_s": round(tokens / wall_s, 2) if wall_s else 0.0,
         "tokens_per_forward": round(tokens / passes, 3) if passes else 0.0,
-        "acceptance_rate": round(sum(len(e.accepted) for e in events) / proposed, 3) if proposed else None,
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / proposed, 3) if proposed else None,
         "finish_reason": summary.finish_reason if summary else None,
     }
 
@@ -305,3 +309,91 @@ def timed_events(
         if worker.is_alive():  # closed early (Stop) or failed: end the method between two passes
             stop.set()
         worker.join()
+
+
+# Timing: a method and its AR baseline are timed the same way, in rounds that alternate their
+# order (a slow spell of the machine hits both alike), without drawing the page, and as many
+# rounds as fit MEASURE_S (LIMITS.timing_s; at least MIN_ROUNDS, at most MAX_ROUNDS): the page shows the median
+# and the spread, so a run of AR against itself reads 1.0x within its spread.
+MEASURE_S = LIMITS.timing_s
+MIN_ROUNDS = 3
+MAX_ROUNDS = 7
+TICK_S = 0.5  # while a timed run goes on, the caller hears from it this often
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A ratio of speeds measured over runs: the median run's, and the lowest and highest that
+    any pairing of the runs gives (the slowest run of one against the fastest of the other)."""
+
+    median: float
+    low: float
+    high: float
+    runs: int  # runs of each side
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def spread(speeds: list[float], baseline_speeds: list[float]) -> Spread | None:
+    """`speeds` against `baseline_speeds` (tokens/s of repeated runs), or None without both."""
+    if not speeds or not baseline_speeds or min(baseline_speeds) <= 0:
+        return None
+    return Spread(median(speeds) / median(baseline_speeds), min(speeds) / max(baseline_speeds), max(speeds) / min(baseline_speeds),
+                  min(len(speeds), len(baseline_speeds)))
+
+
+def rounds_for(one_round_s: float, measure_s: float | None = None, least: int | None = None, most: int = MAX_ROUNDS) -> int:
+    """How many timing rounds to run when one takes `one_round_s`: as many as fit `measure_s`, within least..most."""
+    measure_s, least = MEASURE_S if measure_s is None else measure_s, MIN_ROUNDS if least is None else least
+    fitting = int(measure_s // one_round_s) if one_round_s > 0 else most
+    return max(least, min(most, fitting))
+
+
+def timing_rounds(
+    target: LoadedModel, requests: list[Request], stop: threading.Event, measure_s: float | None = None, least: int | None = None
+) -> Iterator[tuple[int, int, int, list[list[tuple[list[StepEvent], Summary]]]]]:
+    """Run every request once a round, the order reversed every other round, undrawn. After each
+    run, and every TICK_S while one goes on, (round, rounds planned, runs done this round, per
+    request its runs of the whole rounds so far). The first round's time decides how many follow (`rounds_for`). Ends early, keeping
+    whole rounds only, when `stop` is set."""
+    measure_s, least = MEASURE_S if measure_s is None else measure_s, MIN_ROUNDS if least is None else least
+    runs: list[list[tuple[list[StepEvent], Summary]]] = [[] for _ in requests]
+    planned, done = least, 0
+    while done < planned:
+        started, order = time.perf_counter(), list(enumerate(requests))
+        measured = []
+        for index, request in order if done % 2 == 0 else order[::-1]:
+            # in a worker thread, as the page's streamed runs: a tick now and then lets the caller close
+            # this generator (the Stop button), which stops the run between two passes
+            for events, summary in timed_events(run(target, request, stop), TICK_S, stop):  # noqa: B007 (the last pair is the run)
+                if summary is None:
+                    yield done + 1, planned, len(measured), runs
+            if summary is None or summary.finish_reason == "stopped":
+                return
+            measured.append((index, (events, summary)))
+            if len(measured) < len(requests):
+                yield done + 1, planned, len(measured), runs
+        for index, result in measured:
+            runs[index].append(result)
+        done += 1
+        if done == 1:
+            planned = rounds_for(time.perf_counter() - started, measure_s, least)
+        yield done, planned, len(requests), runs
+
+
+def speeds(runs: list[tuple[list[StepEvent], Summary]]) -> list[float]:
+    """Tokens/s of each run."""
+    return [stats(events, summary)["tokens_per_s"] for events, summary in runs]
+
+
+def median_run(runs: list[tuple[list[StepEvent], Summary]]) -> tuple[list[StepEvent], Summary]:
+    """The run of median speed (the slower of the two middle ones), the one a replay shows."""
+    ordered = sorted(runs, key=lambda result: stats(*result)["tokens_per_s"])
+    return ordered[(len(ordered) - 1) // 2]

@@ -4,15 +4,18 @@ Gradio components and connects them."""
 
 import gradio as gr
 
-from specdemo.app import views
-from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, Handlers, Targets, api_generate_for
+from specdemo.app import lesson, views
+from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
 from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
 from specdemo.presets import Preset, available_presets
 
-EXAMPLES = [
+EXAMPLES = [  # the lesson's prompts first: those on which the methods' gains show
+    lesson.CODE,
+    lesson.LIST,
+    lesson.REPEAT,
     "Write a haiku about autumn leaves.",
     "Explain in two sentences why the sky is blue.",
     "Write a Python function that reverses a string.",
@@ -23,8 +26,28 @@ EXAMPLES = [
 
 
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
-               "tree": "Candidate tree (Medusa, speculative's draft tree)"}
-ANSWER_ONLY_JS = "(on) => { document.body.classList.toggle('specdemo-answer-only', on); return []; }"
+               "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass", "best": "The pass that committed the most"}
+SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
+
+
+def body_class_js(name: str) -> str:
+    """Browser-side: the checkbox's value toggles a class of the page's body (no round trip)."""
+    return f"(on) => {{ document.body.classList.toggle('{name}', on); return []; }}"
+
+
+def how_for(method: str) -> str:
+    spec = METHODS.get(method)
+    return views.how_html(spec.plain, spec.description) if spec else ""
+
+
+def lesson_setup(title: str):
+    """A lesson step chosen: its method, prompt and length on Generate, what to look at, and Generate opened
+    (the race's step opens the Race tab)."""
+    if title not in lesson.TITLES:
+        return gr.skip(), gr.skip(), gr.skip(), "", gr.skip()
+    chosen = lesson.step_named(title)
+    return (chosen.method or gr.skip(), chosen.prompt, chosen.max_new_tokens, lesson.notice_html(chosen),
+            gr.Tabs(selected="race-tab" if not chosen.method else "generate"))
 
 
 def processing_methods() -> list[str]:
@@ -53,104 +76,127 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 
     # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
+        gr.HTML(views.PAGE_STYLE)
         # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
         dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
-        gr.Markdown(f"# SpecDemo\nSee and measure faster decoding of a language model on {target.device}{dtype}.")
+        gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
         model = gr.Dropdown(
             targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
             "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
         )
         model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
-        precision = gr.Radio(
-            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
-            label="Precision: exact (float32) gives every method AR's answer; fast rounds a pass of many tokens differently "
-            "from a pass of one, which can flip a near-tie (the comparison says where)",
-        )
-        with gr.Tab("Generate"):
-            with gr.Row():
-                with gr.Column(scale=2):
-                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, placeholder="Ask something...")
-                    gr.Examples(EXAMPLES, inputs=prompt)
-                with gr.Column(scale=1):
-                    method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method")
-                    max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
-                    with gr.Row():
-                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                        stop = gr.Button("Stop", elem_id="stop")
-            with gr.Accordion(sampling_label(), open=False):
-                with gr.Row():
-                    do_sample = gr.Checkbox(False, label="Sample")
-                    temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature")
-                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p")
-                    repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty")
-                    seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
-                    no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})")
-            with gr.Accordion("Method settings", open=False):
-                with gr.Row():
-                    gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
-                    adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
-                    draft_tree_size = gr.Checkbox(
-                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"
-                    )
-                    copy_length = gr.Checkbox(
-                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
-                    )
-                    tree = gr.Dropdown(
-                        ["dynamic", "static", "chain"], value="dynamic",
-                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out answers; chain: top-1 only)",
-                    )
-                    tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 12 for ours)")
-                    typical_acceptance = gr.Checkbox(
-                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)"
-                    )
-                    block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
-                    window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
-                    ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
-                    candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
-                    num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
-                    length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
-                    early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
-                    alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
-                    amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
-            how = gr.Markdown(METHODS["ar"].description, elem_id="how")
-            with gr.Row():
-                gr.HTML(views.legend_html())
-                answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only")
-            stream = gr.HTML(elem_id="stream")
-            with gr.Row():
-                with gr.Column():
-                    view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
-                    trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
-                    tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
-                    detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
-                    view_html = gr.HTML(elem_id="method-view")
-                with gr.Column():
-                    speed_plot = gr.Plot(label="Speed against AR on this prompt", elem_id="speedup-plot")
-                    run_stats = gr.JSON(label="This run", elem_id="stats")
-                    why = gr.HTML(elem_id="why")
-            download = gr.File(label="This run's events (JSON)", elem_id="export")
-        with gr.Tab("Step through"):
-            gr.Markdown("Walk through the last generated answer one target pass at a time.")
-            gr.HTML(views.legend_html())
-            step = gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label="Step", elem_id="step")  # step n is the n-th target pass, as the sentences say
-            with gr.Row():
-                back = gr.Button("◀ Back")
-                forward = gr.Button("Next ▶")
-            explanation = gr.HTML(elem_id="explanation")
-            step_stream = gr.HTML()
-            step_plots = [gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS]  # titled as on Generate, not "Plot"
-            step_html = gr.HTML()
-        with gr.Tab("Race"):
-            race_choice = gr.CheckboxGroup(
-                [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
+        with gr.Row(equal_height=True):
+            precision = gr.Radio(
+                list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1, scale=3,
+                label="Precision (exact: every method gives AR's answer; fast: rounding may flip a near-tie, and the page says where)",
             )
-            with gr.Row():
-                race_button = gr.Button("Race", variant="primary", elem_id="race")
-                race_stop = gr.Button("Stop", elem_id="race-stop")
-            gr.HTML(views.legend_html())
-            race_table = gr.Markdown(elem_id="race-table")
-            race_streams = gr.HTML(elem_id="race-streams")
+            answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only", scale=1)
+            large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
+        with gr.Tabs(selected="generate") as tabs:
+            with gr.Tab("Lesson", id="lesson"):
+                gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its gain shows, "
+                            "then opens Generate.\n\n" + lesson.GLOSSARY)
+                lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
+                gr.HTML(views.legend_html())
+            with gr.Tab("Generate", id="generate"):
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
+                        with gr.Row():
+                            generate = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                            stop = gr.Button("Stop", elem_id="stop", scale=1)
+                        stream = gr.HTML(elem_id="stream")
+                    with gr.Column(scale=2):
+                        with gr.Row():
+                            method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method", min_width=140)
+                            max_new_tokens = gr.Number(128, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
+                                                       elem_id="max-new-tokens", min_width=120)
+                        view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
+                lesson_note = gr.HTML(elem_id="lesson-note")
+                how = gr.Markdown(views.how_html(METHODS["ar"].plain, METHODS["ar"].description), elem_id="how")
+                gr.Examples(EXAMPLES, inputs=prompt)
+                gr.HTML(views.legend_html())
+                with gr.Row():
+                    with gr.Column():
+                        trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
+                        tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
+                        best_plot = gr.Plot(label=PLOT_LABELS["best"], elem_id="best-plot", visible=False)
+                        detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
+                        view_html = gr.HTML(elem_id="method-view")
+                    with gr.Column():
+                        run_stats = gr.HTML(elem_id="stats")
+                        why = gr.HTML(elem_id="why")
+                        speed_plot = gr.Plot(label="Tokens over time, against AR on this prompt", elem_id="speedup-plot")
+                with gr.Accordion(sampling_label(), open=False):
+                    with gr.Row():
+                        do_sample = gr.Checkbox(False, label="Sample", min_width=SETTING_WIDTH)
+                        temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature", min_width=SETTING_WIDTH)
+                        top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)", min_width=SETTING_WIDTH)
+                        top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p", min_width=SETTING_WIDTH)
+                        repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty", min_width=SETTING_WIDTH)
+                        seed = gr.Number(-1, label="Seed (-1: random)", precision=0, min_width=SETTING_WIDTH)
+                        no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})",
+                                                         min_width=SETTING_WIDTH)
+                with gr.Accordion("Method settings", open=False, elem_id="method-settings"):
+                    # a column a method, each wide enough for its labels: the columns wrap onto rows rather than squash them
+                    with gr.Row():
+                        with gr.Column(min_width=SETTING_WIDTH):
+                            gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
+                            adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
+                            draft_tree_size = gr.Checkbox(True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain")
+                            copy_length = gr.Checkbox(
+                                True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
+                            )
+                        with gr.Column(min_width=SETTING_WIDTH):
+                            tree = gr.Dropdown(
+                                ["dynamic", "static", "chain"], value="dynamic",
+                                label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out "
+                                "answers; chain: top-1 only)",
+                            )
+                            tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 12 for ours)")
+                            typical_acceptance = gr.Checkbox(
+                                False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)",
+                            )
+                        with gr.Column(min_width=SETTING_WIDTH):
+                            block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
+                            window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
+                            ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
+                            candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
+                        with gr.Column(min_width=SETTING_WIDTH):
+                            num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
+                            length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
+                            early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
+                            alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
+                            amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
+                download = gr.File(label="This run's events (JSON)", elem_id="export")
+            with gr.Tab("Step through", id="step-through"):
+                gr.Markdown("Walk through the last generated answer one target pass at a time; step 0 is before the first pass.")
+                with gr.Row(equal_height=True):
+                    # step n is the n-th target pass, as the sentences say; 0 is before the first
+                    step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step", scale=4)
+                    back = gr.Button("◀ Back", min_width=80)
+                    forward = gr.Button("Next ▶", min_width=80)
+                    play = gr.Button("▶ Play", elem_id="play", variant="primary", min_width=80)
+                    pause = gr.Button("❚❚ Pause", elem_id="pause", min_width=80)
+                    pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace", min_width=SETTING_WIDTH)
+                timer = gr.Timer(1.2, active=False)
+                explanation = gr.HTML(elem_id="explanation")
+                step_stream = gr.HTML(elem_id="step-stream")
+                gr.HTML(views.legend_html())
+                step_plots = [gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS]  # titled as on Generate, not "Plot"
+                step_html = gr.HTML()
+            with gr.Tab("Race", id="race-tab"):
+                race_choice = gr.CheckboxGroup(
+                    [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
+                )
+                with gr.Row(equal_height=True):
+                    race_button = gr.Button("Race", variant="primary", elem_id="race")
+                    race_stop = gr.Button("Stop", elem_id="race-stop")
+                    replay_speed = gr.Radio(list(REPLAY_SPEEDS), value="real time", label="Replay speed", elem_id="replay-speed")
+                race_table = gr.Markdown(elem_id="race-table")
+                race_plot = gr.Plot(label="Speedup and tokens per pass, with their spreads", elem_id="race-plot")
+                gr.HTML(views.legend_html())
+                race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
 
         controls = dict(
@@ -161,7 +207,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
         )
         inputs = [controls[name] for name in GENERATE_INPUTS]  # by name: the handler reads them back by the same names
-        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, view_html, speed_plot, run_stats, why, history, download, step]
+        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why, history, download, step]
         step_outputs = [step_stream, *step_plots, step_html, explanation]
         # trigger_mode "once": a visitor's clicks while their decode waits or runs are ignored, so each has at most one queued
         running = gr.on(
@@ -170,21 +216,29 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         # the slider fires no change when a new run ends on the same step number as the last one
         running.then(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         racing = race_button.click(
-            handlers.on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens], outputs=[race_table, race_streams], api_visibility="private",
-            trigger_mode="once", **one_at_a_time
+            handlers.on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens, replay_speed], outputs=[race_table, race_streams, race_plot],
+            api_visibility="private", trigger_mode="once", **one_at_a_time
         )
         # closing the generator ends the decoding loop between passes
         stop.click(None, cancels=[running, racing], queue=False)
         race_stop.click(None, cancels=[running, racing], queue=False)
-        # in the browser alone: every stream on the page shows the answer only, or with its drafts
-        answer_only.change(None, inputs=answer_only, js=ANSWER_ONLY_JS, queue=False)
+        # in the browser alone: every stream on the page shows the answer only, or with its drafts; the page's text grows
+        answer_only.change(None, inputs=answer_only, js=body_class_js("specdemo-answer-only"), queue=False)
+        large_text.change(None, inputs=large_text, js=body_class_js("specdemo-large"), queue=False)
         # cheap events never wait behind a decode: off the queue, answered at once
-        method.change(lambda m: METHODS[m].description if m in METHODS else "", inputs=method, outputs=how, api_visibility="private", queue=False)
+        method.change(how_for, inputs=method, outputs=how, api_visibility="private", queue=False)
+        lesson_step.change(
+            lesson_setup, inputs=lesson_step, outputs=[method, prompt, max_new_tokens, lesson_note, tabs], api_visibility="private", queue=False
+        )
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
         step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
-        back.click(lambda s: max(1, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
+        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
         # the slider refuses a value past its maximum, and would then refuse every later one too
-        forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 1, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
+        forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
+        play.click(handlers.on_play, inputs=[step, history], outputs=[step, timer], api_visibility="private", queue=False)
+        pause.click(lambda: gr.Timer(active=False), outputs=timer, api_visibility="private", queue=False)
+        pace.change(lambda seconds: gr.Timer(value=seconds), inputs=pace, outputs=timer, api_visibility="private", queue=False)
+        timer.tick(handlers.on_tick, inputs=[step, history], outputs=[step, timer], api_visibility="private", queue=False)
         gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
     return app
 

@@ -10,7 +10,7 @@ the acceptance rule: p, q, min(1, p/q) and the uniform draw.
 """
 
 import html
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -42,6 +42,8 @@ STYLE = """
 .specdemo-legend .tok { margin-right: 0.8em; }
 .specdemo-answer-only .specdemo-stream .tok[data-origin="rejected"] { display: none; }
 .specdemo-answer-only .specdemo-stream .tok { background: none; }
+.tok[data-current] { outline: 2px solid #f4b400; outline-offset: 1px; }
+.specdemo-answer-only .specdemo-stream .tok[data-current] { outline: none; }
 </style>
 """
 
@@ -76,19 +78,23 @@ def sampling_numbers(event: StepEvent) -> dict[int, str]:
     }
 
 
-def stream_html(events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None) -> str:
+def stream_html(
+    events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None, current: bool = False
+) -> str:
     """The answer so far, every token a span coloured by its origin. With `decode_tokens`, a
     committed token shows what it adds to the text (`committed_texts`), so a character split
     over several tokens is whole; a rejected one is never part of the text and shows alone, its
-    line breaks as ↵: a rejected newline must not break the answer's lines."""
+    line breaks as ↵: a rejected newline must not break the answer's lines. `current`: the last
+    event's tokens are outlined (`data-current`), as Step through shows the step it explains."""
     events = list(events)
     committed = [token for event in events for token in event.committed]
     texts = iter(committed_texts(committed, decode_tokens) if decode_tokens else map(decode, committed))
     spans = []
-    for event in events:
+    for index, event in enumerate(events):
+        mark = " data-current" if current and index == len(events) - 1 else ""
         for token, origin, tooltip in token_origins(event):
             text = html.escape(decode(token).replace("\n", "↵") if origin == "rejected" else next(texts))
-            spans.append(f'<span class="tok" data-origin="{origin}" title="{html.escape(tooltip)}">{text}</span>')
+            spans.append(f'<span class="tok" data-origin="{origin}"{mark} title="{html.escape(tooltip)}">{text}</span>')
     return f'{STYLE}<div class="specdemo-stream">{"".join(spans)}</div>'
 
 
@@ -121,7 +127,9 @@ def legend_html() -> str:
 
 
 # Colours shared by the figures, matching the stream's origins.
-COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed"}
+COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed", "waiting_dark": "#bdc1c6"}
+# Jacobi and lookahead guess many tokens every pass and keep refining them: not failures
+REFINED = "guesses not yet right (refined next pass)"
 
 
 def step_counts(event: StepEvent) -> dict[str, int]:
@@ -133,11 +141,13 @@ def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
     """Per target pass, the tokens it accepted and supplied (up) and the proposals it threw away (down)."""
     figure = go.Figure()
     steps = [e.step + 1 for e in events]
+    refines = bool(events) and events[0].method in INLINE_REJECTED_LIMIT  # Jacobi, CLLM, lookahead: many guesses a pass, by design
     for origin in ("accepted", "target", "ar", "rejected"):
         counts = [step_counts(e).get(origin, 0) for e in events]
         if any(counts):
             sign = -1 if origin == "rejected" else 1
-            figure.add_bar(x=steps, y=[sign * c for c in counts], name=origin, marker_color=COLOURS[origin])
+            name, colour = (REFINED, COLOURS["waiting_dark"]) if refines and origin == "rejected" else (origin, COLOURS[origin])
+            figure.add_bar(x=steps, y=[sign * c for c in counts], name=name, marker_color=colour)
     figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)", yaxis_title="tokens")
     return compact(figure)
 
@@ -182,10 +192,16 @@ def jacobi_blocks(events: list[StepEvent]) -> list[list[StepEvent]]:
     return list(blocks.values())
 
 
-def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
+def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str], before: bool = False) -> go.Figure:
     """The Jacobi trajectory of one block as an iterations x positions grid (the CLLM blog's
-    figure): each cell the token guessed there, coloured by whether it is already final."""
-    cells = trajectory_cells(block_events)
+    figure): each cell the token guessed there, coloured by whether it is already final. Row 0
+    is the initial guess, row k the block after pass k. `before`: only the initial guess, before
+    any pass has checked it (Step through's step 0)."""
+    if before:
+        block_events = block_events[:1]
+        cells = [[0] * len(block_events[0].data.state)]
+    else:
+        cells = trajectory_cells(block_events)
     text = [[decode(t) for t in e.data.state] for e in block_events]
     colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
     scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
@@ -198,9 +214,12 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     )
     start = block_events[0].data.block_start
     key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}" for colour, state in zip(colours, TRAJECTORY_STATES))
+    title = (f"The initial guess of the block at token {start}: {len(cells[0])} tokens, before any pass" if before
+             else f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens")
+    rows = ["initial guess", *(f"after pass {k}" for k in range(1, len(cells)))]
     figure.update_layout(
-        title=f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens<br><sup>{key}</sup>",
-        xaxis_title="position in block", yaxis_title="iteration", yaxis_autorange="reversed",
+        title=f"{title}<br><sup>{key}</sup>", xaxis_title="position in block", yaxis_autorange="reversed",
+        yaxis=dict(tickvals=list(range(len(cells))), ticktext=rows),
     )
     return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
 
@@ -490,7 +509,13 @@ def copied_clauses(data: TreeStep) -> tuple[str, str]:
     return grown, (f", {accepted_copies} of them copied" if accepted_copies else "")
 
 
-def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+TREE_KEY = (  # the tree's nodes, in words under its title
+    (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"), ("#9aa0a6", "○", "not on the best branch"),
+    ("#5f6368", "■", "copied from the text"),
+)
+
+
+def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | None = None) -> go.Figure:
     """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
     the accepted path in green and the rest of the best candidate in red."""
     data = event.data
@@ -518,11 +543,12 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
         customdata=["copied from the text" if c else "" for c in copied], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
     copies = f", {sum(copied)} copied ■" if any(copied) else ""  # short: the title must fit a half-width plot
+    key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
     figure.update_layout(
-        title=f"Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted",
+        title=f"{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted'}<br><sup>{key}</sup>",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
-    return compact(figure)
+    return compact(figure).update_layout(margin=dict(t=80))
 
 
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
@@ -593,15 +619,16 @@ def race_grid(columns: list[tuple[str, str]]) -> str:
 def method_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> dict:
     """The method's own pictures after its latest event, by the kind of its payload: a figure (or
     None) per plot of the page, and an HTML view."""
-    pictures = {"timeline": None, "detail": None, "trajectory": None, "tree": None, "html": ""}
+    pictures = {"timeline": None, "detail": None, "trajectory": None, "tree": None, "best": None, "html": ""}
     if not events:
         return pictures
     event, data = events[-1], events[-1].data
     pictures["timeline"] = step_timeline_figure(events)
+    pictures["best"], best_html = best_pictures(events, decode)
     if isinstance(data, JacobiStep):
         pictures["trajectory"] = trajectory_figure(jacobi_blocks(events)[-1], decode)
     elif isinstance(data, LookaheadStep):
-        pictures["detail"], pictures["html"] = pool_figure(events), lookahead_html(event, decode)
+        pictures["detail"], pictures["html"] = pool_figure(events), best_html + f"<h4>The latest pass</h4>{lookahead_html(event, decode)}"
     elif isinstance(data, BeamStep):
         pictures["detail"] = beam_figure(events, decode)
     elif isinstance(data, ContrastiveStep):
@@ -614,3 +641,217 @@ def method_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> di
         if drafted_tree is not None:
             pictures["tree"] = tree_figure(drafted_tree, decode)
     return pictures
+
+
+# ----- What a run's numbers mean, as a table (Generate's statistics) -----
+
+FINISHED = {"eos": "the model ended its answer", "length": "the answer reached its maximum length",
+            "stopped": "Stop was pressed, or the click's time ran out"}
+
+
+def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None, note: str = "", done: bool = False) -> str:
+    """The run's numbers as a table, each with what it means, so that none seems to contradict
+    another. `speed`: the speedup against AR over timed runs (`live.Spread`); `note`: what is
+    being measured now. `done`: the last table of the click (the page's tests wait for it)."""
+    passes, accepted, proposed = run_stats["forward_passes"], run_stats.get("accepted", 0), run_stats.get("proposed", 0)
+    rows = [
+        ("Method", run_stats["method"], ""),
+        ("Finished", f"{run_stats['finish_reason']}: {FINISHED.get(run_stats['finish_reason'], '')}" if run_stats["finish_reason"] else "running...", ""),
+        ("Tokens committed", run_stats["tokens"], "tokens added to the answer"),
+        ("Target passes", passes, "runs of the target, the model whose answer we want; a pass costs about as much for a few tokens as for one"),
+        ("Tokens per target pass", f"{run_stats['tokens_per_forward']:.2f}", "tokens committed ÷ target passes (AR: 1)"),
+    ]
+    if proposed:
+        share = f" ({accepted / proposed:.0%})"
+        rows += [
+            ("Guesses checked", proposed, "tokens proposed (by a draft, heads, n-grams or a Jacobi block) that the target checked"),
+            ("Guesses accepted", f"{accepted}{share}", "accepted ÷ checked; Jacobi and lookahead check many guesses a pass, so theirs is low even when they gain"),
+            ("Accepted per pass", f"{accepted / passes:.2f}" if passes else "0", "each pass commits its accepted guesses and one token of the target's own: "
+             "tokens per pass ≈ 1 + this"),
+        ]
+    if run_stats.get("draft_forwards"):
+        rows.append(("Draft passes", run_stats["draft_forwards"], "runs of the small draft model, much cheaper than the target's"))
+    if speed is not None:
+        runs = f"{speed.runs} timed run{'s' if speed.runs != 1 else ''} of each"
+        rows += [
+            ("Speed", f"{run_stats['tokens_per_s']:.1f} tokens/s", f"the median of {runs}, timed without drawing the page"),
+            ("AR's speed", f"{ar_tokens_per_s:.1f} tokens/s" if ar_tokens_per_s else "", "AR on the same prompt, timed in the same rounds"),
+            ("Speedup against AR", f"<b>{speed.median:.2f}x</b> (range {speed.low:.2f}x to {speed.high:.2f}x)",
+             f"speed ÷ AR's speed, over {runs}; the range pairs the slowest run of one with the fastest of the other: a gain inside it is noise"),
+        ]
+    attributes = f'data-method="{html.escape(str(run_stats["method"]))}"'
+    if run_stats["finish_reason"]:
+        attributes += f' data-finish="{run_stats["finish_reason"]}"'
+    if speed is not None:
+        attributes += f' data-speedup="{speed.median:.4f}" data-low="{speed.low:.4f}" data-high="{speed.high:.4f}"'
+    if done:
+        attributes += " data-done"
+    body = "".join(f"<tr><th>{name}</th><td>{value if name == 'Speedup against AR' else html.escape(str(value))}</td><td>{html.escape(meaning)}</td></tr>"
+                   for name, value, meaning in rows)
+    status = f"<p><i>{html.escape(note)}</i></p>" if note else ""
+    return f'{status}<table class="specdemo-stats" {attributes}>{body}</table>'
+
+
+# ----- Step through: draft, verify and accept as three beats -----
+
+BEATS_STYLE = """
+<style>
+.specdemo-beats { display: grid; grid-template-columns: repeat(3, 1fr); gap: 8px; margin: 6px 0; }
+.specdemo-beat { border: 1px solid #dadce0; border-radius: 6px; padding: 6px 10px; animation: specdemo-beat 0.35s ease both; }
+.specdemo-beat:nth-child(2) { animation-delay: 0.3s; }
+.specdemo-beat:nth-child(3) { animation-delay: 0.6s; }
+.specdemo-beat h4 { margin: 0 0 4px 0; }
+.tok[data-origin="guess"] { background: #fff4cc; border: 1px dashed #c49000; }
+@keyframes specdemo-beat { from { opacity: 0; transform: translateY(6px); } to { opacity: 1; transform: none; } }
+</style>
+"""
+
+
+def proposer_of(event: StepEvent) -> str | None:
+    """Who proposed a step's guesses, in words; None for a method that proposes none (AR, beam, contrastive)."""
+    data = event.data
+    if isinstance(data, (ChainStep, SamplingCheck, TreeStep)):
+        return {"draft": "The draft model", "heads": "Medusa's heads"}.get(data.proposer, "The proposer")
+    if isinstance(data, LookaheadStep):
+        return "The n-gram pool"
+    if isinstance(data, JacobiStep):
+        return "The Jacobi guess"
+    return None
+
+
+def chips(tokens: Iterable[int], origin: str, decode: Callable[[int], str]) -> str:
+    spans = "".join(f'<span class="tok" data-origin="{origin}">{html.escape(decode(t).replace(chr(10), "↵"))}</span>' for t in tokens)
+    return spans or "<i>none</i>"
+
+
+def beats_html(event: StepEvent, decode: Callable[[int], str]) -> str:
+    """One step as three beats, shown one after the other: who guessed what (draft), the target's
+    one pass over the guesses (verify), and what it kept, threw away and added (accept). A
+    method without guesses gets one beat: the target's pass and its token."""
+    who, own = proposer_of(event), event.committed[len(event.accepted):]
+    if who is None:
+        beats = [("Pass", f"The target ran one pass and gave its next token: {chips(event.committed, own_origin(event), decode)}")]
+    else:
+        guessed = len(event.proposed)
+        beats = [
+            ("1. Draft", f"{who} guessed {guessed} token{'s' if guessed != 1 else ''}: {chips(event.proposed, 'guess', decode)}"),
+            ("2. Verify", f"The target ran <b>one pass</b> over the answer so far and {'these guesses' if guessed else 'no guess'}, "
+                          "predicting the next token at every position at once."),
+            ("3. Accept", f"Kept {len(event.accepted)}: {chips(event.accepted, 'accepted', decode)}<br>Threw away: {chips(event.rejected, 'rejected', decode)}"
+                          f"<br>Added its own: {chips(own, 'target', decode)}<br><b>{len(event.committed)} token{'s' if len(event.committed) != 1 else ''} "
+                          "committed in this pass.</b>"),
+        ]
+    cells = "".join(f'<div class="specdemo-beat"><h4>{title}</h4>{text}</div>' for title, text in beats)
+    return f'{STYLE}{BEATS_STYLE}<div class="specdemo-beats" data-step="{event.step + 1}">{cells}</div>'
+
+
+# ----- The race's ending: speedup and tokens per pass, with their spreads -----
+
+def race_figure(results: list[dict]) -> go.Figure:
+    """Bars of each raced method's speedup against AR (the median over its timed runs, whiskers
+    from the slowest pairing to the fastest: `live.Spread`) and of its tokens per target pass
+    (whiskers: the fewest and most over its runs). `results`: per method, in the race's order,
+    {"method", "speedup" (a Spread), "tokens_per_pass": [one per run]}. AR against itself shows the noise."""
+    from plotly.subplots import make_subplots
+
+    methods = [r["method"] for r in results]
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("Speedup against AR (median; whiskers: the range)", "Tokens per target pass"))
+    medians = [r["speedup"].median for r in results]
+    figure.add_bar(
+        x=methods, y=medians, marker_color=[COLOURS["ar"] if m == "ar" else COLOURS["accepted"] for m in methods], showlegend=False,
+        error_y=dict(type="data", symmetric=False, array=[r["speedup"].high - r["speedup"].median for r in results],
+                     arrayminus=[r["speedup"].median - r["speedup"].low for r in results]),
+        text=[f"{m:.2f}x" for m in medians], textposition="inside", insidetextanchor="start", row=1, col=1,
+    )
+    per_pass = [sorted(r["tokens_per_pass"]) for r in results]
+    middle = [values[(len(values) - 1) // 2] for values in per_pass]
+    figure.add_bar(
+        x=methods, y=middle, marker_color=COLOURS["target"], showlegend=False, text=[f"{v:.2f}" for v in middle], textposition="inside", insidetextanchor="start",
+        error_y=dict(type="data", symmetric=False, array=[v[-1] - m for v, m in zip(per_pass, middle)], arrayminus=[m - v[0] for v, m in zip(per_pass, middle)]),
+        row=1, col=2,
+    )
+    figure.add_hline(y=1, line_dash="dash", line_color="#5f6368", row=1, col=1)
+    runs = min((r["speedup"].runs for r in results), default=0)
+    figure.update_layout(title=f"The race: {runs} timed run{'s' if runs != 1 else ''} of each method and of AR, on this prompt")
+    return compact(figure).update_layout(margin=dict(t=80))
+
+
+# ----- Representative pictures: the pass that committed the most -----
+
+def best_event(events: list[StepEvent]) -> StepEvent:
+    """The pass that committed the most tokens (the first such): a run's best moment, where the
+    latest pass may have committed only one."""
+    return max(events, key=lambda event: len(event.committed))
+
+
+BEST = "The pass that committed the most"
+
+
+def best_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> tuple[go.Figure | None, str]:
+    """A figure (and HTML) of the run's best pass for the methods whose pictures show one pass:
+    Medusa's and the draft's trees, the Jacobi block, lookahead's window. (None, "") otherwise."""
+    proposing = [e for e in events if e.proposed]
+    if not proposing:
+        return None, ""
+    best = best_event(proposing)
+    data = best.data
+    if isinstance(data, TreeStep):
+        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens (tree of {len(data.tree_tokens) - 1})"), ""
+    if isinstance(data, JacobiStep):
+        block = next(b for b in jacobi_blocks(events) if best in b)
+        figure = trajectory_figure(block, decode)
+        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens, in this block<br>{figure.layout.title.text}"), ""
+    if isinstance(data, LookaheadStep):
+        return None, f"<h4>{BEST} (step {best.step + 1}, {len(best.committed)} tokens)</h4>{lookahead_html(best, decode)}"
+    return None, ""
+
+
+def how_html(plain: str, description: str) -> str:
+    """A method in one plain sentence, its details and math folded away (Markdown with HTML)."""
+    return f"{plain}\n\n<details><summary>The details, with the math</summary>\n\n{description}\n\n</details>"
+
+
+def before_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> dict:
+    """Step through's step 0, before the first target pass: nothing is committed; a Jacobi run
+    shows its initial guess, the block its first pass will refine."""
+    pictures = method_pictures([], decode)
+    if events and isinstance(events[0].data, JacobiStep):
+        pictures["trajectory"] = trajectory_figure(jacobi_blocks(events)[0], decode, before=True)
+    return pictures
+
+
+def replay_frames(runs: list[tuple[str, list[StepEvent]]], every_s: float) -> Iterator[list[tuple[str, list[StepEvent]]]]:
+    """A race replayed at its measured times: frames `every_s` of run time apart, each giving
+    every run's events committed by then (each event's `elapsed_s`), labelled with the method,
+    its tokens so far and, once its answer is whole, "done"; the last frame shows every run whole."""
+    end = max((events[-1].elapsed_s for _, events in runs if events), default=0.0)
+    now = 0.0
+    while True:
+        now = min(now + every_s, end)
+        frame = []
+        for method, events in runs:
+            shown = [event for event in events if event.elapsed_s <= now]
+            tokens = sum(len(event.committed) for event in shown)
+            frame.append((f"{method}: {tokens} tokens{', done' if len(shown) == len(events) else ''} ({now:.1f} s)", shown))
+        yield frame
+        if now >= end:
+            return
+
+
+# The page's own style: the stream scrolls inside its box (the prompt, the stream and a chart fit
+# a projector's 1280x720), and the large-text switch grows every text for the back of a room.
+PAGE_STYLE = """
+<style>
+#stream { max-height: 36vh; overflow-y: auto; }
+#stream .specdemo-stream, #step-stream .specdemo-stream { font-size: 15px; }
+.specdemo-stats th { text-align: left; white-space: nowrap; padding-right: 0.8em; }
+.specdemo-stats td { padding-right: 0.8em; vertical-align: top; }
+.specdemo-stats td:last-child { color: #5f6368; font-size: 0.9em; }
+.specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
+body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-lg: 21px; --text-xl: 26px; --text-xxl: 30px;
+  --block-label-text-size: 16px; --block-info-text-size: 16px; --block-title-text-size: 18px; --input-text-size: 19px;
+  --body-text-size: 19px; --section-header-text-size: 19px; --checkbox-label-text-size: 17px; --button-large-text-size: 19px; }
+body.specdemo-large .specdemo-stream { font-size: 24px !important; line-height: 1.6; }
+body.specdemo-large .specdemo-stats, body.specdemo-large .specdemo-beats, body.specdemo-large .specdemo-legend { font-size: 18px; }
+</style>
+"""

@@ -39,6 +39,7 @@ class MethodSpec:
     processors: bool = True  # takes a repetition penalty and n-gram blocking, with the answer AR would give under them
     other_answer: str | None = None  # why its answer may differ from greedy AR's on purpose (None: it must not)
     controls: tuple[str, ...] = ()  # the settings the page has a control for (the others: library, API and bench only)
+    plain: str = ""  # one sentence without jargon: the page's first words on the method (the description is its "details")
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -58,6 +59,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             '**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured '
             'against it.'
         ), samples=True,
+        plain='The target, the model whose answer we want, runs one pass per token: each pass reads the text so far and adds one token. Every other method is measured against it.',
     ),
     "speculative": MethodSpec(
         "speculative", speculative.generate, 'a small draft proposes a chain or tree of tokens; the target checks them all in one pass',
@@ -73,6 +75,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "Saxena 2023): the tokens that followed the answer's last few tokens where they occurred before, so an "
             'answer that quotes its prompt or repeats itself commits several tokens a pass.'
         ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
+        plain=(
+            'A small, cheap draft model guesses the next few tokens; the target checks all the guesses in one pass and '
+            'keeps those it would have written itself, plus one token of its own: the same answer in fewer passes.'
+        ),
     ),
     "medusa": MethodSpec(
         "medusa", medusa.generate, 'extra heads on the target guess several tokens ahead; the target checks their tree in one pass',
@@ -88,6 +94,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
             'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
         ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length"),
+        plain=(
+            'Extra heads on the target guess the tokens two, three and four places ahead from its last pass; the next pass '
+            'checks a small tree of those guesses at once and keeps the longest branch the target agrees with.'
+        ),
     ),
     "lookahead": MethodSpec(
         "lookahead", lookahead.generate, 'Jacobi iterations in a window make n-grams; the same pass checks the ones that fit',
@@ -97,6 +107,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'the last token. Here the pool is also fed from the prompt, and one candidate is copied from the text '
             '(prompt lookup decoding).'
         ), controls=("window", "ngram", "candidates"),
+        plain=(
+            'No draft model: in the same pass that checks its guesses, the target also guesses a few tokens further ahead, '
+            'collects the short phrases (n-grams) it saw, and tries them whenever the answer starts one again.'
+        ),
     ),
     "jacobi": MethodSpec(
         "jacobi", jacobi.generate, 'guess a block, refine every guess at once until it stops changing',
@@ -106,6 +120,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'is exactly the greedy answer. On an ordinary model about one token settles per pass, which the trajectory '
             'shows.'
         ), controls=("block_size",),
+        plain=(
+            'The target guesses a whole block of tokens, then re-runs one pass over the block again and again, fixing it '
+            'from the left; each pass fixes at least one token, and sometimes several.'
+        ),
     ),
     "cllm": MethodSpec(
         "cllm", cllm.generate, 'Jacobi decoding on a copy of the target trained to converge in fewer passes',
@@ -117,6 +135,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "It is a changed model: its greedy answer equals AR's on the CLLM's own weights and may differ from the "
             "base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm)."
         ), controls=("block_size",),
+        plain=(
+            "Jacobi decoding with a copy of the target trained (a CLLM) to get a block's later tokens right sooner, so each "
+            "pass fixes more of them; being a changed copy, its answer can differ from the original's."
+        ),
     ),
     "beam": MethodSpec(
         "beam", beam.generate, 'keep the k likeliest partial answers (about search, not speed)',
@@ -127,6 +149,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'log-probability divided by its length to the power of the length penalty (> 1 favours longer answers). It '
             "looks further ahead than greedy, so its answer can differ from AR's: it is about search, not speed."
         ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy", controls=("num_beams", "length_penalty", "early_stopping"),
+        plain='Not a speed-up: the target follows several candidate answers (beams) at once and keeps the likeliest; it searches for a better answer, not a faster one.',
     ),
     "contrastive": MethodSpec(
         "contrastive", contrastive.generate, 'prefer what the target finds likely and a small amateur does not (about quality, not speed)',
@@ -138,6 +161,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own "
             'greedy answers are shown beside it.'
         ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur", controls=("alpha", "amateur_temperature"),
+        plain="Not a speed-up: a small amateur model's preferences are subtracted from the target's, steering the answer away from bland, repetitive text.",
     ),
 })
 
