@@ -1,7 +1,8 @@
 """A probe for issue 27 (a compiled, static-cache target pass), not part of the app: the time
 of one target pass of the embedded model over k new tokens after a 100-token prefix, eager
 transformers with its DynamicCache against `torch.compile` over transformers' StaticCache
-(one compiled graph a width k). docs/benchmarks.md gives what it measured.
+(one compiled graph a width k), timed in alternation over 5 rounds of 10 passes each.
+docs/benchmarks.md gives what it measured.
 
     python scripts/compile_probe.py bfloat16
     python scripts/compile_probe.py float32
@@ -19,44 +20,53 @@ WIDTHS = (1, 8, 16)
 PREFIX = 100
 
 
-def milliseconds(step, repeats: int = 30) -> float:
-    for _ in range(3):  # warm-up
-        step()
+def milliseconds(step, repeats: int = 10) -> float:
     started = time.perf_counter()
     for _ in range(repeats):
         step()
     return (time.perf_counter() - started) / repeats * 1000
 
 
-def main(dtype: str) -> None:
+def main(dtype: str, rounds: int = 5) -> None:
     model = load_model("embedded", dtype, "cpu").model
     prompt = torch.arange(100, 100 + PREFIX).unsqueeze(0)
     with torch.inference_mode():
-        for k in WIDTHS:
-            cache = DynamicCache(config=model.config)
-            model(prompt, past_key_values=cache, use_cache=True)
-            fed = torch.arange(300, 300 + k).unsqueeze(0)
-
-            def eager(fed=fed, cache=cache, k=k):
-                model(fed, past_key_values=cache, use_cache=True, logits_to_keep=k)
-                cache.crop(-k)  # back to the prefix: every pass sees the same cache
-
-            print(f"{dtype} eager, {k} token(s): {milliseconds(eager):.1f} ms", flush=True)
+        dynamic = DynamicCache(config=model.config)
+        model(prompt, past_key_values=dynamic, use_cache=True)
         static = StaticCache(config=model.config, max_cache_len=512)
         model(prompt, past_key_values=static, use_cache=True, cache_position=torch.arange(PREFIX))
         compiled = torch.compile(model.forward, dynamic=False)
+        passes = {}
         for k in WIDTHS:
             fed, positions = torch.arange(300, 300 + k).unsqueeze(0), torch.arange(PREFIX, PREFIX + k)
 
-            def pass_(fed=fed, positions=positions, k=k):
+            def eager(fed=fed, k=k):
+                model(fed, past_key_values=dynamic, use_cache=True, logits_to_keep=k)
+                dynamic.crop(-k)  # back to the prefix: every pass sees the same cache
+
+            def compiled_pass(fed=fed, positions=positions, k=k):
                 compiled(input_ids=fed, past_key_values=static, use_cache=True, cache_position=positions, logits_to_keep=k)
                 for layer in static.layers:  # rollback is a length: what lies past it is masked by position
                     layer.cumulative_length.fill_(PREFIX)
 
             started = time.perf_counter()
-            pass_()
-            print(f"{dtype} compiled (static cache), {k} token(s): compiled in {time.perf_counter() - started:.0f} s, "
-                  f"{milliseconds(pass_):.1f} ms a pass", flush=True)
+            compiled_pass()
+            print(f"width {k}: compiled in {time.perf_counter() - started:.0f} s", flush=True)
+            eager(), eager(), compiled_pass()  # warm-up
+            passes[k] = (eager, compiled_pass)
+        # this machine's speed drifts by tens of percent between minutes: the two are timed in
+        # alternation, round after round, and each gets its median and range
+        times = {(k, kind): [] for k in WIDTHS for kind in ("eager", "compiled")}
+        for round_ in range(rounds):
+            for k, (eager, compiled_pass) in passes.items():
+                for kind, step in (("eager", eager), ("compiled", compiled_pass))[:: 1 if round_ % 2 == 0 else -1]:
+                    times[k, kind].append(milliseconds(step))
+        for k in WIDTHS:
+            eager_ms, compiled_ms = sorted(times[k, "eager"]), sorted(times[k, "compiled"])
+            ratios = sorted(e / c for e, c in zip(times[k, "eager"], times[k, "compiled"]))
+            print(f"{dtype}, {k} token(s): eager {eager_ms[rounds // 2]:.1f} ms ({eager_ms[0]:.1f}-{eager_ms[-1]:.1f}), compiled "
+                  f"{compiled_ms[rounds // 2]:.1f} ms ({compiled_ms[0]:.1f}-{compiled_ms[-1]:.1f}); eager / compiled, round by round: "
+                  f"median {ratios[rounds // 2]:.2f}x ({ratios[0]:.2f}x-{ratios[-1]:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -217,3 +217,31 @@ def test_every_method_has_a_plain_sentence_with_its_math_folded_away():
         assert spec.plain.endswith(".") and not any(jargon in spec.plain for jargon in ("min(1", "KV", "EAGLE", "α", "logit", "p/q")), name
         how = views.how_html(spec.plain, spec.description)
         assert how.startswith(spec.plain) and "<details>" in how and spec.description in how.split("<details>")[1]
+
+
+def test_timing_never_plans_more_rounds_than_the_clicks_budget_holds(monkeypatch):
+    """With little of the click's budget left, fewer rounds than the least are planned rather
+    than a round that Stop would cut short."""
+    import time
+
+    def slow_run(target, request, stop=None):
+        time.sleep(0.05)
+        yield StepEvent(request.method, step=0, committed=(1,), target_forwards=1, elapsed_s=0.05)
+        yield Summary(request.method, (1,), "length", 1, 1, elapsed_s=0.05)
+
+    monkeypatch.setattr(live, "run", slow_run)
+    monkeypatch.setattr(live, "MARGIN_S", 0.0)
+    stop = threading.Event()
+    stop.deadline = time.monotonic() + 0.25  # room for the first round (0.1 s) and one more
+    requests = [live.Request("a", "ar", 1), live.Request("a", "speculative", 1)]
+    reports = list(live.timing_rounds(None, requests, stop, measure_s=10.0, least=3))
+    assert reports[-1][1] == 2 and [len(runs) for runs in reports[-1][3]] == [2, 2]
+    from specdemo.app.limits import budget, time_left
+
+    assert time_left(threading.Event()) == float("inf") and 0 < time_left(budget(30)) <= 30
+
+
+def test_a_speed_not_timed_again_says_it_has_no_range(runs):
+    events, summary = runs["speculative"]
+    table = views.stats_html(stats_of(events, summary), spread([30.0], [20.0]), 20.0, note="Not timed again", done=True, drawn=True)
+    assert "1.50x" in table and "one drawn run each: no range" in table and "data-done" in table

@@ -205,3 +205,17 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     assert list(handlers.Targets(embedded, ()).precisions) == [handlers.EXACT]
     radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"] if c["props"].get("elem_id") == "precision")
     assert radio["visible"] is False
+
+
+def test_an_answer_the_clicks_budget_cannot_time_again_says_so(embedded, monkeypatch):
+    """When not one more round of AR and the method fits what is left of the click's budget, the
+    page shows the streamed runs' speed, says it was not timed again, and gives no range."""
+    from specdemo.app import handlers
+
+    monkeypatch.setattr(handlers, "MARGIN_S", 10_000.0)  # as if the budget were nearly spent
+    app = build_app(embedded, presets=())
+    on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
+    inputs = ["", "", "Name a fruit.", "speculative", 6, False, 1.0, 0, 1.0, 1.0, -1, 0,
+              2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+    table = list(on_generate(*inputs))[-1][8]
+    assert "Not timed again" in table and "one drawn run each: no range" in table and "data-done" in table

@@ -14,8 +14,9 @@ from pathlib import Path
 import gradio as gr
 
 from specdemo.app import views
-from specdemo.app.limits import LIMITS, budget
+from specdemo.app.limits import LIMITS, budget, time_left
 from specdemo.app.live import (
+    MARGIN_S,
     SUSPECT_MARGIN,
     Baselines,
     Request,
@@ -190,6 +191,8 @@ class Targets:
 
 
 EXACT = "exact (float32)"
+NOT_TIMED = ("Not timed again: the {left:.0f} s left of this click's time hold no more round of AR and this method, so the speed is "
+             "the streamed runs' above (one run each, drawn as they ran; no spread). A shorter answer gets timed rounds.")
 TIMING = "Timing the speed: AR and this method run again, alternately and without drawing, as many rounds as fit a few seconds."
 RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
 REPLAY_EVERY_S = 0.15  # a replay frame's wall time
@@ -250,6 +253,12 @@ class Handlers:
             finished = (verdict, (events, summary, decode, target.decode), export_events(events, summary), gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)))
             if summary.finish_reason == "stopped":
                 yield *shown, views.stats_html(run_stats, done=True), *finished
+                return
+            baseline_stats = stats(baseline_events, baseline_summary)
+            if baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # not one more round fits the click
+                single = spread([run_stats["tokens_per_s"]], [baseline_stats["tokens_per_s"]])
+                note = NOT_TIMED.format(left=time_left(stop))
+                yield *shown, views.stats_html(run_stats, single, baseline_stats["tokens_per_s"], note=note, done=True, drawn=True), *finished
                 return
             yield *shown, views.stats_html(run_stats, note=TIMING), *finished
             timed = []

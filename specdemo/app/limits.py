@@ -3,6 +3,7 @@ environment variable (docs/hosting.md); a bad value stops the app at start with 
 
 import os
 import threading
+import time
 from dataclasses import dataclass, fields
 
 from specdemo.core.errors import SpecDemoError
@@ -54,9 +55,20 @@ LIMITS = limits_from()
 def budget(seconds: float | None = None) -> threading.Event:
     """One click's budget as the stop event of every run the click starts: set when `seconds`
     (default: LIMITS.budget_s) have passed since now, so loading, the baseline, the method and
-    any reference run share one deadline. The Stop button sets it sooner."""
+    any reference run share one deadline (`time_left`). The Stop button sets it sooner."""
+    seconds = LIMITS.budget_s if seconds is None else seconds
     stop = threading.Event()
-    timer = threading.Timer(LIMITS.budget_s if seconds is None else seconds, stop.set)
+    stop.deadline = time.monotonic() + seconds
+    timer = threading.Timer(seconds, stop.set)
     timer.daemon = True
     timer.start()
     return stop
+
+
+def time_left(stop: threading.Event) -> float:
+    """Seconds before the click's budget (`budget`) runs out: 0 once stopped; unbounded for a
+    stop event that is no budget."""
+    if stop.is_set():
+        return 0.0
+    deadline = getattr(stop, "deadline", None)
+    return float("inf") if deadline is None else max(0.0, deadline - time.monotonic())

@@ -3,12 +3,13 @@ baseline measured on the same prompt, and the numbers a person sees. No decoding
 this module only calls a method's generator and reads its events.
 """
 
+import math
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from specdemo.app.limits import LIMITS, budget
+from specdemo.app.limits import LIMITS, budget, time_left
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, final_summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
@@ -319,6 +320,7 @@ MEASURE_S = LIMITS.timing_s
 MIN_ROUNDS = 3
 MAX_ROUNDS = 7
 TICK_S = 0.5  # while a timed run goes on, the caller hears from it this often
+MARGIN_S = 5.0  # of the click's budget, kept for what follows the timing (reference runs, drawing)
 
 
 @dataclass(frozen=True)
@@ -384,7 +386,10 @@ def timing_rounds(
             runs[index].append(result)
         done += 1
         if done == 1:
-            planned = rounds_for(time.perf_counter() - started, measure_s, least)
+            round_s, left = time.perf_counter() - started, time_left(stop) - MARGIN_S
+            planned = rounds_for(round_s, measure_s, least)
+            if math.isfinite(left) and round_s > 0:  # never more rounds than the click's budget still holds (fewer than `least`, if need be)
+                planned = min(planned, 1 + int(max(0.0, left) // round_s))
         yield done, planned, len(requests), runs
 
 

@@ -649,7 +649,7 @@ FINISHED = {"eos": "the model ended its answer", "length": "the answer reached i
             "stopped": "Stop was pressed, or the click's time ran out"}
 
 
-def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None, note: str = "", done: bool = False) -> str:
+def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None, note: str = "", done: bool = False, drawn: bool = False) -> str:
     """The run's numbers as a table, each with what it means, so that none seems to contradict
     another. `speed`: the speedup against AR over timed runs (`live.Spread`); `note`: what is
     being measured now. `done`: the last table of the click (the page's tests wait for it)."""
@@ -673,11 +673,14 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
         rows.append(("Draft passes", run_stats["draft_forwards"], "runs of the small draft model, much cheaper than the target's"))
     if speed is not None:
         runs = f"{speed.runs} timed run{'s' if speed.runs != 1 else ''} of each"
+        how = ("the streamed run's, drawn as it ran (not timed again)", "AR's streamed run on the same prompt, drawn the same way",
+               "speed ÷ AR's speed, one drawn run each: no range, so a small gain may be noise") if drawn else (
+               f"the median of {runs}, timed without drawing the page", "AR on the same prompt, timed in the same rounds",
+               f"speed ÷ AR's speed, over {runs}; the range pairs the slowest run of one with the fastest of the other: a gain inside it is noise")
         rows += [
-            ("Speed", f"{run_stats['tokens_per_s']:.1f} tokens/s", f"the median of {runs}, timed without drawing the page"),
-            ("AR's speed", f"{ar_tokens_per_s:.1f} tokens/s" if ar_tokens_per_s else "", "AR on the same prompt, timed in the same rounds"),
-            ("Speedup against AR", f"<b>{speed.median:.2f}x</b> (range {speed.low:.2f}x to {speed.high:.2f}x)",
-             f"speed ÷ AR's speed, over {runs}; the range pairs the slowest run of one with the fastest of the other: a gain inside it is noise"),
+            ("Speed", f"{run_stats['tokens_per_s']:.1f} tokens/s", how[0]),
+            ("AR's speed", f"{ar_tokens_per_s:.1f} tokens/s" if ar_tokens_per_s else "", how[1]),
+            ("Speedup against AR", f"<b>{speed.median:.2f}x</b> (range {speed.low:.2f}x to {speed.high:.2f}x)", how[2]),
         ]
     attributes = f'data-method="{html.escape(str(run_stats["method"]))}"'
     if run_stats["finish_reason"]:
