@@ -93,9 +93,14 @@ def stream_html(
     for index, event in enumerate(events):
         mark = " data-current" if current and index == len(events) - 1 else ""
         for token, origin, tooltip in token_origins(event):
-            text = html.escape(decode(token).replace("\n", "↵") if origin == "rejected" else next(texts))
+            text = html.escape(apart(decode(token)) if origin == "rejected" else next(texts))
             spans.append(f'<span class="tok" data-origin="{origin}"{mark} title="{html.escape(tooltip)}">{text}</span>')
     return f'{STYLE}<div class="specdemo-stream">{"".join(spans)}</div>'
+
+
+def apart(text: str) -> str:
+    """A token shown apart from the answer's text (rejected, or a guess): its line breaks as ↵, so it never breaks the answer's lines."""
+    return text.replace("\n", "↵")
 
 
 INCOMPLETE = "\ufffd"  # what decoding shows for the first bytes of a character split over tokens
@@ -653,9 +658,10 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
     """The run's numbers as a table, each with what it means, so that none seems to contradict
     another. `speed`: the speedup against AR over timed runs (`live.Spread`); `note`: what is
     being measured now. `done`: the last table of the click (the page's tests wait for it)."""
+    # each row (name, value as HTML, meaning); values are escaped here, where they are made
     passes, accepted, proposed = run_stats["forward_passes"], run_stats.get("accepted", 0), run_stats.get("proposed", 0)
     rows = [
-        ("Method", run_stats["method"], ""),
+        ("Method", html.escape(str(run_stats["method"])), ""),
         ("Finished", f"{run_stats['finish_reason']}: {FINISHED.get(run_stats['finish_reason'], '')}" if run_stats["finish_reason"] else "running...", ""),
         ("Tokens committed", run_stats["tokens"], "tokens added to the answer"),
         ("Target passes", passes, "runs of the target, the model whose answer we want; a pass costs about as much for a few tokens as for one"),
@@ -689,8 +695,7 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
         attributes += f' data-speedup="{speed.median:.4f}" data-low="{speed.low:.4f}" data-high="{speed.high:.4f}"'
     if done:
         attributes += " data-done"
-    body = "".join(f"<tr><th>{name}</th><td>{value if name == 'Speedup against AR' else html.escape(str(value))}</td><td>{html.escape(meaning)}</td></tr>"
-                   for name, value, meaning in rows)
+    body = "".join(f"<tr><th>{name}</th><td>{value}</td><td>{html.escape(meaning)}</td></tr>" for name, value, meaning in rows)
     status = f"<p><i>{html.escape(note)}</i></p>" if note else ""
     return f'{status}<table class="specdemo-stats" {attributes}>{body}</table>'
 
@@ -723,7 +728,7 @@ def proposer_of(event: StepEvent) -> str | None:
 
 
 def chips(tokens: Iterable[int], origin: str, decode: Callable[[int], str]) -> str:
-    spans = "".join(f'<span class="tok" data-origin="{origin}">{html.escape(decode(t).replace(chr(10), "↵"))}</span>' for t in tokens)
+    spans = "".join(f'<span class="tok" data-origin="{origin}">{html.escape(apart(decode(t)))}</span>' for t in tokens)
     return spans or "<i>none</i>"
 
 
