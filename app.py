@@ -5,6 +5,7 @@ import sys
 
 from specdemo.app.ui import build_app, serve
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.static import compile_passes, default_compile
 from specdemo.models import AUTO, EMBEDDED, load_model
 
 
@@ -18,11 +19,15 @@ def main() -> None:
     )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compile the target's pass over a static KV cache, warmed up before serving (default: on with CUDA, off on a CPU)")
     args = parser.parse_args()
     try:
         target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
         sys.exit(f"error: {error}")
+    if default_compile(target.device) if args.compile is None else args.compile:
+        compile_passes(target.model, progress=lambda message: print(message, flush=True))  # the presets loaded later are compiled too
     serve(build_app(target))  # limits: specdemo.app.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
 
 

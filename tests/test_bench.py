@@ -8,7 +8,7 @@ import pytest
 
 from specdemo import SpecDemoError, bench
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "settings", "methods", "rows", "suspect_margin"}
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "settings", "methods", "rows", "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin"}
 ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar", "divergence"}
@@ -16,10 +16,13 @@ ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wa
 
 def test_bench_json_schema(embedded, tmp_path):
     out = tmp_path / "out.json"
-    argv = ["--methods", "ar,hf_generate", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32"]
+    argv = ["--methods", "ar,hf_generate,ar_eager", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32"]
     bench.main([*argv, "--device", "cpu", "--json", str(out)])
     report = json.loads(out.read_text())
     assert set(report) == TOP_KEYS
+    assert report["compiled"] == {"on": False}  # a CPU's default: eager (specdemo.core.static.default_compile)
+    assert report["methods"].pop("ar_eager")["matches_ar"] == 1.0
+    report["rows"] = [row for row in report["rows"] if row["method"] != "ar_eager"]
     assert report["model"] == "embedded" and report["dtype"] == "float32" and report["max_new_tokens"] == 8
     assert set(report["methods"]) == {"ar", "hf_generate"}
     for stats in report["methods"].values():
@@ -108,3 +111,18 @@ def test_beam_and_contrastive_run_with_matches_ar_reported(embedded, capsys):
     assert report["settings"]["beam"] == {"num_beams": 2}
     printed = capsys.readouterr().out
     assert "beam: matches_ar is reported, not expected" in printed and "contrastive: matches_ar is reported" in printed
+
+
+def test_the_report_says_which_buckets_ran():
+    from collections import Counter
+
+    from specdemo.core.static import CompiledPass
+
+    passes = CompiledPass(forward=None, buckets=(1, 8, 16), mode=None, runs=Counter({1: 30, 8: 4, 0: 1}))
+    report = bench.compile_report(passes)
+    assert report == {"on": True, "mode": "default", "buckets": [1, 8, 16], "passes_by_bucket": {0: 1, 1: 30, 8: 4}}
+    line = bench.compile_line(report)
+    assert "compiled" in line and "1: 30" in line and "8: 4" in line and "eager (wider than every bucket): 1" in line
+    passes.failed = "RuntimeError: no compiler"
+    assert bench.compile_line(bench.compile_report(passes)).startswith("target passes: eager (compiling failed: RuntimeError")
+    assert bench.compile_line(bench.compile_report(None)) == "target passes: eager"

@@ -51,3 +51,33 @@ def test_sampling_runs_on_cuda(models, cuda_prompt):
     for method, options in ((ar, {}), (speculative, dict(draft=Draft("other", other), gamma=3, draft_tree_size=0))):
         tokens = final_summary(method.generate(model, cuda_prompt, max_new_tokens=32, sampling=sampling, eos_token_ids=(), **options)).tokens
         assert len(tokens) == 32 and all(0 <= t < model.config.vocab_size for t in tokens)
+
+
+@pytest.fixture(scope="module")
+def compiled_models():
+    """Fresh tiny models on the GPU with the compiled pass (CUDA graphs, mode reduce-overhead)."""
+    from specdemo.core.static import compile_passes
+
+    model, other = make_tiny_model().cuda(), make_tiny_model(seed=1).cuda()
+    passes = compile_passes(model, buckets=(1, 8, 16, 32))
+    assert passes.mode == "reduce-overhead" and not passes.failed
+    return model, other
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cuda_prompt, run):
+    from specdemo.core.static import ATTRIBUTE
+
+    model, other = compiled_models
+    method, options = RUNS[run](model, other)
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens  # compiled AR
+    passes = getattr(model, ATTRIBUTE)
+    delattr(model, ATTRIBUTE)
+    try:
+        assert final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens == expected  # eager AR
+    finally:
+        setattr(model, ATTRIBUTE, passes)
+    before = sum(passes.runs.values())
+    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), **options))
+    assert summary.tokens == expected
+    assert sum(passes.runs.values()) - before == summary.target_forwards and not passes.failed

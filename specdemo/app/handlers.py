@@ -44,7 +44,7 @@ from specdemo.app.live import (
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS, decoded_model, forget_companions, method_options
-from specdemo.models import LoadedModel, fast_dtype, free_memory, load_model, unload
+from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, load_model, unload
 from specdemo.presets import Preset, preset_for, preset_named
 
 GPU_MARGIN_S = 15  # ZeroGPU's time beyond a click's budget: attaching the GPU, the last pass, drawing
@@ -187,6 +187,7 @@ class Targets:
             self.resident = None
             free_memory()  # before the next load, so two presets never share the GPU
         self.resident = load_model(spec, dtype, str(self.start.device))
+        compile_like(self.resident, self.start)
         return self.resident
 
 

@@ -2,13 +2,15 @@
 
 Invariant: a method's cache holds keys and values for exactly the first `length` tokens it has
 been fed that are still valid; whatever a rejected proposal wrote past them is dropped here
-before the next pass, so it is never attended to.
+before the next pass, so it is never attended to. transformers' DynamicCache drops it; a
+`StaticKV` (the compiled pass's buffer) only moves its valid length, and its pass masks out the rest.
 """
 
 from collections.abc import Sequence
 
 import torch
-from transformers import Cache, DynamicCache
+from transformers import Cache, PreTrainedModel
+from transformers.cache_utils import StaticLayer
 
 
 def keep_prefix(cache: Cache, length: int) -> None:
@@ -16,10 +18,13 @@ def keep_prefix(cache: Cache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess < 0:
         raise ValueError(f"cannot keep {length} positions of a cache that holds {cache.get_seq_length()}")
-    cache.crop(-excess)
+    if isinstance(cache, StaticKV):
+        cache.length = length  # what lies past it is stale, and masked out of every pass
+    else:
+        cache.crop(-excess)
 
 
-def keep_positions(cache: DynamicCache, length: int, positions: Sequence[int]) -> None:
+def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     """Keep the first `length` positions, then the entries at `positions` (ascending, all at or
     past `length`) moved right after them: the accepted branch of a pass that fed several
     branches at once (a Medusa tree, a lookahead window beside its candidates)."""
@@ -30,3 +35,56 @@ def keep_positions(cache: DynamicCache, length: int, positions: Sequence[int]) -
             layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
             layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, index)
     keep_prefix(cache, length + len(positions))
+
+
+class SlotLayer(StaticLayer):
+    """One layer of a `StaticKV`: a pass writes its keys and values at the buffer's `start` and on."""
+
+    def __init__(self, max_cache_len: int, start: torch.Tensor):
+        super().__init__(max_cache_len)
+        self.start = start
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """transformers' allocation, but the buffers' addresses are marked static only on CUDA, where
+        CUDA graphs need them: on a CPU, inductor's freezing would take a static buffer for a
+        constant and read a stale copy of the cache."""
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        self.keys = key_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim)
+        self.values = value_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.v_head_dim)
+        if self.device.type == "cuda":
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        at = self.start + torch.arange(key_states.shape[-2], device=self.keys.device)
+        self.keys.index_copy_(2, at, key_states)
+        self.values.index_copy_(2, at, value_states)
+        return self.keys, self.values
+
+
+class StaticKV(Cache):
+    """A KV buffer of `capacity` positions allocated once (gpt-fast's static cache): a pass writes
+    at `length` and on, and rollback only moves `length`, so whatever lies past it is stale and
+    must never be attended to (the static pass's mask sees to it). `start` is `length` as a
+    tensor at a fixed address, set before each pass, so one compiled graph serves every pass."""
+
+    def __init__(self, model: PreTrainedModel, capacity: int):
+        config = model.config.get_text_config(decoder=True)
+        self.start = torch.zeros((), dtype=torch.long, device=model.device)
+        super().__init__(layers=[SlotLayer(capacity, self.start) for _ in range(config.num_hidden_layers)])
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.early_initialization(1, heads, head_dim, model.dtype, model.device)
+        if model.device.type == "cuda":
+            torch._dynamo.mark_static_address(self.start)
+        for layer in self.layers:  # one compiled graph serves every capacity
+            torch._dynamo.maybe_mark_dynamic(layer.keys, 2)
+            torch._dynamo.maybe_mark_dynamic(layer.values, 2)
+        self.capacity = capacity
+        self.length = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length

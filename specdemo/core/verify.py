@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
-from specdemo.core.kvcache import keep_positions
+from specdemo.core.kvcache import StaticKV, keep_positions
 from specdemo.core.sampling import TokenChooser
+from specdemo.core.static import static_pass
 
 
 @dataclass(frozen=True)
@@ -101,22 +102,28 @@ def fed_parents(pending: int, proposal: Proposal) -> tuple[int, ...]:
     return (*range(-1, pending - 1), *(pending - 1 if p < 0 else pending + p for p in proposal.parents))
 
 
-def target_pass(model: PreTrainedModel, cache: DynamicCache, sequence: torch.Tensor, proposal: Proposal, *, features: bool = False) -> TargetPass:
+def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, proposal: Proposal, *, features: bool = False) -> TargetPass:
     """One target pass over the committed tokens the cache has not seen (`sequence` [1, n] ends
     with them) and then the proposal's nodes, each seeing the committed tokens and its own
     ancestors. A chain needs no mask: the causal one is its tree attention. `features`: also
-    return the last hidden state of every fed position (a feature draft's input, Medusa's heads')."""
+    return the last hidden state of every fed position (a feature draft's input, Medusa's heads').
+    On a `StaticKV` the pass takes the compiled static path (`specdemo.core.static`)."""
     cached = cache.get_seq_length()
     pending = sequence.shape[1] - cached
     fed = sequence[:, cached:]  # [1, pending + size]: AR's pass feeds the last token alone
     if proposal.size:
         fed = torch.cat([fed, sequence.new_tensor([proposal.tokens])], dim=-1)
+    kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
+    rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
+    if isinstance(cache, StaticKV):
+        sees = _sees(fed_parents(pending, proposal)).to(fed.device)
+        hidden = static_pass(model, cache, fed, chain_positions(sees, cached), sees)  # [1, f, H]
+        logits = model.get_output_embeddings()(hidden[0, rows])
+        return TargetPass(logits, hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
         tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
-    kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
-    rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if features:
         hidden = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
         return TargetPass(model.get_output_embeddings()(hidden[0, rows]), hidden, cached, pending)
@@ -176,7 +183,7 @@ def accept_greedy(proposal: Proposal, choices: list[int]) -> tuple[list[int], in
     return path, choices[path[-1] + 1 if path else 0]
 
 
-def commit(cache: DynamicCache, verified: TargetPass, path: list[int]) -> None:
+def commit(cache: Cache, verified: TargetPass, path: list[int]) -> None:
     """Keep in the cache the committed tokens the pass fed and the accepted path's entries, moved
     right after them; drop the rest (`kvcache.keep_positions`)."""
     length = verified.cached + verified.pending

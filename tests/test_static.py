@@ -1,0 +1,159 @@
+"""The compiled static path (`specdemo.core.static`): a static KV cache whose rollback moves a
+length, passes padded to buckets, and every method's greedy answer unchanged through it
+(float32: tiny random models and the embedded model)."""
+
+import copy
+import logging
+
+import pytest
+import torch
+from test_conformance import MAX_NEW_TOKENS, NAMES, configurations
+from transformers import DynamicCache
+
+from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
+from specdemo.core.events import final_summary
+from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
+from specdemo.core.loop import Proposer, decode
+from specdemo.core.sampling import GREEDY
+from specdemo.core.static import ATTRIBUTE, compile_passes, padded, static_forward, target_cache
+from specdemo.methods import ar, medusa, method_options, speculative
+
+from conftest import make_tiny_model
+
+TREE = [-1, 0, 0, 1, -1, 4]  # two roots' children, branching: a forest as the engine feeds it
+
+
+def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_length(tiny_model, prompt_ids):
+    """Eager, no compiler: the static pass over a tree equals transformers' pass over a
+    DynamicCache with the same 4-D mask, however much stale data lies past the valid length."""
+    decoder = tiny_model.get_decoder()
+    sees = sees_from_parents(TREE)
+    tokens = torch.tensor([[7, 11, 13, 17, 19, 23]])
+    with torch.inference_mode():
+        dynamic = DynamicCache(config=tiny_model.config)
+        decoder(input_ids=prompt_ids, past_key_values=dynamic, use_cache=True)
+        expected = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True, attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
+                           position_ids=chain_positions(sees, prompt_ids.shape[1])).last_hidden_state
+        static = StaticKV(tiny_model, 64)
+        for layer in static.layers:  # garbage everywhere: only what a pass writes may be read
+            layer.keys.normal_(), layer.values.normal_()
+        n = prompt_ids.shape[1]
+        static_forward(decoder, static, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+        static.length = n
+        static.start.fill_(n)
+        got = static_forward(decoder, static, tokens, chain_positions(sees, n), sees)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_masks_the_padded_nodes_out():
+    sees = sees_from_parents(TREE)
+    tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)
+    fed, at, seen = padded(tokens, positions, sees, 8)
+    assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
+    assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions[0].tolist()
+    assert torch.equal(seen[:6, :6], sees)
+    assert not seen[:6, 6:].any() and not seen[6:, :6].any()  # no real node sees a padded one, nor the reverse
+    assert torch.equal(seen[6:, 6:], torch.eye(2, dtype=torch.bool))
+    assert fed.is_contiguous() and fed.stride() == (8, 1)  # fresh tensors: a graph is specialised on strides
+
+
+def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_model):
+    cache = StaticKV(tiny_model, 32)
+    for layer in cache.layers:
+        layer.keys.copy_(torch.arange(32, dtype=torch.float32)[None, None, :, None].expand_as(layer.keys))
+    cache.length = 12
+    keep_positions(cache, 5, [7, 9])  # keep 5, then the entries at 7 and 9 moved to 5 and 6
+    assert cache.get_seq_length() == 7
+    assert cache.layers[1].keys[0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 7, 9]
+    keep_prefix(cache, 3)
+    assert cache.get_seq_length() == 3
+    with pytest.raises(ValueError):
+        keep_prefix(cache, 4)
+
+
+def test_a_model_without_a_compiled_pass_keeps_transformers_cache(prompt_ids):
+    model = make_tiny_model()
+    assert isinstance(target_cache(model, 40), DynamicCache)
+
+
+@pytest.fixture(scope="module")
+def compiled_models():
+    """Fresh tiny models (not the session's), compiled for three buckets: passes wider than 16
+    (a long tree, lookahead's window) run the same static function eagerly."""
+    target, other = make_tiny_model(), make_tiny_model(seed=1)
+    configs = configurations(target, other)
+    expected = {name: final_summary(configs[name][0](configs[name][2], torch.tensor([[5, 17, 42, 8, 63, 21]]), max_new_tokens=MAX_NEW_TOKENS,
+                                                     eos_token_ids=(), **configs[name][1])).tokens
+                for name in NAMES if configs[name][2] is not None}  # eager AR on the reference's weights
+    for model in (target, configs["cllm"][2]):
+        compile_passes(model, buckets=(1, 8, 16))
+    return target, configs, expected
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if name not in ("beam", "contrastive")])
+def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models, prompt_ids, name):
+    target, configs, expected = compiled_models
+    generate, options, reference = configs[name]
+    model = reference  # CLLM decodes its own (compiled) weights
+    assert isinstance(target_cache(model, 40), StaticKV)
+    passes = getattr(model, ATTRIBUTE)
+    before = sum(passes.runs.values())
+    summary = final_summary(generate(model if name == "cllm" else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
+    assert summary.tokens == expected[name]
+    assert sum(passes.runs.values()) - before == summary.target_forwards  # every target pass took the static path
+    assert not passes.failed
+
+
+def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids):
+    target, configs, _ = compiled_models
+    passes = getattr(target, ATTRIBUTE)
+    passes.runs.clear()
+    final_summary(ar.generate(target, prompt_ids, max_new_tokens=10, eos_token_ids=()))
+    assert dict(passes.runs) == {8: 1, 1: 9}  # the 6-token prompt in the 8 bucket, then one token a pass
+    passes.runs.clear()
+    long_prompt = torch.arange(1, 41)[None]  # wider than every bucket: eager, on the same static cache
+    final_summary(ar.generate(target, long_prompt, max_new_tokens=3, eos_token_ids=()))
+    assert dict(passes.runs) == {0: 1, 1: 2}
+
+
+def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
+    model = make_tiny_model()
+    expected = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
+    passes = compile_passes(model, buckets=(1,))
+
+    def broken(*args):
+        raise RuntimeError("no C++ compiler")
+
+    passes.forward = broken
+    with caplog.at_level(logging.WARNING, logger="specdemo.core.static"):
+        tokens = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
+    assert tokens == expected
+    assert passes.failed and "no C++ compiler" in passes.failed
+    assert len([r for r in caplog.records if "eagerly" in r.message]) == 1
+    assert isinstance(target_cache(model, 40), DynamicCache)  # the next request is eager from the start
+
+
+@pytest.mark.parametrize("method", ["ar", "speculative", "medusa"])
+def test_the_embedded_model_gives_ars_answer_through_the_compiled_pass(compiled_embedded, embedded, method):
+    """float32, the shipped draft and heads: the compiled pass changes no token."""
+    model, expected = compiled_embedded
+    input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
+    generate = {"ar": ar.generate, "speculative": speculative.generate, "medusa": medusa.generate}[method]
+    options = method_options(method, embedded)
+    passes = getattr(model, ATTRIBUTE)
+    passes.runs.clear()
+    summary = final_summary(generate(model, input_ids, max_new_tokens=40, eos_token_ids=embedded.eos_token_ids, **options))
+    assert summary.tokens == expected
+    assert set(passes.runs) > {0} and not passes.failed  # compiled passes ran (the prompt runs eagerly)
+
+
+@pytest.fixture(scope="module")
+def compiled_embedded(embedded):
+    """A copy of the embedded model (the session's stays eager for the other tests), compiled for
+    two buckets: one token (AR) and 32 (a draft tree, a Medusa tree)."""
+    model = copy.deepcopy(embedded.model)
+    input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
+    expected = final_summary(decode(embedded.model, input_ids, Proposer(), method="ar", max_new_tokens=40, sampling=GREEDY,
+                                    eos_token_ids=embedded.eos_token_ids)).tokens
+    compile_passes(model, buckets=(1, 32))
+    return model, expected
