@@ -175,7 +175,7 @@ _LOADING = threading.Lock()
 
 def compile_like(model: "LoadedModel", start: "LoadedModel") -> None:
     """Compile `model`'s target pass when `start`'s is compiled (the app's `--compile` holds for
-    every model a page loads; models of one shape share the graphs)."""
+    every model a page loads)."""
     if compiled_pass(start.model) and model is not start:
         compile_passes(model.model)
 
