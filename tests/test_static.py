@@ -15,7 +15,7 @@ from specdemo.core.events import final_summary
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY
-from specdemo.core.static import ATTRIBUTE, compile_passes, padded, static_forward, target_cache
+from specdemo.core.static import ATTRIBUTE, CompiledPass, compile_passes, fitted_size, padded, static_forward, target_cache
 from specdemo.methods import ar, medusa, method_options, speculative
 
 from conftest import make_tiny_model
@@ -114,6 +114,24 @@ def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids
     long_prompt = torch.arange(1, 41)[None]  # wider than every bucket: eager, on the same static cache
     final_summary(ar.generate(target, long_prompt, max_new_tokens=3, eos_token_ids=()))
     assert dict(passes.runs) == {0: 1, 1: 2}
+
+
+def test_a_tree_fills_its_bucket_and_a_copy_takes_its_least_likely_nodes():
+    bucket = lambda width: CompiledPass(None, (1, 8, 16, 32, 64), None).bucket(width) or width  # noqa: E731
+    assert fitted_size(12, 0, None) == 12 and fitted_size(12, 5, None) == 12  # eager: what was asked
+    assert fitted_size(12, 0, bucket) == 15  # 13 fed tokens run as 16: three more nodes cost nothing
+    assert fitted_size(12, 8, bucket) == 7  # the copy stays inside the 16 the tree runs at
+    assert fitted_size(12, 15, bucket) == 6  # at least half the tree stays
+    assert fitted_size(6, 0, bucket) == 7 and fitted_size(6, 3, bucket) == 4
+
+
+def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):
+    target, configs, expected = compiled_models
+    options = {**configs["medusa, dynamic tree"][1], "tree_size": 5, "copy_length": 0}
+    events = list(medusa.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
+    summary, steps = events[-1], events[1:-1]  # after the prefill's pass, every pass holds a tree
+    assert summary.tokens == expected["ar"]
+    assert steps and all(len(step.proposed) == 7 for step in steps)  # the root and 5 nodes run as 8: 7 nodes fill it
 
 
 def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):

@@ -11,7 +11,7 @@ decoding keep loops of their own: they optimise other objectives than the target
 """
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +21,7 @@ from specdemo.core.errors import SpecDemoError, check_request
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import SamplingConfig, TokenChooser
-from specdemo.core.static import target_cache
+from specdemo.core.static import padded_width, target_cache
 from specdemo.core.steps import Payload
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
@@ -33,6 +33,7 @@ class Context:
     model: PreTrainedModel  # the target
     choose: TokenChooser  # the decoding rule and its seeded generator
     eos: tuple[int, ...]  # end-of-sequence token ids
+    bucket: Callable[[int], int] | None = None  # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
 
 
 @dataclass
@@ -101,10 +102,10 @@ def decode(
     `reach`: how far past the answer's last position a pass feeds tokens (lookahead's window).
     `compiled`: take the model's compiled static pass when it has one (`specdemo.core.static`)."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), reach)
-    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids))
-    recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     # holds the committed tokens but the last few (at least the root); static when the model is compiled
     cache = target_cache(model, input_ids.shape[1] + max_new_tokens + reach, compiled)
+    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids), padded_width(model, cache))
+    recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     sequence = input_ids  # [1, n] prompt + committed tokens
     events = []  # this run's events, for the proposer's totals
     while not recorder.done:

@@ -123,6 +123,28 @@ def target_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> Ca
     return StaticKV(model, capacity(model, need + max(passes.buckets)))  # the last pass's padded nodes are written too
 
 
+def padded_width(model: PreTrainedModel, cache: Cache) -> Callable[[int], int] | None:
+    """For a request on the compiled path (`cache` a `StaticKV`), the width a pass of n fed tokens
+    runs at: its bucket (n where none fits). A proposer may fill the padded slots with nodes that
+    cost nothing more. None on the eager path, where a pass costs what it feeds."""
+    passes = compiled_pass(model)
+    if not isinstance(cache, StaticKV) or passes is None or passes.failed:
+        return None
+    return lambda width: width if passes.failed else passes.bucket(width) or width
+
+
+def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None) -> int:
+    """How many nodes a tree of `size` nodes (a Medusa tree, a draft tree) gets this pass beside
+    `copied` copied ones. Eager (`bucket` None): `size`. On the compiled path, whose passes are
+    padded to a few widths (`loop.Context.bucket`), the nodes that fill the width the root and
+    `size` nodes run at, the copy's included: a copy takes the room of the tree's least likely
+    nodes instead of widening the pass (a CPU pass costs about its width in compute), and
+    padded slots hold real nodes instead of nothing. At least half of `size` stay."""
+    if bucket is None:
+        return size
+    return max(bucket(1 + size) - 1 - copied, (size + 1) // 2)
+
+
 def padded(tokens: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
     """A pass's inputs padded to `bucket` nodes, as fresh tensors (a graph is specialised on its
     inputs' strides too): a padded node holds token 0 at the last position and sees only itself;

@@ -40,6 +40,7 @@ from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 from specdemo.methods.draft import ASSETS
@@ -300,12 +301,13 @@ class MedusaTree(Proposer):
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
+        copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
         if self.static is None:
-            top, log_probs = self.heads.ranked(self.hidden, self.dynamic_size)
-            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], self.dynamic_size)))  # sorted: one cache entry per shape
+            size = fitted_size(self.dynamic_size, len(copied), context.bucket)
+            top, log_probs = self.heads.ranked(self.hidden, size)
+            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))  # sorted: one cache entry per shape
         else:
             paths, top = tuple(p for p in self.static.paths if len(p) <= depth_limit), self.heads.top_tokens(self.hidden, self.static.top_k)
-        copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
         self.tree = cached_tree(paths, len(copied))
         return proposal(self.tree, [*tree_tokens(self.tree, int(sequence[0, -1]), top), *copied])
 

@@ -30,6 +30,7 @@ from specdemo.core.events import StepEvent, Summary, acceptance_by_position
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
+from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
@@ -90,10 +91,10 @@ class DraftProposer(Proposer):
         ready = self.target_features is not None or not self.features
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
-            tree = draft_tree.grow(
-                self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=self.top_k, size=self.tree_size, eos=context.eos
-            )
-            self.tree, self.q = draft_tree.add_copy(tree, copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)), None
+            copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
+            size = fitted_size(self.tree_size, len(copied), context.bucket)
+            tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=self.top_k, size=size, eos=context.eos)
+            self.tree, self.q = draft_tree.add_copy(tree, copied), None
             return self.tree.proposal()
         tokens, self.q = propose(
             self.draft, self.cache, sequence, self.target_features, self.step_gamma, context.choose, context.eos, context.model.config.vocab_size
