@@ -15,7 +15,7 @@ from specdemo.core.events import final_summary
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY
-from specdemo.core.static import ATTRIBUTE, CompiledPass, compile_passes, fitted_size, padded, static_forward, target_cache
+from specdemo.core.static import ATTRIBUTE, CompiledPass, compile_passes, fitted_size, padded, request_cache, static_forward
 from specdemo.methods import ar, medusa, method_options, speculative
 
 from conftest import make_tiny_model
@@ -73,7 +73,7 @@ def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_mod
 
 def test_a_model_without_a_compiled_pass_keeps_transformers_cache(prompt_ids):
     model = make_tiny_model()
-    assert isinstance(target_cache(model, 40), DynamicCache)
+    assert isinstance(request_cache(model, 40), DynamicCache)
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +95,14 @@ def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models
     target, configs, expected = compiled_models
     generate, options, reference = configs[name]
     model = reference  # CLLM decodes its own (compiled) weights
-    assert isinstance(target_cache(model, 40), StaticKV)
+    assert isinstance(request_cache(model, 40), StaticKV)
     passes = getattr(model, ATTRIBUTE)
     before = sum(passes.runs.values())
     summary = final_summary(generate(model if name == "cllm" else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
     assert summary.tokens == expected[name]
-    assert sum(passes.runs.values()) - before == summary.target_forwards  # every target pass took the static path
+    drafted_by_target = getattr(options.get("draft"), "model", None) is target  # then the draft's passes take the same graphs
+    assert (sum(passes.runs.values()) - before > summary.target_forwards) if drafted_by_target else \
+        (sum(passes.runs.values()) - before == summary.target_forwards)  # every target pass took the static path
     assert not passes.failed
 
 
@@ -134,6 +136,23 @@ def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models,
     assert steps and all(len(step.proposed) == 7 for step in steps)  # the root and 5 nodes run as 8: 7 nodes fill it
 
 
+@pytest.mark.parametrize("name", ["speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
+                                  "speculative, feature draft, tree"])
+def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models, prompt_ids, name):
+    """The drafts' passes on the static path (point 5): the same proposals, pass for pass. gamma = 3
+    trees feed a third level that looks back at the second's branches: the window of `sees`."""
+    target, configs, expected = compiled_models
+    generate, options, _ = configs[name]
+    compiled = copy.deepcopy(options["draft"])
+    passes = compile_passes(compiled.model, buckets=(1, 2, 4))
+    runs = [list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}))
+            for draft in (options["draft"], compiled)]
+    assert [event.proposed for event in runs[1][:-1]] == [event.proposed for event in runs[0][:-1]]
+    assert runs[1][-1].tokens == expected[name]
+    assert passes.runs[0] and sum(passes.runs[width] for width in (1, 2, 4)) > len(runs[1]) // 2  # the prompt eagerly, steps compiled
+    assert not passes.failed
+
+
 def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
     model = make_tiny_model()
     expected = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
@@ -148,7 +167,7 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
     assert tokens == expected
     assert passes.failed and "no C++ compiler" in passes.failed
     assert len([r for r in caplog.records if "eagerly" in r.message]) == 1
-    assert isinstance(target_cache(model, 40), DynamicCache)  # the next request is eager from the start
+    assert isinstance(request_cache(model, 40), DynamicCache)  # the next request is eager from the start
 
 
 @pytest.mark.parametrize("method", ["ar", "speculative", "medusa"])

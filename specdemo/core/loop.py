@@ -21,7 +21,7 @@ from specdemo.core.errors import SpecDemoError, check_request
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import SamplingConfig, TokenChooser
-from specdemo.core.static import padded_width, target_cache
+from specdemo.core.static import padded_width, request_cache
 from specdemo.core.steps import Payload
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
@@ -103,7 +103,7 @@ def decode(
     `compiled`: take the model's compiled static pass when it has one (`specdemo.core.static`)."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), reach)
     # holds the committed tokens but the last few (at least the root); static when the model is compiled
-    cache = target_cache(model, input_ids.shape[1] + max_new_tokens + reach, compiled)
+    cache = request_cache(model, input_ids.shape[1] + max_new_tokens + reach, compiled)
     context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids), padded_width(model, cache))
     recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     sequence = input_ids  # [1, n] prompt + committed tokens

@@ -1,4 +1,5 @@
-"""The compiled target pass (issue 27): gpt-fast's recipe inside the engine's one target pass.
+"""The compiled static pass (issue 27): gpt-fast's recipe inside the engine's one target pass,
+and the drafts' passes.
 
 A request's target cache is a `kvcache.StaticKV`, allocated once for its maximum length: a pass
 writes its tokens' keys and values at the valid length and on, and rollback only moves that
@@ -12,7 +13,9 @@ function eagerly.
 
 `compile_passes(model)` compiles and warms up every bucket once per process and attaches the
 result to the model as `model.compiled_pass`; `verify.target_pass` takes this path whenever the
-loop gave it a `StaticKV`, which `target_cache` does for a model that has one.
+loop gave it a `StaticKV`, which `request_cache` does for a model that has one. A draft (the
+token draft, the feature draft's decoder layer) is compiled the same way for its own widths
+(`DRAFT_BUCKETS`), and its passes go through `decoder_pass`.
 """
 
 import logging
@@ -31,21 +34,26 @@ from specdemo.core.kvcache import StaticKV
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 8, 16, 32, 64)  # pass widths a graph is compiled for (vLLM and SGLang capture a few padded sizes too)
+DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
 ATTRIBUTE = "compiled_pass"  # where `compile_passes` leaves its `CompiledPass` on the model
 
 
-def static_forward(decoder: torch.nn.Module, cache: StaticKV, tokens: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-    """The decoder's last hidden states [1, w, H] over `tokens` [1, w] at `positions` [1, w],
-    written into `cache` at `cache.start` and on. Token i attends to every valid cached position
-    (before `start`) and to the new tokens j where `sees[i, j]`; never to what lies past them."""
-    width = tokens.shape[1]
-    kv = torch.arange(cache.layers[0].keys.shape[2], device=tokens.device)
-    offset = kv - cache.start  # where each buffer slot lies relative to this pass's first token
-    window = (offset >= 0) & (offset < width)
-    allowed = (kv < cache.start)[None] | (sees[:, offset.clamp(0, width - 1)] & window[None])  # [w, capacity]
+def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states [1, w, H] over `inputs` (token ids [1, w], or embeddings
+    [1, w, H] for a decoder fed by something else: a feature draft) at `positions` [1, w], written
+    into `cache` at `cache.start` and on. `sees` [w, back + w] says what token i attends to among
+    the last `back` cached positions and the new tokens; it attends to every valid cached
+    position before those (before `start - back`), and never to what lies past the new tokens.
+    A target pass has back = 0; a draft tree's later levels look back at the branches fed before."""
+    width, span = inputs.shape[1], sees.shape[1]
+    kv = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
+    offset = kv - (cache.start - (span - width))  # where each buffer slot lies relative to the window's first
+    window = (offset >= 0) & (offset < span)
+    allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
-    return decoder(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+    fed = {"inputs_embeds": inputs} if inputs.is_floating_point() else {"input_ids": inputs}
+    return decoder(**fed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
 
 
 @dataclass
@@ -98,13 +106,21 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
             if progress:
                 progress(f"compiling the target pass for {width} token(s) ({number} of {len(compiled.buckets)})")
             for _ in range(2 if mode else 1):  # CUDA graphs are recorded on the second call
-                static_pass(model, cache, torch.zeros(1, width, dtype=torch.long, device=model.device),
+                static_pass(model, cache, warm_inputs(model, width),
                             torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril())
                 cache.length = 0
             if compiled.failed:
                 break
     compiled.runs.clear()
     return compiled
+
+
+def warm_inputs(model: PreTrainedModel, width: int) -> torch.Tensor:
+    """Inputs of `width` tokens for a warm-up pass: token ids, or embeddings for a decoder without
+    an embedding of its own (a feature draft's)."""
+    if getattr(model.get_decoder(), "embed_tokens", None) is not None:
+        return torch.zeros(1, width, dtype=torch.long, device=model.device)
+    return torch.zeros(1, width, model.config.hidden_size, dtype=model.dtype, device=model.device)
 
 
 def capacity(model: PreTrainedModel, need: int) -> int:
@@ -114,9 +130,9 @@ def capacity(model: PreTrainedModel, need: int) -> int:
     return min(rounded, limit) if limit and need <= limit else rounded
 
 
-def target_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> Cache:
-    """The target's cache for a request that may feed up to `need` positions: a `StaticKV` when
-    the model has a compiled pass (and `compiled`), else transformers' DynamicCache."""
+def request_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> Cache:
+    """A model's cache (a target's, a draft's) for a request that may feed up to `need` positions:
+    a `StaticKV` when the model has a compiled pass (and `compiled`), else transformers' DynamicCache."""
     passes = compiled_pass(model)
     if not compiled or passes is None or passes.failed:
         return DynamicCache(config=model.config)
@@ -145,13 +161,13 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None) -> 
     return max(bucket(1 + size) - 1 - copied, (size + 1) // 2)
 
 
-def padded(tokens: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
+def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
     """A pass's inputs padded to `bucket` nodes, as fresh tensors (a graph is specialised on its
-    inputs' strides too): a padded node holds token 0 at the last position and sees only itself;
-    no real node sees it, and what it writes into the cache lies past the valid length."""
-    width = tokens.shape[1]
-    fed = tokens.new_zeros(1, bucket)
-    fed[:, :width] = tokens
+    inputs' strides too): a padded node holds token 0 (a zero embedding) at the last position and
+    sees only itself; no real node sees it, and what it writes into the cache lies past the valid length."""
+    width = inputs.shape[1]
+    fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])
+    fed[:, :width] = inputs
     at = positions[:, -1:].repeat(1, bucket)
     at[:, :width] = positions
     seen = torch.eye(bucket, dtype=torch.bool, device=sees.device)
@@ -159,30 +175,51 @@ def padded(tokens: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bu
     return fed, at, seen
 
 
-def static_pass(model: PreTrainedModel, cache: StaticKV, tokens: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-    """One target pass on the static path: the last hidden states [1, w, H] of `tokens` [1, w]
-    (at `positions` [1, w], token i seeing the new tokens j where `sees[i, j]`), padded to its
-    bucket and run by the compiled graph, or eagerly when no bucket fits or compiling failed.
+def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+    """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
+    embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
+    (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
+    fits, when the pass looks back at earlier branches (back > 0), or when compiling failed.
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
-    width = tokens.shape[1]
+    width = inputs.shape[1]
     passes = compiled_pass(model)
-    bucket = passes.bucket(width) if passes and not passes.failed else None
+    bucket = passes.bucket(width) if passes and not passes.failed and sees.shape[1] == width else None
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
     cache.start.fill_(cache.length)
     hidden = None
     if bucket is not None:
         try:
-            hidden = passes.forward(model.get_decoder(), cache, *padded(tokens, positions, sees, bucket))[:, :width]
+            hidden = passes.forward(model.get_decoder(), cache, *padded(inputs, positions, sees, bucket))[:, :width]
             if passes.mode == "reduce-overhead":
                 hidden = hidden.clone()  # a CUDA graph's output is overwritten by its next replay
             passes.runs[bucket] += 1
         except Exception as error:  # noqa: BLE001 -- any compiler failure: warn once, run eagerly from now on
             passes.failed = f"{type(error).__name__}: {error}"
-            log.warning("compiling the target pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
+            log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if hidden is None:
-        hidden = static_forward(model.get_decoder(), cache, tokens, positions, sees)
+        hidden = static_forward(model.get_decoder(), cache, inputs, positions, sees)
         if passes:
             passes.runs[0] += 1
     cache.length += width
     return hidden
+
+
+def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, allowed: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A draft's pass: the last hidden states [1, w, H] of `model`'s decoder over `inputs` (ids
+    [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `allowed` is None;
+    else token i attends to cached position or new token j where `allowed[i, j]` ([w, cached + w]:
+    the branches of a draft tree), at `position_ids`. On a `StaticKV` the static path
+    (compiled when the model has graphs, `compile_passes`); on any other cache transformers' pass."""
+    cached, width = cache.get_seq_length(), inputs.shape[1]
+    if not isinstance(cache, StaticKV):
+        tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype), "position_ids": position_ids}
+        fed = {"inputs_embeds": inputs} if inputs.is_floating_point() else {"input_ids": inputs}
+        return model.get_decoder()(**fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state
+    if allowed is None:
+        sees = torch.ones(width, width, dtype=torch.bool, device=inputs.device).tril()
+        return static_pass(model, cache, inputs, torch.arange(cached, cached + width, device=inputs.device)[None], sees)
+    hidden_from = (~allowed[:, :cached].all(dim=0)).nonzero()  # cached positions some new token may not see
+    back = cached - int(hidden_from[0]) if len(hidden_from) else 0  # the window `sees` spells out
+    return static_pass(model, cache, inputs, position_ids, allowed[:, cached - back :])

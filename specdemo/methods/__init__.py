@@ -10,17 +10,21 @@ Adding a method is one module and one entry here (docs/architecture.md).
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.static import DRAFT_BUCKETS, compile_passes, compiled_pass
 from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft, load_draft
 from specdemo.methods.eagle import load_feature_draft
 from specdemo.models import LoadedModel
 from specdemo.presets import preset_for
+
+log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
 LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name"})  # companions `method_options` loads, and internals
@@ -180,9 +184,10 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
     get_method(name)
     if name == "speculative":  # the feature draft where the preset has one, as it drafts better
         feature_draft = getattr(preset_for(target.spec), "feature_draft", None)
-        if feature_draft is not None:
-            return MappingProxyType({"draft": load_feature_draft(Path(feature_draft), target.model)})
-        return MappingProxyType({"draft": token_draft(target)})
+        draft = token_draft(target) if feature_draft is None else load_feature_draft(Path(feature_draft), target.model)
+        if compiled_pass(target.model):  # a compiled target's draft passes take the compiled static path too
+            compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info)
+        return MappingProxyType({"draft": draft})
     if name == "medusa":
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
         preset = preset_for(target.spec)

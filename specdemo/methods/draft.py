@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -40,11 +41,15 @@ class Draft:
 
     def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1, **tree) -> torch.Tensor:
         """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions.
-        `tree`: an attention_mask and position_ids when the tokens are branches of a draft tree."""
-        if self.vocab is None:
-            return self.model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep, **tree).logits
-        hidden = self.model.model(input_ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state
-        return torch.nn.functional.linear(hidden[:, -logits_to_keep:], self.head)
+        `tree`: `allowed` and `position_ids` when the tokens are branches of a draft tree
+        (`static.decoder_pass`, which takes the compiled static path on a `StaticKV`).
+        Without a cache: a whole text at once."""
+        if cache is None:
+            hidden = self.model.get_decoder()(input_ids, use_cache=False).last_hidden_state
+        else:
+            hidden = decoder_pass(self.model, cache, input_ids, **tree)
+        hidden = hidden[:, -logits_to_keep:]
+        return self.model.get_output_embeddings()(hidden) if self.vocab is None else torch.nn.functional.linear(hidden, self.head)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of positions in the draft's vocabulary."""

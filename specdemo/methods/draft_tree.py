@@ -23,9 +23,8 @@ prompt lookup), which win where the answer quotes its prompt and the draft does 
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
 
-from specdemo.core.attention import additive
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.verify import Proposal, path_to
 from specdemo.methods.draft import Draft
@@ -67,7 +66,7 @@ class DraftTree:
 
 
 def first_logits(
-    draft: Draft | FeatureDraft, cache: DynamicCache, sequence: torch.Tensor, features: torch.Tensor | None
+    draft: Draft | FeatureDraft, cache: Cache, sequence: torch.Tensor, features: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's logits [1, K] for the token after `sequence` [1, n], and for a feature draft
     its predicted feature [1, H] there. A token draft reads the tokens its cache has not seen; a
@@ -80,12 +79,12 @@ def first_logits(
 
 
 def branch_logits(
-    draft: Draft | FeatureDraft, cache: DynamicCache, tokens: torch.Tensor, states: torch.Tensor | None, **tree
+    draft: Draft | FeatureDraft, cache: Cache, tokens: torch.Tensor, states: torch.Tensor | None, **tree
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's logits [q, K] after each of `tokens` [q] (drafted tokens appended to the
     cache), and a feature draft's predicted features [q, H]; `states` [q, H] are the predicted
-    features each token followed. `tree`: an attention_mask and position_ids when the tokens are
-    branches rather than a chain."""
+    features each token followed. `tree`: `allowed` and `position_ids` when the tokens are
+    branches rather than a chain (`static.decoder_pass`)."""
     if isinstance(draft, FeatureDraft):
         predicted = draft.features(states[None], tokens[None], cache, **tree)[0]  # [q, H]
         return draft.logits(predicted), predicted
@@ -95,7 +94,7 @@ def branch_logits(
 @torch.inference_mode()
 def grow(
     draft: Draft | FeatureDraft,
-    cache: DynamicCache,
+    cache: Cache,
     sequence: torch.Tensor,
     features: torch.Tensor | None,
     *,
@@ -120,9 +119,7 @@ def grow(
         tokens = torch.tensor([tree.tokens[n] for n in expand], device=sequence.device)
         parent_states = None if state is None else torch.stack([states[n] for n in expand])
         positions = torch.full((1, len(expand)), prefix + level - 2, device=sequence.device)
-        logits, new_states = branch_logits(
-            draft, cache, tokens, parent_states, attention_mask=additive(allowed, draft.model.dtype), position_ids=positions
-        )
+        logits, new_states = branch_logits(draft, cache, tokens, parent_states, allowed=allowed, position_ids=positions)
         fed += expand
         tree.draft_passes = level
         frontier = add_children(

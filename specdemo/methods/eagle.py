@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
+from transformers import Cache, LlamaConfig, LlamaModel, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.static import decoder_pass
 from specdemo.methods.draft import ASSETS, spread
 
 EMBEDDED_EAGLE = ASSETS / "smollm2-135m-eagle"
@@ -48,12 +49,15 @@ class FeatureDraft(nn.Module):
         # the rows it may propose, gathered once: slicing 8,192 of 49,152 rows each step cost 5x the matmul
         self.head = head if vocab is None else head[self.vocab]  # [K, H], not a parameter
 
-    def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: DynamicCache | None, **tree) -> torch.Tensor:
+    def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: Cache | None, **tree) -> torch.Tensor:
         """Predicted features [1, n, H] at positions t+1 from pairs (f_t [1, n, H], x_{t+1} [1, n]).
-        `tree`: an attention_mask and position_ids when the pairs are branches of a draft tree."""
+        `tree`: `allowed` and `position_ids` when the pairs are branches of a draft tree
+        (`static.decoder_pass`, which takes the compiled static path on a `StaticKV`)."""
         embedded = self.shared["embed"](next_tokens)  # [1, n, H]
         fused = self.fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))  # [1, n, H]
-        return self.model(inputs_embeds=fused, past_key_values=cache, use_cache=cache is not None, **tree).last_hidden_state
+        if cache is None:  # training: whole sequences at once
+            return self.model(inputs_embeds=fused, use_cache=False).last_hidden_state
+        return decoder_pass(self.model, cache, fused, **tree)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [..., K] of the draft's vocabulary from (predicted) features [..., H]."""

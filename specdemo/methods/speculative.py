@@ -23,14 +23,14 @@ import threading
 from collections.abc import Generator, Iterable, Iterator
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, acceptance_by_position
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
-from specdemo.core.static import fitted_size
+from specdemo.core.static import fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
@@ -81,13 +81,15 @@ class DraftProposer(Proposer):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
         self.tree_size, self.top_k, self.copy_length = tree_size, top_k, copy_length
         self.features = isinstance(draft, FeatureDraft)
-        self.cache = DynamicCache(config=draft.model.config)  # the draft's own KV cache
+        self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
         self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds
         self.step_gamma = 0  # draft positions this pass may propose
         self.tree: draft_tree.DraftTree | None = None  # this pass's tree, or None for a chain
         self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+        if self.cache is None:  # static when the draft is compiled: the prefix, what may still come, a step's deepest feed
+            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1))
         ready = self.target_features is not None or not self.features
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
@@ -189,7 +191,7 @@ def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:
 
 
 def draft_logits(
-    draft: Draft | FeatureDraft, cache: DynamicCache, sequence: torch.Tensor, features: torch.Tensor | None
+    draft: Draft | FeatureDraft, cache: Cache, sequence: torch.Tensor, features: torch.Tensor | None
 ) -> Generator[torch.Tensor, torch.Tensor, None]:
     """The draft's logits [1, K] for one next token after another; send each chosen token [1, 1]
     back. A token draft reads the tokens its cache has not seen; a feature draft the pairs
@@ -202,7 +204,7 @@ def draft_logits(
 
 def propose(
     draft: Draft | FeatureDraft,
-    cache: DynamicCache,
+    cache: Cache,
     sequence: torch.Tensor,
     features: torch.Tensor | None,
     gamma: int,
