@@ -52,8 +52,12 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     window = (offset >= 0) & (offset < span)
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
-    fed = {"inputs_embeds": inputs} if inputs.is_floating_point() else {"input_ids": inputs}
-    return decoder(**fed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+    return decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+
+
+def fed(inputs: torch.Tensor) -> dict:
+    """A decoder's keyword for `inputs`: token ids, or embeddings (a feature draft's fused input)."""
+    return {"inputs_embeds": inputs} if inputs.is_floating_point() else {"input_ids": inputs}
 
 
 @dataclass
@@ -216,8 +220,7 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
         tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype), "position_ids": position_ids}
-        fed = {"inputs_embeds": inputs} if inputs.is_floating_point() else {"input_ids": inputs}
-        return model.get_decoder()(**fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state
+        return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
     if allowed is None:
         sees = torch.ones(width, width, dtype=torch.bool, device=inputs.device).tril()
         return static_pass(model, cache, inputs, torch.arange(cached, cached + width, device=inputs.device)[None], sees)
