@@ -219,3 +219,16 @@ def test_an_answer_the_clicks_budget_cannot_time_again_says_so(embedded, monkeyp
               2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
     table = list(on_generate(*inputs))[-1][8]
     assert "Not timed again" in table and "one drawn run each: no range" in table and "data-done" in table
+
+
+def test_an_autoplay_tick_never_turns_the_timer_back_on():
+    """Pause turns the timer off; a tick already sent and answered after it must not turn it on
+    again. A tick moves one step on and leaves the timer alone, and the last step stops it."""
+    from specdemo.app.handlers import Handlers
+
+    history = [[object()] * 3]
+    step, timer = Handlers.on_tick(1, history)
+    assert step == 2 and not isinstance(timer, gr.Timer)  # gr.skip(): the timer stays as Play or Pause left it
+    step, timer = Handlers.on_tick(2, history)
+    assert step == 3 and isinstance(timer, gr.Timer) and timer.active is False
+    assert Handlers.on_tick(3, history)[1].active is False

@@ -347,12 +347,13 @@ class Handlers:
 
     @staticmethod
     def on_tick(step, history):
-        """Autoplay: the next step, or the end of the answer, where the timer stops."""
+        """Autoplay: the next step, or the end of the answer, where the timer stops. A tick never
+        turns the timer on: one answered after Pause would undo it."""
         total = len(history[0]) if history and history[0] else 0
         step = int(step or 0)
         if step >= total:
             return gr.skip(), gr.Timer(active=False)
-        return step + 1, gr.Timer(active=step + 1 < total)
+        return step + 1, (gr.skip() if step + 1 < total else gr.Timer(active=False))
 
     @staticmethod
     def on_play(step, history):
