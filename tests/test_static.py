@@ -45,6 +45,31 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(tiny_model, prompt_ids):
+    """A pass through `StaticKV.window` (the buffers' first positions, as views) equals the pass
+    over the whole buffer, and what it writes lands in the buffer itself."""
+    decoder = tiny_model.get_decoder()
+    n, sees = prompt_ids.shape[1], sees_from_parents(TREE)
+    tokens = torch.tensor([[7, 11, 13, 17, 19, 23]])
+    caches = [StaticKV(tiny_model, 64) for _ in range(2)]
+    outputs = []
+    with torch.inference_mode():
+        for cache, window in zip(caches, (None, n + tokens.shape[1])):
+            for layer in cache.layers:  # stale data past the valid length, different in each buffer
+                layer.keys.normal_(), layer.values.normal_()
+            static_forward(decoder, cache, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+            cache.length = n
+            cache.start.fill_(n)
+            seen = cache if window is None else cache.window(window)
+            assert seen.get_seq_length() == n and (window is None or seen.layers[0].keys.shape[2] == window)
+            outputs.append(static_forward(decoder, seen, tokens, chain_positions(sees, n), sees))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    end = n + tokens.shape[1]
+    for whole, windowed in zip(caches[0].layers, caches[1].layers):
+        torch.testing.assert_close(windowed.keys[:, :, :end], whole.keys[:, :, :end])
+    assert caches[1].window(64) is caches[1] and caches[1].window(end) is seen  # the whole buffer; a window built once
+
+
 def test_padding_masks_the_padded_nodes_out():
     sees = sees_from_parents(TREE)
     tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)

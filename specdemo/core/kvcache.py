@@ -6,6 +6,7 @@ before the next pass, so it is never attended to. transformers' DynamicCache dro
 `StaticKV` (the compiled pass's buffer) only moves its valid length, and its pass masks out the rest.
 """
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -58,6 +59,15 @@ class SlotLayer(StaticLayer):
             torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
 
+    def window(self, length: int) -> "SlotLayer":
+        """This layer's first `length` positions: views of its buffers, written through."""
+        layer = copy.copy(self)
+        layer.max_cache_len = length
+        layer.keys, layer.values = self.keys[:, :, :length], self.values[:, :, :length]
+        torch._dynamo.maybe_mark_dynamic(layer.keys, 2)
+        torch._dynamo.maybe_mark_dynamic(layer.values, 2)
+        return layer
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         at = self.start + torch.arange(key_states.shape[-2], device=self.keys.device)
         self.keys.index_copy_(2, at, key_states)
@@ -85,6 +95,22 @@ class StaticKV(Cache):
             torch._dynamo.maybe_mark_dynamic(layer.values, 2)
         self.capacity = capacity
         self.length = 0
+        self.windows: dict[int, StaticKV] = {}  # by length, built once
+
+    def window(self, length: int) -> "StaticKV":
+        """The buffers' first `length` positions as a cache of their own, sharing `start` and
+        `length`: views, so a pass through it writes here. A pass that attends over the window
+        instead of the whole capacity reads only the positions that may be valid (on a CPU a
+        pass's attention costs what it reads)."""
+        if length >= self.capacity:
+            return self
+        if length not in self.windows:
+            view = StaticKV.__new__(StaticKV)
+            Cache.__init__(view, layers=[layer.window(length) for layer in self.layers])
+            view.start, view.capacity, view.windows = self.start, length, {}
+            self.windows[length] = view
+        self.windows[length].length = self.length
+        return self.windows[length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 BUCKETS = (1, 8, 16, 32, 64)  # pass widths a graph is compiled for (vLLM and SGLang capture a few padded sizes too)
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
+WINDOW_STEP = 64  # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
 ATTRIBUTE = "compiled_pass"  # where `compile_passes` leaves its `CompiledPass` on the model
 
 
@@ -192,10 +193,11 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
     cache.start.fill_(cache.length)
+    seen = cache if passes and passes.mode else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP)
     hidden = None
     if bucket is not None:
         try:
-            hidden = passes.forward(model.get_decoder(), cache, *padded(inputs, positions, sees, bucket))[:, :width]
+            hidden = passes.forward(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket))[:, :width]
             if passes.mode == "reduce-overhead":
                 hidden = hidden.clone()  # a CUDA graph's output is overwritten by its next replay
             passes.runs[bucket] += 1
@@ -203,7 +205,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if hidden is None:
-        hidden = static_forward(model.get_decoder(), cache, inputs, positions, sees)
+        hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees)
         if passes:
             passes.runs[0] += 1
     cache.length += width
