@@ -22,8 +22,6 @@ from tqdm import tqdm
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary
-from specdemo.core.loop import Proposer, decode
-from specdemo.core.sampling import GREEDY
 from specdemo.core.static import compile_passes, compiled_pass, default_compile
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded_model, get_method, method_options, settings_of, speculative, token_draft
@@ -44,13 +42,14 @@ class Run:
 Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
 
 
-def specdemo_runner(name: str) -> Runner:
-    """A runner for one of our step-event methods: its Summary gives tokens and passes."""
+def specdemo_runner(name: str, **fixed) -> Runner:
+    """A runner for one of our step-event methods: its Summary gives tokens and passes. `fixed`:
+    keyword arguments it always passes (an eager twin's compiled=False)."""
 
     def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
         method, options = get_method(name).generate, method_options(name, target)
         events = method(
-            target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **settings
+            target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **fixed, **settings
         )
         summary = final_summary(events)
         return Run(list(summary.tokens), summary.target_forwards)
@@ -112,24 +111,21 @@ def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, *
     return Run(list(summary.tokens), summary.target_forwards)
 
 
-def ar_eager(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
-    """AR with compilation off (transformers' eager pass over its DynamicCache), beside the
-    compiled `ar` in the same run: what compiling the pass gains."""
-    events = decode(target.model, input_ids, Proposer(), method="ar_eager", max_new_tokens=max_new_tokens, sampling=GREEDY,
-                    eos_token_ids=target.eos_token_ids, compiled=False, **settings)
-    summary = final_summary(events)
-    return Run(list(summary.tokens), summary.target_forwards)
-
+# eager twins: the method with compilation off (transformers' eager passes over DynamicCaches),
+# beside the compiled methods in the same run: what compiling gains, and each method's speedup on
+# either path (an eager twin is checked against, and its speedup reported against, `ar_eager`)
+EAGER = {"ar_eager": "ar", "speculative_eager": "speculative", "medusa_eager": "medusa"}
 
 RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
-    "ar_eager": ar_eager,
+    **{twin: specdemo_runner(name, compiled=False) for twin, name in EAGER.items()},
     "hf_generate": hf_generate,
     "hf_assisted": hf_assisted,
     "speculative_token": speculative_token,
     "cllm_ar": cllm_ar,
 }
-# a method that decodes other weights than the target's is checked against AR on those weights
-REFERENCES = {"cllm": "cllm_ar"}
+# a method that decodes other weights than the target's is checked against AR on those weights,
+# an eager twin against eager AR (in bfloat16 the two paths round differently)
+REFERENCES = {"cllm": "cllm_ar", **{twin: "ar_eager" for twin in EAGER if twin != "ar_eager"}}
 
 
 def parse_methods(text: str) -> list[str]:
@@ -167,7 +163,7 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
 
 # the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate, which checks its own)
 SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {
-    "speculative_token": speculative.generate, "cllm_ar": ar.generate, "ar_eager": ar.generate}
+    "speculative_token": speculative.generate, "cllm_ar": ar.generate} | {twin: METHODS[name].generate for twin, name in EAGER.items()}
 
 
 def settable(method: str) -> list[str] | None:
@@ -339,8 +335,9 @@ def format_table(report: dict) -> str:
             lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
     for name, s in report["methods"].items():
         if name in REFERENCES:
+            own = "AR on the eager path" if name in EAGER else "AR on its own weights"
             lines.append(
-                f"{name}: matches_ar is against {REFERENCES[name]} (AR on its own weights); {s['speedup_vs_own_ar']:.2f}x against it; "
+                f"{name}: matches_ar is against {REFERENCES[name]} ({own}); {s['speedup_vs_own_ar']:.2f}x against it; "
                 f"its answer differs from the base model's AR on {s['differs_from_base_ar']:.0%} of the prompts"
             )
     for name, s in report["methods"].items():
@@ -362,7 +359,7 @@ def compile_line(compiled: dict) -> str:
     if not compiled["on"]:
         return "target passes: eager" + (f" (compiling failed: {compiled['failed']})" if compiled.get("failed") else "")
     ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}" for width, count in compiled["passes_by_bucket"].items())
-    return f"target passes: compiled (torch.compile, mode {compiled['mode']}), buckets {compiled['buckets']}; passes run by width: {ran} (ar_eager and hf_* stay eager)"
+    return f"target passes: compiled (torch.compile, mode {compiled['mode']}), buckets {compiled['buckets']}; passes run by width: {ran} ({', '.join(EAGER)} and hf_* stay eager)"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -395,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
     if default_compile(target.device) if args.compile is None else args.compile:
-        for model in dict.fromkeys([target.model, *(decoded_model("cllm", target) for name in methods if name in REFERENCES)]):
+        for model in dict.fromkeys([target.model, *([decoded_model("cllm", target)] if "cllm" in methods else [])]):
             compile_passes(model, progress=lambda message: print(message, file=sys.stderr, flush=True))
     elif compiled_pass(target.model):
         raise SpecDemoError("this process already compiled the target's pass: run the bench with --no-compile in a new process")

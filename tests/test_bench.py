@@ -126,3 +126,14 @@ def test_the_report_says_which_buckets_ran():
     passes.failed = "RuntimeError: no compiler"
     assert bench.compile_line(bench.compile_report(passes)).startswith("target passes: eager (compiling failed: RuntimeError")
     assert bench.compile_line(bench.compile_report(None)) == "target passes: eager"
+
+
+def test_an_eager_twin_is_measured_against_eager_ar(embedded):
+    """`speculative_eager` brings `ar_eager` along; it must give eager AR's answer, and its speedup
+    is reported against it as well as against `ar`."""
+    argv = ["--methods", "ar,speculative_eager", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32", "--device", "cpu"]
+    report = bench.main(argv)
+    assert list(report["methods"]) == ["ar", "speculative_eager", "ar_eager"]
+    twin, eager_ar = report["methods"]["speculative_eager"], report["methods"]["ar_eager"]
+    assert twin["matches_ar"] == 1.0 and twin["tokens_per_forward"] > 1.0
+    assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / eager_ar["tokens_per_s"])

@@ -188,6 +188,20 @@ def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models
     assert not passes.failed
 
 
+def test_compiled_false_runs_the_target_and_its_draft_eagerly(compiled_models, prompt_ids):
+    """An eager twin (the bench's `speculative_eager`) on compiled models: no compiled pass runs,
+    the draft's neither, and the answer is the same."""
+    target, configs, expected = compiled_models
+    generate, options, _ = configs["speculative, feature draft, tree"]
+    draft = copy.deepcopy(options["draft"])
+    compile_passes(draft.model, buckets=(1, 2, 4))
+    for passes in (compiled_pass(target), compiled_pass(draft.model)):
+        passes.runs.clear()
+    summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}, compiled=False))
+    assert summary.tokens == expected["speculative, feature draft, tree"]
+    assert not compiled_pass(target).runs and not compiled_pass(draft.model).runs
+
+
 def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
     model = make_tiny_model()
     expected = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens

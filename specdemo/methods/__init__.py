@@ -27,7 +27,7 @@ from specdemo.presets import preset_for
 log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
-LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name"})  # companions `method_options` loads, and internals
+LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name", "compiled"})  # companions `method_options` loads, and internals
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ def generate(
     sampling: SamplingConfig = GREEDY,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    compiled: bool = True,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after the prompt `input_ids` [1, L], one token per target pass."""
-    return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+    """Decode after the prompt `input_ids` [1, L], one token per target pass. `compiled`: take the
+    model's compiled static pass when it has one (False: the eager pass, for a comparison)."""
+    return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
+                  compiled=compiled)

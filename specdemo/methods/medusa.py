@@ -258,6 +258,7 @@ def generate(
     copy_length: int | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    compiled: bool = True,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
     `tree`: "dynamic" (each pass, the `tree_size` nodes of highest value by the heads'
@@ -269,7 +270,8 @@ def generate(
     Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
-    tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH."""
+    tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH.
+    `compiled`: take the model's compiled static pass when it has one."""
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     if tree == "dynamic":
         static, dynamic_size = None, check_dynamic_size(heads, tree_size)
@@ -279,7 +281,8 @@ def generate(
         raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
     proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical)
-    return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+    return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
+                  compiled=compiled)
 
 
 class MedusaTree(Proposer):

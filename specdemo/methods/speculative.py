@@ -55,18 +55,21 @@ def generate(
     copy_length: int | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    compiled: bool = True,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L]; each target pass verifies up to `gamma` draft tokens.
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
     `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
     AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
     greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
-    that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree."""
+    that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree.
+    `compiled`: take the compiled static passes (target and draft) where the models have them."""
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length)
-    return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+    return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
+                  compiled=compiled)
 
 
 class DraftProposer(Proposer):
@@ -88,8 +91,8 @@ class DraftProposer(Proposer):
         self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        if self.cache is None:  # static when the draft is compiled: the prefix, what may still come, a step's deepest feed
-            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1))
+        if self.cache is None:  # static when the draft is compiled and the target's pass is (the prefix, what may still come, a step's deepest feed)
+            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1), compiled=context.bucket is not None)
         ready = self.target_features is not None or not self.features
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
