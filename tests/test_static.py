@@ -143,6 +143,18 @@ def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids
     assert dict(passes.runs) == {0: 1, 1: 2}
 
 
+def test_passes_up_to_the_end_of_a_request_reuse_the_graphs_compiled_at_load(compiled_models, prompt_ids):
+    """Every pass attends over a window of the buffers (views), up to the request's last: a pass
+    over the whole buffer instead recompiled the graph (a minute on a CPU, inside an answer)."""
+    target, _, expected = compiled_models
+    graphs = lambda: len(torch._dynamo.eval_frame._debug_get_cache_entry_list(static_forward.__code__))  # noqa: E731
+    before = graphs()
+    for max_new_tokens in (MAX_NEW_TOKENS, 230 - prompt_ids.shape[1]):  # the second runs to a 256-position window
+        summary = final_summary(ar.generate(target, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=()))
+        assert summary.tokens[:MAX_NEW_TOKENS] == expected["ar"]
+    assert graphs() == before
+
+
 def test_a_tree_fills_its_bucket_and_a_copy_takes_its_least_likely_nodes():
     bucket = lambda width: CompiledPass(None, (1, 8, 16, 32, 64), None).bucket(width) or width  # noqa: E731
     assert fitted_size(12, 0, None) == 12 and fitted_size(12, 5, None) == 12  # eager: what was asked

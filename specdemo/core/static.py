@@ -142,7 +142,9 @@ def request_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> C
     passes = compiled_pass(model)
     if not compiled or passes is None or passes.failed:
         return DynamicCache(config=model.config)
-    return StaticKV(model, capacity(model, need + max(passes.buckets)))  # the last pass's padded nodes are written too
+    # the last pass's padded nodes are written too, and a window past them stays a view shorter than the
+    # buffers: a graph compiled on views recompiled (a minute on a CPU) for the whole buffer
+    return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP))
 
 
 def padded_width(model: PreTrainedModel, cache: Cache) -> Callable[[int], int] | None:
