@@ -155,13 +155,17 @@ def test_passes_up_to_the_end_of_a_request_reuse_the_graphs_compiled_at_load(com
     assert graphs() == before
 
 
-def test_a_tree_fills_its_bucket_and_a_copy_takes_its_least_likely_nodes():
+def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
     bucket = lambda width: CompiledPass(None, (1, 8, 16, 32, 64), None).bucket(width) or width  # noqa: E731
-    assert fitted_size(12, 0, None) == 12 and fitted_size(12, 5, None) == 12  # eager: what was asked
-    assert fitted_size(12, 0, bucket) == 15  # 13 fed tokens run as 16: three more nodes cost nothing
-    assert fitted_size(12, 8, bucket) == 7  # the copy stays inside the 16 the tree runs at
-    assert fitted_size(12, 15, bucket) == 6  # at least half the tree stays
-    assert fitted_size(6, 0, bucket) == 7 and fitted_size(6, 3, bucket) == 4
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fitted_size(12, 0, None, cpu) == 12 and fitted_size(12, 5, None, cuda) == 12  # eager: what was asked
+    # a CPU pass costs about its width: the narrowest bucket holding the root, the copy and half the tree, filled
+    assert fitted_size(12, 0, bucket, cpu) == 7  # 12 nodes run as 8, not 16
+    assert fitted_size(6, 0, bucket, cpu) == 7 and fitted_size(6, 3, bucket, cpu) == 4  # the copy takes the least likely nodes' room
+    assert fitted_size(6, 8, bucket, cpu) == 7  # a copy that needs 16 leaves room for more nodes than asked, at no cost
+    assert fitted_size(12, 15, bucket, cpu) == 16  # at least half the tree stays: 22 run as 32
+    # with CUDA graphs a pass costs about the same at any width: the bucket holding everything, filled
+    assert fitted_size(12, 0, bucket, cuda) == 15 and fitted_size(12, 8, bucket, cuda) == 23 and fitted_size(6, 0, bucket, cuda) == 7
 
 
 def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):

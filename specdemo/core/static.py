@@ -157,16 +157,24 @@ def padded_width(model: PreTrainedModel, cache: Cache) -> Callable[[int], int] |
     return lambda width: width if passes.failed else passes.bucket(width) or width
 
 
-def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None) -> int:
+def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, device: torch.device) -> int:
     """How many nodes a tree of `size` nodes (a Medusa tree, a draft tree) gets this pass beside
-    `copied` copied ones. Eager (`bucket` None): `size`. On the compiled path, whose passes are
-    padded to a few widths (`loop.Context.bucket`), the nodes that fill the width the root and
-    `size` nodes run at, the copy's included: a copy takes the room of the tree's least likely
-    nodes instead of widening the pass (a CPU pass costs about its width in compute), and
-    padded slots hold real nodes instead of nothing. At least half of `size` stay."""
+    `copied` copied ones. Eager (`bucket` None): `size`, as asked. On the compiled path, whose
+    passes are padded to a few widths (`loop.Context.bucket`), the tree fills the width its pass
+    runs at (a padded slot costs what a node costs), and which width depends on what a wider pass
+    costs on `device`:
+    - with CUDA (graphs: a pass costs about the same at any width), the bucket holding the root,
+      the copy and all `size` nodes;
+    - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
+      the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). On 26
+      Spec-Bench questions (bfloat16, 2 cores) that made compiled Medusa 1.17x compiled AR
+      against 1.06x (docs/benchmarks.md).
+    At least half of `size` stay."""
     if bucket is None:
         return size
-    return max(bucket(1 + size) - 1 - copied, (size + 1) // 2)
+    least = (size + 1) // 2
+    width = bucket(1 + (size if device.type == "cuda" else least) + copied)
+    return max(width - 1 - copied, least)
 
 
 def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:

@@ -306,7 +306,7 @@ class MedusaTree(Proposer):
         depth_limit = max(room - 1, 1)
         copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
         if self.static is None:
-            size = fitted_size(self.dynamic_size, len(copied), context.bucket)
+            size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size)
             paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))  # sorted: one cache entry per shape
         else:

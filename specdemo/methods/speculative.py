@@ -97,7 +97,7 @@ class DraftProposer(Proposer):
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
             copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
-            size = fitted_size(self.tree_size, len(copied), context.bucket)
+            size = fitted_size(self.tree_size, len(copied), context.bucket, context.model.device)
             tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=self.top_k, size=size, eos=context.eos)
             self.tree, self.q = draft_tree.add_copy(tree, copied), None
             return self.tree.proposal()
