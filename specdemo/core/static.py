@@ -76,10 +76,11 @@ class CompiledPass:
 
 
 def default_compile(device: torch.device) -> bool:
-    """Compile by default where it measures faster: with CUDA (a small model's pass is launch-bound
-    there). On a CPU compiled AR measured 1.38x and 1.41x eager AR in bfloat16, but speculative's and
-    Medusa's speedups fell and compiling the buckets took minutes before the first answer:
-    eager (docs/benchmarks.md)."""
+    """Compile by default with CUDA (a small model's pass is launch-bound there). On a CPU
+    (bfloat16, 2 cores) the compiled path is faster once compiled (AR 1.43x eager AR, Medusa 1.56x
+    and speculative 1.33x their eager twins in one bench run), but compiling the target's widths
+    and the draft's took about 6 minutes before the first answer, and speculative's speedup over
+    AR is lower than on the eager path: eager, `--compile` to choose (docs/benchmarks.md)."""
     return device.type == "cuda"
 
 
@@ -167,8 +168,8 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
       the copy and all `size` nodes;
     - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
       the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). On 26
-      Spec-Bench questions (bfloat16, 2 cores) that made compiled Medusa 1.17x compiled AR
-      against 1.06x (docs/benchmarks.md).
+      Spec-Bench questions (bfloat16, 2 cores) compiled Medusa went from 1.05x compiled AR to
+      1.20x, above its eager twin's 1.11x (docs/benchmarks.md).
     At least half of `size` stay."""
     if bucket is None:
         return size
