@@ -183,6 +183,14 @@ def compiled_drafts() -> dict:
     return {}
 
 
+def compiled_copy(compiled_drafts: dict, draft):
+    """The compiled copy of `draft` (widths 1, 2, 4), made once a module: tests share its graphs."""
+    if id(draft.model) not in compiled_drafts:
+        compiled_drafts[id(draft.model)] = copy.deepcopy(draft)
+        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4))
+    return compiled_drafts[id(draft.model)]
+
+
 @pytest.mark.parametrize("name", ["speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
                                   "speculative, feature draft, tree"])
 def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models, compiled_drafts, prompt_ids, name):
@@ -190,10 +198,7 @@ def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models
     trees feed a third level that looks back at the second's branches: the window of `sees`."""
     target, configs, expected = compiled_models
     generate, options, _ = configs[name]
-    if id(options["draft"].model) not in compiled_drafts:  # a chain and a tree share their draft's graphs
-        compiled_drafts[id(options["draft"].model)] = copy.deepcopy(options["draft"])
-        compile_passes(compiled_drafts[id(options["draft"].model)].model, buckets=(1, 2, 4))
-    compiled = compiled_drafts[id(options["draft"].model)]
+    compiled = compiled_copy(compiled_drafts, options["draft"])  # a chain and a tree share their draft's graphs
     passes = compiled_pass(compiled.model)
     passes.runs.clear()
     runs = [list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}))
@@ -204,13 +209,12 @@ def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models
     assert not passes.failed
 
 
-def test_compiled_false_runs_the_target_and_its_draft_eagerly(compiled_models, prompt_ids):
+def test_compiled_false_runs_the_target_and_its_draft_eagerly(compiled_models, compiled_drafts, prompt_ids):
     """An eager twin (the bench's `speculative_eager`) on compiled models: no compiled pass runs,
     the draft's neither, and the answer is the same."""
     target, configs, expected = compiled_models
     generate, options, _ = configs["speculative, feature draft, tree"]
-    draft = copy.deepcopy(options["draft"])
-    compile_passes(draft.model, buckets=(1, 2, 4))
+    draft = compiled_copy(compiled_drafts, options["draft"])
     for passes in (compiled_pass(target), compiled_pass(draft.model)):
         passes.runs.clear()
     summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}, compiled=False))
