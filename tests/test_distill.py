@@ -10,7 +10,7 @@ import torch
 
 from specdemo.methods import ar
 from training import distill
-from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, plan, read_prompts, word_runs
+from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts, word_runs
 from training.selfdistill import batch_decode
 
 from conftest import make_tiny_model
@@ -107,6 +107,23 @@ def test_the_recorded_command_remakes_the_plan(tmp_path):
     args = parser.parse_args(words[3:])
     assert distill.sampling_plan(args) == SamplingPlan(7, (("gsm8k", 4000),), 900, 1, 3)
     assert (args.seed, args.temperature, args.max_new_tokens) == (5, 0.7, 9)
+    assert not args.templates
+
+
+def test_template_prompts_mix_into_every_shard_and_the_command_says_so(tmp_path):
+    """--templates: our template prompts join the planned ones, shuffled by the plan's seed, and
+    the recorded command asks for them again."""
+    real = [Prompt(f"real {i}", "t0/x") for i in range(20)]
+    mixed = mixed_in(real, [f"template {i}" for i in range(20)], "templates", seed=4)
+    assert sorted(p.text for p in mixed) == sorted([p.text for p in real] + [f"template {i}" for i in range(20)])
+    assert mixed == mixed_in(real, [f"template {i}" for i in range(20)], "templates", seed=4)
+    assert all({p.source for p in mixed[i : i + 10]} == {"t0/x", "templates"} for i in (0, 10, 20, 30))
+    settings = {"plan": {**vars(SamplingPlan()), "caps": []}, "files": ["a.jsonl"], "seed": 0, "temperature": 0.0,
+                "max_new_tokens": 4, "dtype": "float32", "templates": True}
+    distill.run(tiny_target(), mixed[:2], tmp_path, settings, shard_size=2, batch_size=2)
+    data = distill.load_shards(tmp_path)
+    assert "--templates" in distill.command(tmp_path, data).split()
+    assert "our template prompts" in distill.describe(tmp_path, data, [0, 1])
 
 
 def test_prompt_reader_and_sampling_plan(tmp_path):

@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from specdemo.models import LoadedModel, default_device, load_model
 
-from .real_prompts import SHARED_TRAIN, SamplingPlan, bench_prompts, plan, read_prompts
-from .selfdistill import batch_decode
+from .real_prompts import SHARED_TRAIN, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts
+from .selfdistill import batch_decode, family_prompts
 
 DEFAULT_OUT = Path("build/distill")
 DEFAULT_CAPS = (("gsm8k", 2000),)  # GSM8K is one source of 7,473 prompts; T0 is 283 of about 200 each
@@ -138,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-chars", type=int, default=1500, help="leave out longer prompts")
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts in all")
     parser.add_argument("--plan-seed", type=int, default=0)
+    parser.add_argument("--templates", action="store_true",
+                        help="answer our template prompts (training/prompts.py) too, mixed in: the long chat answers real prompts lack")
 
 
 def sampling_plan(args) -> SamplingPlan:
@@ -163,9 +165,12 @@ def main() -> None:
     prompts = plan(read_prompts(args.prompts), sampling, bench_prompts())
     settings = {"plan": {**vars(sampling), "caps": [list(c) for c in sampling.caps]},
                 "files": sorted(p.name for p in args.prompts), "seed": args.seed, "temperature": args.temperature,
-                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
-    print(f"{len(prompts)} prompts from {len(args.prompts)} files", flush=True)
+                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "templates": args.templates}
     target = load_model("embedded", args.dtype)
+    if args.templates:
+        requests, _, others = family_prompts(target, args.plan_seed, batch_size=32)
+        prompts = mixed_in(prompts, requests + others, "templates", args.plan_seed)
+    print(f"{len(prompts)} prompts from {len(args.prompts)} files{' and our templates' if args.templates else ''}", flush=True)
     run(target, prompts, args.out, settings, args.shard_size, args.batch_size, args.batch_tokens)
 
 
@@ -190,7 +195,8 @@ def ensure_split(args, out: Path, held_out: int, seed: int) -> tuple[dict, list[
     when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""
     if not any(out.glob("shard-*.pt")):
         plan_args = ["--cap-per-source", str(args.cap_per_source), "--cap", *args.cap, "--max-chars", str(args.max_chars),
-                     "--plan-seed", str(args.plan_seed), *(["--limit", str(args.limit)] if args.limit else [])]
+                     "--plan-seed", str(args.plan_seed), *(["--limit", str(args.limit)] if args.limit else []),
+                     *(["--templates"] if args.templates else [])]
         command = [sys.executable, "-m", "training.distill", "--prompts", *map(str, args.prompts), "--out", str(out), *plan_args]
         subprocess.run(command, check=True)
     return load_split(out, held_out, seed)
@@ -212,7 +218,7 @@ def describe(out: Path, data: dict, train_ids: list[int]) -> str:
         f"Self-distillation on real prompts: the target's own {kind} answers ({recorded['dtype']}, at most "
         f"{recorded['max_new_tokens']} new tokens; `python -m training.distill`) to {len(data['prompts'])} of the "
         f"{recorded['prompts']} prompts its plan drew from `{', '.join(recorded['files'])}` (docs/training.md says where they "
-        f"come from): at most {plan_['cap_per_source']} a source ({caps} instead), at most {plan_['max_chars']} characters, seed "
+        f"come from){' and our template prompts (`training/prompts.py`)' if recorded.get('templates') else ''}: at most {plan_['cap_per_source']} a source ({caps} instead), at most {plan_['max_chars']} characters, seed "
         f"{plan_['seed']}, none sharing a run of 10 words with a bench prompt (ours or Spec-Bench's). Training answers by family: "
         f"{mix}; {positions} answer positions."
     )
@@ -234,6 +240,8 @@ def command(out: Path, data: dict) -> str:
         words += ["--plan-seed", str(plan_["seed"])]
     if len(data["prompts"]) < recorded["prompts"]:
         words += ["--limit", str(len(data["prompts"]))]
+    if recorded.get("templates"):
+        words += ["--templates"]
     if recorded["max_new_tokens"] != 128:
         words += ["--max-new-tokens", str(recorded["max_new_tokens"])]
     if recorded["temperature"]:

@@ -90,3 +90,10 @@ def plan(prompts: list[Prompt], sampling: SamplingPlan, bench: list[str]) -> lis
         chosen += group[: sampling.cap(source)]
     rng.shuffle(chosen)
     return chosen[: sampling.limit] if sampling.limit is not None else chosen
+
+
+def mixed_in(prompts: list[Prompt], texts: list[str], source: str, seed: int) -> list[Prompt]:
+    """`prompts` with `texts` (of `source`) added, shuffled by `seed` so every shard holds both."""
+    mixed = prompts + [Prompt(text, source) for text in texts]
+    random.Random(seed).shuffle(mixed)
+    return mixed

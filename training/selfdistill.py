@@ -101,10 +101,10 @@ def target_answers(
     return answers
 
 
-def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, temperature: float, family: str = "templates") -> dict:
-    """The target's answers to a family of our prompts ("templates": prompts.py, "varied":
-    prompts_varied.py): first the passages it writes, then the other prompts and the summaries
-    and passage questions built around those passages."""
+def family_prompts(target: LoadedModel, seed: int, batch_size: int, family: str = "templates") -> tuple[list[str], list[list[int]], list[str]]:
+    """A family of our prompts ("templates": prompts.py, "varied": prompts_varied.py):
+    (the passage requests, the target's greedy passages, the other prompts with the summaries and
+    passage questions built around those passages), no bench prompt among them."""
     bench = {json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()}
     requests = varied_passage_requests() if family == "varied" else passage_requests()
     passages = target_answers(target, requests, 200, batch_size)
@@ -114,7 +114,13 @@ def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, 
     else:
         topics = [request.split("about ")[-1].rstrip(".") for request in requests]
         prompts = first_stage_prompts(seed) + passage_prompts(dict(zip(topics, passage_text)), seed)
-    prompts = without_bench_prompts(prompts, bench)
+    return requests, passages, without_bench_prompts(prompts, bench)
+
+
+def build(target: LoadedModel, seed: int, max_new_tokens: int, batch_size: int, temperature: float, family: str = "templates") -> dict:
+    """The target's answers to a family of our prompts: first the passages it writes, then the
+    other prompts and the summaries and passage questions built around those passages."""
+    requests, passages, prompts = family_prompts(target, seed, batch_size, family)
     answers = target_answers(target, prompts, max_new_tokens, batch_size, temperature)
     prompts, answers = requests + prompts, passages + answers
     sequences, answer_starts = [], []
