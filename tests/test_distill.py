@@ -10,7 +10,7 @@ import torch
 
 from specdemo.methods import ar
 from training import distill
-from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts, word_runs
+from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts, unseen, word_runs
 from training.selfdistill import batch_decode
 
 from conftest import make_tiny_model
@@ -104,9 +104,10 @@ def test_the_recorded_command_remakes_the_plan(tmp_path):
     distill.add_arguments(parser)
     for extra in ("--seed", "--temperature", "--max-new-tokens"):
         parser.add_argument(extra, type=float if extra == "--temperature" else int)
+    parser.add_argument("--out", type=distill.Path, default=distill.DEFAULT_OUT)
     args = parser.parse_args(words[3:])
     assert distill.sampling_plan(args) == SamplingPlan(7, (("gsm8k", 4000),), 900, 1, 3)
-    assert (args.seed, args.temperature, args.max_new_tokens) == (5, 0.7, 9)
+    assert (args.seed, args.temperature, args.max_new_tokens, args.out) == (5, 0.7, 9, tmp_path)
     assert not args.templates
 
 
@@ -145,6 +146,18 @@ def test_prompt_reader_and_sampling_plan(tmp_path):
     near = Prompt("one two three four five six seven eight nine ten eleven", "a/x")
     assert plan([near], SamplingPlan(), bench=["zero one two three four five six seven eight nine ten"]) == []
     assert plan([near], SamplingPlan(), bench=bench) == [near]
+
+
+def test_unseen_prompts_come_from_the_same_sources_and_none_from_the_plan():
+    """The CLLM's quality check measures on these: a plan answered whole leaves no held-out end of it."""
+    prompts = [Prompt(f"question {i} of {source}", source) for source in ("a/x", "a/y", "b") for i in range(40)]
+    sampling = SamplingPlan(cap_per_source=10, caps=(("b", 30),), seed=3)
+    taken = {p.text for p in plan(prompts, sampling, bench=[])}
+    held = unseen(prompts, sampling, [], count=15)
+    assert len(held) == 15 and not taken & {p.text for p in held}
+    assert {p.source for p in held} <= {"a/x", "a/y", "b"} and len({p.source for p in held}) > 1
+    assert unseen(prompts, sampling, [], count=15) == held  # seeded
+    assert unseen(prompts, SamplingPlan(cap_per_source=40, seed=3), [], count=25) == []  # the plan took every prompt
 
 
 @pytest.mark.skipif(not SHARED_TRAIN.exists(), reason="no ../shared/train beside the project")

@@ -246,4 +246,6 @@ def command(out: Path, data: dict) -> str:
         words += ["--max-new-tokens", str(recorded["max_new_tokens"])]
     if recorded["temperature"]:
         words += ["--temperature", str(recorded["temperature"]), "--seed", str(recorded["seed"])]
+    if out != DEFAULT_OUT:  # the trainers' --distill-out reads it there
+        words += ["--out", str(out)]
     return " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *words])

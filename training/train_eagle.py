@@ -331,7 +331,7 @@ def write_manifest(args, report: dict) -> None:
     {report['distill_command']}
     .venv/bin/python -m training.train_eagle {' '.join(sys.argv[1:])}
 
-The first answers the prompts into `build/distill/` shards that keep the target's features (resumable;
+The first answers the prompts into `{args.distill_out}/` shards that keep the target's features (resumable;
 docs/training.md gives its rate here); the second trains ({report['train_minutes']:.1f} min here on {distill.machine()},
 evaluation after each epoch included, {report['features_minutes']:.1f} min of loading before), evaluates the saved draft
 and, for comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder."""

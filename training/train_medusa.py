@@ -200,7 +200,7 @@ def write_manifest(args, report: dict) -> None:
     {report['distill_command']}
     .venv/bin/python -m training.train_medusa {' '.join(sys.argv[1:])}
 
-The first answers the prompts into `build/distill/` shards that keep the target's hidden states (resumable;
+The first answers the prompts into `{args.distill_out}/` shards that keep the target's hidden states (resumable;
 docs/training.md gives its rate here); the second reads them ({report['states_minutes']:.0f} min here) and trains
 ({report['train_minutes']:.0f} min here, {distill.machine()}), seed {args.seed}."""
         data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts of the same plan
