@@ -116,6 +116,35 @@ def test_cllm_equals_its_own_ar_on_embedded_model(embedded):
     assert len(summary.tokens) / summary.target_forwards > 1.0
 
 
+def test_the_base_anchor_is_the_model_with_its_adapters_off(tiny_model, prompt_ids):
+    """`--ar-loss base`: the AR loss's target is the frozen base model's distribution, computed by
+    the adapted model with its adapters off, which are on again after; zero when the two agree."""
+    from training.train_cllm import base_logits, cllm_loss
+
+    model = copy.deepcopy(tiny_model)
+    adapters = add_adapters(model, rank=4, scale=2.0)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.lora_B.normal_(std=0.2)
+        adapted = model(prompt_ids).logits
+    sequence = prompt_ids[0].tolist() + greedy(tiny_model, prompt_ids, 12)
+    starts = [0, 6]
+    record = {"sequence": sequence, "answer_start": prompt_ids.shape[1], "block_starts": starts,
+              "states": trajectories(tiny_model, sequence, prompt_ids.shape[1], starts, 6)}
+    base = base_logits(model, adapters, record)
+    with torch.no_grad():
+        expected = tiny_model(torch.tensor([sequence])).logits[0, prompt_ids.shape[1] - 1 : -1]
+        torch.testing.assert_close(base, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model(prompt_ids).logits, adapted)  # adapters back on
+    loss, parts = cllm_loss(model, record, random.Random(0), ar_weight=1.0, base=base)
+    entropy = -(torch.softmax(base, -1) * torch.log_softmax(base, -1)).sum(-1).mean()
+    assert parts["ar"] > entropy.item() + 1e-3  # the adapters moved it away from the base
+    for adapter in adapters.values():
+        adapter.scale = 0.0
+    _, parts = cllm_loss(model, record, random.Random(0), ar_weight=1.0, base=base)
+    assert abs(parts["ar"] - entropy.item()) < 1e-4  # cross-entropy to itself: its entropy
+
+
 def test_pick_states_never_picks_the_fixed_point():
     from training.train_cllm import pick_states
 

@@ -3,8 +3,8 @@
     python -m training.cllm_quality --prompts ../shared/train/*.jsonl     # writes assets/smollm2-135m-cllm/quality.json
 
 A consistency-trained copy answers differently from its base model; that is allowed, a worse model
-is not. On `--count` prompts of the shared mix that no asset trains on (the end of the real-prompt
-plan, whose start `training.distill` answers), both models answer greedily, and two numbers compare
+is not. On `--count` prompts of the shared mix that no asset trains on (drawn like the plan's, with
+the next seed, none in the plan: `real_prompts.unseen`), both models answer greedily, and two numbers compare
 them (issue: ship only a CLLM within both bounds):
 
 - the distinct-bigram ratio of each answer (1: nothing repeats; a loop drives it toward 0), mean
@@ -25,12 +25,18 @@ from specdemo.methods.cllm import EMBEDDED_CLLM, QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
 from . import distill
-from .real_prompts import bench_prompts, plan, read_prompts
+from .real_prompts import bench_prompts, read_prompts, unseen
 from .selfdistill import batch_decode
-from .train_cllm import distinct_bigrams
 
 MAX_BIGRAM_DROP = 0.05
 MAX_NLL_RATIO = 1.25
+
+
+def distinct_bigrams(answers: list[list[int]]) -> float:
+    """The share of each answer's token bigrams that are distinct, averaged over answers: 1 when
+    nothing repeats, near 0 for an answer stuck in a loop (a cheap check for degeneration)."""
+    shares = [len(set(zip(a, a[1:]))) / (len(a) - 1) for a in answers if len(a) > 1]
+    return sum(shares) / len(shares)
 
 
 @torch.inference_mode()
@@ -63,6 +69,17 @@ def measure(target, cllm_target, prompts: list[str], max_new_tokens: int) -> dic
     return result
 
 
+def check_quality(args, cllm: Path, count: int, max_new_tokens: int = 128, dtype: str = "float32") -> dict:
+    """`measure` on `count` prompts of `args`' files and plan (`distill.add_arguments`) that the
+    plan does not hold, for the CLLM in `cllm`; written to its QUALITY_FILE too."""
+    prompts = unseen(read_prompts(args.prompts), distill.sampling_plan(args), bench_prompts(), count)
+    target = load_model("embedded", dtype, "cpu")
+    cllm_target = dataclasses.replace(target, model=load_cllm(cllm, target))
+    result = measure(target, cllm_target, [p.text for p in prompts], max_new_tokens)
+    (cllm / QUALITY_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     distill.add_arguments(parser)
@@ -73,12 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.prompts:
         parser.error("--prompts: give the JSONL files of the shared mix")
-    prompts = plan(read_prompts(args.prompts), distill.sampling_plan(args), bench_prompts())[-args.count :]
-    target = load_model("embedded", args.dtype, "cpu")
-    cllm_target = dataclasses.replace(target, model=load_cllm(args.cllm, target))
-    result = measure(target, cllm_target, [p.text for p in prompts], args.max_new_tokens)
-    (args.cllm / QUALITY_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(check_quality(args, args.cllm, args.count, args.max_new_tokens, args.dtype), indent=2))
 
 
 if __name__ == "__main__":

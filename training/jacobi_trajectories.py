@@ -1,9 +1,11 @@
 """Jacobi trajectories of the embedded target on our training prompts: CLLM's training data.
 
     python -m training.jacobi_trajectories     # build/jacobi_trajectories.pt (train_cllm runs it when missing)
+    python -m training.jacobi_trajectories --prompts ../shared/train/*.jsonl --templates --distill-out build/distill-mix
 
-For each answer the target wrote greedily (training/selfdistill.py: our prompts, never the
-bench's), every block of `block_size` answer tokens is Jacobi-decoded after its true prefix,
+For each answer the target wrote greedily (training/selfdistill.py's answers to our template
+prompts, or with `--prompts` the shards of `training.distill` for real prompts and a sampling
+plan; never the bench's), every block of `block_size` answer tokens is Jacobi-decoded after its true prefix,
 from the first guess `specdemo.methods.jacobi` makes (the last committed token repeated) to its fixed
 point, and each state on the way is stored (Kou et al. 2024, "CLLMs", Sec. 3.1: the
 trajectory collection; Algorithm 1). All blocks of one answer iterate together in one pass
@@ -12,6 +14,7 @@ tokens (`block_states_mask`), which is exactly what a Jacobi pass over that bloc
 """
 
 import argparse
+import json
 import random
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ from specdemo.core.attention import additive
 from specdemo.core.kvcache import keep_prefix
 from specdemo.models import load_model
 
+from . import distill
 from .selfdistill import load_split
 
 BLOCK_SIZE = 16  # specdemo.methods.jacobi's default block
@@ -94,20 +98,33 @@ def trajectories(model, sequence: list[int], answer_start: int, starts: list[int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="greedy answers (made when missing)")
+    distill.add_arguments(parser)
+    parser.add_argument("--distill-out", type=Path, default=distill.DEFAULT_OUT, help="the shards of `training.distill` for --prompts")
+    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="greedy answers to our templates (made when missing), without --prompts")
+    parser.add_argument("--min-answer", type=int, default=1, help="only answers of at least this many tokens (a few-word answer holds no full block)")
     parser.add_argument("--out", type=Path, default=Path("build/jacobi_trajectories.pt"))
     parser.add_argument("--block-size", type=int, default=BLOCK_SIZE)
     parser.add_argument("--held-out", type=int, default=80, help="prompts kept out (the same split as the Medusa heads')")
-    parser.add_argument("--limit", type=int, default=360, help="only the first N training answers, shuffled (360: about 25 min here)")
+    parser.add_argument("--answers", type=int, default=360, help="only the first N training answers, shuffled (360: about 17 min here)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16", help="as the answers were written")
+    parser.add_argument("--dtype", default=None, help="as the answers were written (the shards' plan.json says; our templates' in bfloat16)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data, train_ids, held_out_ids = load_split(args.data, None, 0.0, args.held_out, args.seed, rng)
+    if args.prompts:  # the same split as the draft's and the heads' trained on these shards
+        data, train_ids, held_out_ids = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
+    else:
+        data, train_ids, held_out_ids = load_split(args.data, None, 0.0, args.held_out, args.seed, rng)
+    train_ids = [i for i in train_ids if len(data["sequences"][i]) - data["answer_starts"][i] >= args.min_answer]
     rng.shuffle(train_ids)
-    train_ids = train_ids[: args.limit]
-    model = load_model("embedded", args.dtype, "cpu").model
+    train_ids = train_ids[: args.answers]
+    if args.prompts:
+        origin = {"data_text": distill.describe(args.distill_out, data, train_ids), "distill_command": distill.command(args.distill_out, data)}
+    else:
+        origin = {"data_text": ("Self-distillation on our templates: the target's own greedy answers to the prompts "
+                                "`training/prompts.py` builds from our templates and word lists (`build/selfdistill.pt`).")}
+    dtype = args.dtype or (json.loads((args.distill_out / "plan.json").read_text())["dtype"] if args.prompts else "bfloat16")
+    model = load_model("embedded", dtype, "cpu").model
     records, start, passes = [], time.time(), 0
     for count, i in enumerate(train_ids):
         sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
@@ -121,7 +138,9 @@ def main() -> None:
                     for r in records for j, s in enumerate(r["block_starts"]))
     blocks = sum(len(r["block_starts"]) for r in records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"records": records, "held_out_ids": held_out_ids, "block_size": args.block_size, "seed": args.seed}, args.out)
+    held_out_prompts = [data["prompts"][i] for i in held_out_ids]
+    torch.save({"records": records, "held_out_prompts": held_out_prompts, "block_size": args.block_size, "seed": args.seed,
+                "min_answer": args.min_answer, **origin}, args.out)
     print(f"wrote {args.out}: {len(records)} answers, {blocks} blocks, {converged / blocks:.3f} of them converged to the "
           f"greedy answer, {sum(len(s) - 1 for r in records for s in r['states']) / blocks:.2f} Jacobi passes a block")
 

@@ -10,7 +10,7 @@ repeats a run of `NEAR_COPY_WORDS` words of a benchmark prompt, shuffled by `see
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdemo.bench import DEFAULT_PROMPTS
@@ -90,6 +90,15 @@ def plan(prompts: list[Prompt], sampling: SamplingPlan, bench: list[str]) -> lis
         chosen += group[: sampling.cap(source)]
     rng.shuffle(chosen)
     return chosen[: sampling.limit] if sampling.limit is not None else chosen
+
+
+def unseen(prompts: list[Prompt], sampling: SamplingPlan, bench: list[str], count: int) -> list[Prompt]:
+    """`count` prompts drawn as `sampling` draws (the same sources and caps) with the next seed,
+    none of them in `sampling`'s own plan: held-out prompts of the same mix for a plan that
+    self-distillation answered whole."""
+    taken = {prompt.text for prompt in plan(prompts, sampling, bench)}
+    others = plan(prompts, replace(sampling, seed=sampling.seed + 1, limit=None), bench)
+    return [prompt for prompt in others if prompt.text not in taken][:count]
 
 
 def mixed_in(prompts: list[Prompt], texts: list[str], source: str, seed: int) -> list[Prompt]:

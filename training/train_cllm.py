@@ -1,9 +1,11 @@
 """Consistency-train the embedded SmolLM2-135M-Instruct into a CLLM, on this CPU.
 
     python -m training.train_cllm      # trajectories (build/), training, measurement, assets/
+    python -m training.train_cllm --prompts ../shared/train/*.jsonl --templates --distill-out build/distill-mix --ar-loss base
 
 Kou et al. 2024, "CLLMs: Consistency Large Language Models". The data are Jacobi trajectories
-of the target on its own greedy answers to our training prompts (training/jacobi_trajectories.py).
+of the target on its own greedy answers to our template prompts or, with `--prompts`, to real
+prompts and a sampling plan (training/jacobi_trajectories.py).
 Each step takes one answer and, for each of its blocks, one random state of the block's
 trajectory short of the fixed point, and feeds them in one pass after the answer itself (each
 state sees the answer before its block only). From that pass:
@@ -12,7 +14,14 @@ state sees the answer before its block only). From that pass:
   wrong token on, the cross-entropy from the model's distribution there to its distribution at
   the same position of the fixed point (the answer), the fixed-point side detached;
 - the AR loss (Eq. 5) on the answer, label-smoothed by 0.1 and weighted 10 against the
-  consistency loss, as the authors' training code does, so the model keeps the target's answers.
+  consistency loss, as the authors' training code does, so the model keeps the target's answers;
+  or (`--ar-loss base`) the cross-entropy from the frozen base model's whole distribution at each
+  answer position (the same model with its adapters off), which keeps the CLLM close to the base
+  everywhere, not only at the greedy token.
+
+With `--prompts` the CLLM is then checked against the base model on held-out real prompts
+(training/cllm_quality.py) and the check is stored beside it (`quality.json`), in its manifest,
+and shown by the app.
 
 Low-rank adapters (LoRA, rank 32) on every attention and MLP projection train; the base stays
 frozen in bfloat16, as decoding runs. Seeded; writes assets/smollm2-135m-cllm/ and its
@@ -35,9 +44,11 @@ from torch import nn
 from specdemo.core.attention import additive
 from specdemo.core.events import final_summary
 from specdemo.methods import jacobi
-from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, load_cllm
+from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
+from . import distill
+from .cllm_quality import check_quality, distinct_bigrams
 from .jacobi_trajectories import block_positions, block_states_mask
 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -99,8 +110,24 @@ def pick_states(record: dict, rng: random.Random) -> list[tuple[int, list[int]]]
     return picked
 
 
-def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: float = AR_WEIGHT) -> tuple[torch.Tensor, dict]:
-    """The CLLM loss of one answer (the module docstring), and its parts for the log."""
+@torch.no_grad()
+def base_logits(model: nn.Module, adapters: dict[str, LowRankAdapter], record: dict) -> torch.Tensor:
+    """The base model's logits at the positions that predict `record`'s answer: `model` with its adapters off."""
+    scales = {name: adapter.scale for name, adapter in adapters.items()}
+    for adapter in adapters.values():
+        adapter.scale = 0.0
+    try:
+        sequence, answer_start = record["sequence"], record["answer_start"]
+        return model(torch.tensor([sequence])).logits[0, answer_start - 1 : len(sequence) - 1].float()
+    finally:
+        for name, adapter in adapters.items():
+            adapter.scale = scales[name]
+
+
+def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: float = AR_WEIGHT,
+              base: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """The CLLM loss of one answer (the module docstring), and its parts for the log. With `base`
+    (`base_logits`), the AR loss is the cross-entropy from the base model's distribution."""
     sequence, answer_start = record["sequence"], record["answer_start"]
     picked = pick_states(record, rng)
     context_length = len(sequence)
@@ -117,7 +144,10 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
     logits = model(tokens, attention_mask=mask, position_ids=positions).logits[0].float()
 
     answer = torch.tensor(sequence[answer_start:])
-    ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], answer, label_smoothing=LABEL_SMOOTHING)
+    if base is None:
+        ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], answer, label_smoothing=LABEL_SMOOTHING)
+    else:
+        ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], torch.softmax(base, dim=-1))
 
     student_rows, teacher_rows, row = [], [], context_length
     for end, state in zip(ends, states):
@@ -142,8 +172,9 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
 
 
 def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumulate: int, rank: int, scale: float,
-                   seed: int, ar_weight: float = AR_WEIGHT, log_every: int = 50) -> tuple[dict, list[dict]]:
-    """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay).
+                   seed: int, ar_weight: float = AR_WEIGHT, ar_loss: str = "answer", log_every: int = 50) -> tuple[dict, list[dict]]:
+    """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay);
+    `ar_loss`: "answer" (the authors') or "base" (the module docstring).
     Returns the adapters (still wrapped into `model`) and the loss history."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -161,7 +192,8 @@ def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumu
             optimizer.zero_grad()
             batch = order[first : first + accumulate]
             for index in batch:
-                loss, parts = cllm_loss(model, records[index], rng, ar_weight)
+                base = base_logits(model, adapters, records[index]) if ar_loss == "base" else None
+                loss, parts = cllm_loss(model, records[index], rng, ar_weight, base)
                 (loss / len(batch)).backward()
                 window.append(parts)
             optimizer.step()
@@ -188,25 +220,35 @@ def jacobi_passes(model, prompts_ids: list[torch.Tensor], max_new_tokens: int, b
     return tokens / passes, answers
 
 
-def distinct_bigrams(answers: list[list[int]]) -> float:
-    """The share of each answer's token bigrams that are distinct, averaged over answers: 1 when
-    nothing repeats, near 0 for an answer stuck in a loop (a cheap check for degeneration)."""
-    shares = [len(set(zip(a, a[1:]))) / (len(a) - 1) for a in answers if len(a) > 1]
-    return sum(shares) / len(shares)
+def trajectory_arguments(args) -> list[str]:
+    """The `training.jacobi_trajectories` arguments that make the trajectories `args` asks for."""
+    words = ["--out", str(args.trajectories), "--seed", str(args.seed), "--held-out", str(args.held_out),
+             "--answers", str(args.answers), "--min-answer", str(args.min_answer)]
+    if args.prompts:
+        words += ["--prompts", *map(str, args.prompts), "--distill-out", str(args.distill_out), "--cap-per-source", str(args.cap_per_source),
+                  "--cap", *args.cap, "--max-chars", str(args.max_chars), "--plan-seed", str(args.plan_seed),
+                  *(["--limit", str(args.limit)] if args.limit else []), *(["--templates"] if args.templates else [])]
+    return words
 
 
-def load_trajectories(path: Path, seed: int) -> dict:
-    """The trajectories at `path`, collected first when missing (training/jacobi_trajectories.py)."""
-    if not path.exists():
-        command = [sys.executable, "-m", "training.jacobi_trajectories", "--out", str(path), "--seed", str(seed)]
-        subprocess.run(command, check=True)
-    return torch.load(path)
+def load_trajectories(args) -> dict:
+    """The trajectories at `args.trajectories`, collected first when missing (training/jacobi_trajectories.py)."""
+    if not args.trajectories.exists():
+        subprocess.run([sys.executable, "-m", "training.jacobi_trajectories", *trajectory_arguments(args)], check=True)
+    return torch.load(args.trajectories)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trajectories", type=Path, default=Path("build/jacobi_trajectories.pt"))
-    parser.add_argument("--data", type=Path, default=Path("build/selfdistill.pt"), help="the answers (for held-out prompts)")
+    distill.add_arguments(parser)
+    parser.add_argument("--distill-out", type=Path, default=distill.DEFAULT_OUT, help="the shards of `training.distill` for --prompts")
+    parser.add_argument("--trajectories", type=Path, default=Path("build/jacobi_trajectories.pt"), help="made when missing")
+    parser.add_argument("--held-out", type=int, default=80, help="prompts whose answers no trajectory comes from")
+    parser.add_argument("--answers", type=int, default=360, help="answers whose trajectories train")
+    parser.add_argument("--min-answer", type=int, default=1, help="only answers of at least this many tokens")
+    parser.add_argument("--ar-loss", choices=("answer", "base"), default="answer",
+                        help="answer: the authors' (the greedy answer, label-smoothed); base: the base model's distribution")
+    parser.add_argument("--quality-prompts", type=int, default=50, help="held-out real prompts of the quality check (with --prompts)")
     parser.add_argument("--out", type=Path, default=EMBEDDED_CLLM)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rank", type=int, default=32)
@@ -218,10 +260,9 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts measured before and after")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
-    trajectories = load_trajectories(args.trajectories, args.seed)
-    data = torch.load(args.data)
+    trajectories = load_trajectories(args)
     target = load_model("embedded", "bfloat16", "cpu")
-    eval_prompts = [data["prompts"][i] for i in trajectories["held_out_ids"][: args.eval_prompts]]
+    eval_prompts = trajectories["held_out_prompts"][: args.eval_prompts]
     eval_ids = [target.encode_chat(prompt) for prompt in eval_prompts]
     block_size = trajectories["block_size"]
     before, base_answers = jacobi_passes(target.model, eval_ids, args.max_new_tokens, block_size, target.eos_token_ids)
@@ -230,7 +271,8 @@ def main() -> None:
     model = load_model("embedded", "bfloat16", "cpu").model  # the cached target: trained in place, restored below
     start = time.time()
     adapters, history = train_adapters(model, trajectories["records"], epochs=args.epochs, lr=args.lr,
-                                       accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight, log_every=10)
+                                       accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight,
+                                       ar_loss=args.ar_loss, log_every=10)
     train_minutes = (time.time() - start) / 60
     tensors = adapter_tensors(adapters)
     remove_adapters(model, adapters)
@@ -249,13 +291,56 @@ def main() -> None:
         "train_blocks": sum(len(r["block_starts"]) for r in trajectories["records"]),
         "examples": [{"prompt": p, "base": target.decode(a), "cllm": target.decode(b)} for p, a, b in zip(eval_prompts, base_answers, cllm_answers)],
     }
+    if args.prompts:
+        report["quality"] = check_quality(args, args.out, args.quality_prompts)
+        print(json.dumps(report["quality"]), flush=True)
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_manifest(args, report)
+    write_manifest(args, report, trajectories)
 
 
-def write_manifest(args, report: dict) -> None:
+def write_manifest(args, report: dict, trajectories: dict) -> None:
     size = (args.out / ADAPTER_FILE).stat().st_size / 1e6
     curve = "\n".join(f"| {h['step']} | {h['epoch']} | {h['consistency_kl']:.3f} | {h['ar']:.3f} |" for h in report["history"])
+    if args.prompts:
+        command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
+
+    {trajectories['distill_command']}
+    .venv/bin/python -m training.train_cllm {' '.join(sys.argv[1:])}
+
+The first answers the prompts into `{args.distill_out}/` shards (resumable); the second collects the Jacobi
+trajectories into `{args.trajectories}` when missing (`training.jacobi_trajectories`), trains
+({report['train_minutes']:.0f} min here on {distill.machine()}), seed {args.seed}, measures and checks the result."""
+    else:
+        command_text = f"""**Command** (from a clean checkout, after `make setup`):
+
+    .venv/bin/python -m training.train_cllm
+
+It makes the greedy self-distillation answers (`build/selfdistill.pt`, 15 to 20 min here) and
+the Jacobi trajectories (`build/jacobi_trajectories.pt`, about 17 min here) when missing, then
+trains ({report['train_minutes']:.0f} min here on {distill.machine()}), seed {args.seed}."""
+    if args.ar_loss == "base":
+        ar_text = f"{args.ar_weight:g} x AR as the cross-entropy from the frozen base model's distribution at each answer position"
+        ar_column = "AR (CE from the base)"
+    else:
+        ar_text = f"{args.ar_weight:g} x AR on the greedy answer (label smoothing {LABEL_SMOOTHING})"
+        ar_column = "AR (smoothed CE)"
+    quality = report.get("quality")
+    if quality:
+        bigrams, nll = quality["distinct_bigrams"], quality["base_nll_per_token"]
+        quality_text = f"""**Is it still a good model?** (`training.cllm_quality`, `{QUALITY_FILE}`, shown by the app beside CLLM's answer.)
+On {quality['prompts']} real prompts of the same sources that no asset trained on, both models answer greedily
+({quality['dtype']}, {quality['max_new_tokens']} new tokens; {quality['answers_differ']} answers differ):
+
+| | base model | CLLM | bound |
+| --- | --- | --- | --- |
+| distinct token bigrams per answer | {bigrams['base']:.3f} | {bigrams['cllm']:.3f} | at most {quality['bounds']['max_bigram_drop']} below the base |
+| base model's NLL per answer token | {nll['base']:.3f} | {nll['cllm']:.3f} ({quality['nll_ratio']:.2f}x) | at most {quality['bounds']['max_nll_ratio']}x the base's |
+
+{"Within both bounds." if quality["passes"] else "**Outside the bounds**: not to be shipped."}
+
+"""
+    else:
+        quality_text = ""
     (args.out / "MANIFEST.md").write_text(f"""# CLLM adapters for the embedded SmolLM2-135M-Instruct
 
 **What it is.** Low-rank adapters (LoRA rank {args.rank}, scale {args.scale}) on every attention and MLP
@@ -264,23 +349,17 @@ that Jacobi decoding commits more tokens per pass. `specdemo.methods.cllm.load_c
 merges them into a copy of the target at load time, no network. The result is a changed model:
 the `cllm` method's greedy answer equals AR on these merged weights, not the base model's AR.
 
-**Command** (from a clean checkout, after `make setup`):
-
-    .venv/bin/python -m training.train_cllm
-
-It makes the greedy self-distillation answers (`build/selfdistill.pt`, 15 to 20 min here) and
-the Jacobi trajectories (`build/jacobi_trajectories.pt`, about 17 min here) when missing, then
-trains ({report['train_minutes']:.0f} min here, 2 CPU cores), seed {args.seed}.
+{command_text}
 
 **Data.** Jacobi trajectories (blocks of {report['block_size']} tokens, from `specdemo.methods.jacobi`'s first guess to the
-fixed point) of the target's own greedy answers to the prompts `training/prompts.py` builds from our
-templates and word lists; no benchmark prompt. {report['train_answers']} answers, {report['train_blocks']} blocks.
-Loss: global consistency + {args.ar_weight:g} x AR (label smoothing {LABEL_SMOOTHING}), AdamW lr {args.lr},
+fixed point) of {report['train_answers']} answers ({report['train_blocks']} blocks) of at least {trajectories.get('min_answer', 1)} tokens, drawn from:
+{trajectories['data_text']} No benchmark prompt.
+Loss: global consistency + {ar_text}, AdamW lr {args.lr},
 warm-up and cosine, {args.epochs} epochs, {args.accumulate} answers per step.
 
 **Size.** `{ADAPTER_FILE}` {size:.1f} MB (float16).
 
-**Measured** on {report['eval_prompts']} held-out prompts (not trained on), bfloat16, {args.max_new_tokens} new tokens,
+**Measured** on {report['eval_prompts']} held-out prompts of the training plan (not trained on), bfloat16, {args.max_new_tokens} new tokens,
 Jacobi blocks of 16 (`training_report.json`):
 
 | model | tokens per Jacobi pass |
@@ -292,9 +371,9 @@ The CLLM's greedy answer differs from the base model's on {report['answers_diffe
 Distinct token bigrams per answer (1: nothing repeats; a loop drives it toward 0): base
 {report['distinct_bigrams_base']:.2f}, CLLM {report['distinct_bigrams_cllm']:.2f}. All answers are in `training_report.json`.
 
-Loss curve (means over the steps since the previous row; consistency as KL to the fixed point's distribution):
+{quality_text}Loss curve (means over the steps since the previous row; consistency as KL to the fixed point's distribution):
 
-| step | epoch | consistency KL | AR (smoothed CE) |
+| step | epoch | consistency KL | {ar_column} |
 | --- | --- | --- | --- |
 {curve}
 
