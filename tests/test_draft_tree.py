@@ -230,3 +230,10 @@ def test_a_copied_branch_is_drawn_and_explained():
     assert "(4 nodes, 2 copied ■), 3 accepted" in figure.layout.title.text
     text = explain_step(step, str)
     assert "a tree of 2 tokens" in text and "2 more were copied" in text and "for 3 token(s)" in text and "2 of them copied" in text
+
+
+def test_children_to_fill_a_tree_of_a_given_size():
+    """A tree 2 levels deep holds top_k + top_k^2 nodes at most: 7 slots need 3 children per node
+    (the compiled path's padded slot, tests/test_static.py); an asked top_k that suffices is kept."""
+    assert [draft_tree.children_to_fill(size, 2, 2) for size in (4, 6, 7, 12, 13)] == [2, 2, 3, 3, 4]
+    assert draft_tree.children_to_fill(8, 1, 2) == 8 and draft_tree.children_to_fill(8, 3, 2) == 2 and draft_tree.children_to_fill(1, 1, 1) == 1

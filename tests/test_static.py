@@ -16,6 +16,7 @@ from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY
 from specdemo.core.static import ATTRIBUTE, CompiledPass, compile_passes, compiled_pass, fitted_size, padded, request_cache, static_forward
+from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar, medusa, method_options, speculative
 
 from conftest import make_tiny_model
@@ -131,6 +132,26 @@ def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models
     assert not passes.failed
 
 
+def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_models, prompt_ids):
+    """The LM head runs inside the target's graph: a tree's logits [rows, V] are float32 and
+    equal the eager pass's over the same tree, and the compiled graph ran (not the eager fallback)."""
+    target, _, _ = compiled_models
+    proposal = Proposal((7, 11, 13, 17), (-1, 0, 0, 1), ("draft",) * 4)
+    passes = getattr(target, ATTRIBUTE)
+    with torch.inference_mode():
+        results, ran = [], []
+        for cache in (request_cache(target, 40), DynamicCache(config=target.config)):
+            target_pass(target, cache, prompt_ids[:, :-1], Proposal())  # the prompt but its last token
+            before = passes.runs[8]
+            results.append(target_pass(target, cache, prompt_ids, proposal, features=True))
+            ran.append(passes.runs[8] - before)
+        compiled, eager = results
+    assert ran == [1, 0]  # 1 pending + 4 nodes in the 8 bucket, through the graph; the eager pass not
+    assert compiled.logits.dtype == eager.logits.dtype == torch.float32 and compiled.logits.shape == (5, target.config.vocab_size)
+    torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled.hidden, eager.hidden, rtol=1e-4, atol=1e-4)
+
+
 def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids):
     target, configs, _ = compiled_models
     passes = getattr(target, ATTRIBUTE)
@@ -177,6 +198,17 @@ def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models,
     assert steps and all(len(step.proposed) == 7 for step in steps)  # the root and 5 nodes run as 8: 7 nodes fill it
 
 
+def test_a_compiled_draft_tree_fills_each_padded_pass(compiled_models, prompt_ids):
+    """The default 6 nodes at depth 2 run as 8 on a CPU: 7 slots, which 2 children per node
+    cannot fill (2 + 4), so the tree grows 3 (`draft_tree.children_to_fill`) and holds 7."""
+    target, configs, expected = compiled_models
+    options = {**configs["speculative, feature draft, tree"][1], "gamma": 2, "draft_tree_size": 6, "draft_tree_top_k": 2, "copy_length": 0}
+    events = list(speculative.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
+    summary, steps = events[-1], [event for event in events[1:-1] if event.proposed]  # the first pass drafts nothing
+    assert summary.tokens == expected["ar"]
+    assert steps and all(len(step.proposed) == 7 for step in steps[:-2])  # room allowing (the last steps may hold less)
+
+
 @pytest.fixture(scope="module")
 def compiled_drafts() -> dict:
     """Compiled copies of the tiny configurations' drafts, by the id of the eager draft's model."""
@@ -187,7 +219,7 @@ def compiled_copy(compiled_drafts: dict, draft):
     """The compiled copy of `draft` (widths 1, 2, 4), made once a module: tests share its graphs."""
     if id(draft.model) not in compiled_drafts:
         compiled_drafts[id(draft.model)] = copy.deepcopy(draft)
-        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4))
+        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4), role="draft", head=False)
     return compiled_drafts[id(draft.model)]
 
 

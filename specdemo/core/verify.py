@@ -80,7 +80,7 @@ def path_to(parents: Sequence[int], node: int) -> list[int]:
 class TargetPass:
     """What the target's pass over a proposal returned."""
 
-    logits: torch.Tensor  # [1 + candidates + len(read), V]: after the root, each candidate node, each read work node
+    logits: torch.Tensor  # [1 + candidates + len(read), V] float32: after the root, each candidate node, each read work node
     hidden: torch.Tensor | None  # [1, f, H] the last hidden state of every fed position (when asked for)
     cached: int  # cache length before the pass
     pending: int  # committed tokens fed first (the cache had not seen them); the last is the root
@@ -117,20 +117,19 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
-        hidden = static_pass(model, cache, fed, chain_positions(sees, cached), sees)  # [1, f, H]
-        logits = model.get_output_embeddings()(hidden[0, rows])
-        return TargetPass(logits, hidden if features else None, cached, pending)
+        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, head=True)  # [1, f, H], [1, f, V]
+        return TargetPass(logits[0, rows], hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
         tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
     if features:
         hidden = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
-        return TargetPass(model.get_output_embeddings()(hidden[0, rows]), hidden, cached, pending)
+        return TargetPass(model.get_output_embeddings()(hidden[0, rows]).float(), hidden, cached, pending)
     # the rows as a count from the end where they are the last ones, else as indices
     keep = len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows, device=fed.device)
     logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0]
-    return TargetPass(logits, None, cached, pending)
+    return TargetPass(logits.float(), None, cached, pending)
 
 
 def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:

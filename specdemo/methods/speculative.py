@@ -98,7 +98,9 @@ class DraftProposer(Proposer):
         if self.tree_size and self.step_gamma:
             copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
             size = fitted_size(self.tree_size, len(copied), context.bucket, context.model.device)
-            tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=self.top_k, size=size, eos=context.eos)
+            # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
+            top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, self.step_gamma, self.top_k)
+            tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=top_k, size=size, eos=context.eos)
             self.tree, self.q = draft_tree.add_copy(tree, copied), None
             return self.tree.proposal()
         tokens, self.q = propose(
