@@ -82,10 +82,11 @@ class CompiledPass:
 
 def default_compile(device: torch.device) -> bool:
     """Compile by default with CUDA (a small model's pass is launch-bound there). On a CPU
-    (bfloat16, 2 cores) the compiled path is faster once compiled (AR 1.43x eager AR, Medusa 1.56x
-    and speculative 1.33x their eager twins in one bench run), but compiling the target's widths
-    and the draft's took about 6 minutes before the first answer, and speculative's speedup over
-    AR is lower than on the eager path: eager, `--compile` to choose (docs/benchmarks.md)."""
+    (bfloat16, 2 cores) the compiled path is faster once compiled (AR 1.56x eager AR, speculative
+    1.59x and Medusa 1.72x their eager twins in one bench run, each method's speedup over its own
+    AR at least its eager twin's), but compiling the target's widths and the draft's takes about
+    5 minutes before the first answer, which a laptop's first try should not wait for: eager,
+    `--compile` to choose (docs/benchmarks.md)."""
     return device.type == "cuda"
 
 
