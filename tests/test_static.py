@@ -150,6 +150,13 @@ def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_model
     assert compiled.logits.dtype == eager.logits.dtype == torch.float32 and compiled.logits.shape == (5, target.config.vocab_size)
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled.hidden, eager.hidden, rtol=1e-4, atol=1e-4)
+    # a prompt wider than every bucket runs the same function eagerly, its head over the rows asked for alone
+    long_prompt = torch.arange(1, 41)[None]
+    with torch.inference_mode():
+        before = passes.runs[0]
+        wide, reference = (target_pass(target, cache, long_prompt, Proposal()) for cache in (request_cache(target, 60), DynamicCache(config=target.config)))
+    assert passes.runs[0] == before + 1 and wide.logits.shape == (1, target.config.vocab_size) and wide.logits.dtype == torch.float32
+    torch.testing.assert_close(wide.logits, reference.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids):

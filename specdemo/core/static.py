@@ -21,7 +21,7 @@ token draft, the feature draft's decoder layer) is compiled the same way for its
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +122,8 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
                 progress(f"compiling the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
             for _ in range(2 if mode else 1):  # CUDA graphs are recorded on the second call
                 static_pass(model, cache, warm_inputs(model, width),
-                            torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(), head=head)
+                            torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
+                            rows=range(width) if head else None)
                 cache.length = 0
             if compiled.failed:
                 break
@@ -201,12 +202,14 @@ def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bu
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
-                head: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                rows: Sequence[int] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
     fits, when the pass looks back at earlier branches (back > 0), or when compiling failed.
-    `head`: the model's logits [1, w, V] (float32) too, computed in the same graph.
+    `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
+    head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
+    wider than every bucket) from the head over these rows alone.
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
     width = inputs.shape[1]
     passes = compiled_pass(model)
@@ -215,20 +218,22 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
     cache.start.fill_(cache.length)
     seen = cache if passes and passes.mode else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP)
-    lm_head = model.get_output_embeddings() if head else None
+    lm_head = None if rows is None else model.get_output_embeddings()
     out = None
     if bucket is not None:
         try:
             out = passes.forward(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head)
-            out = tuple(tensor[:, :width] for tensor in out) if head else out[:, :width]
+            hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
-                out = tuple(tensor.clone() for tensor in out) if head else out.clone()
+                hidden = hidden.clone()
+            out = hidden if rows is None else (hidden, out[1][0, list(rows)])  # indexing by a list copies
             passes.runs[bucket] += 1
         except Exception as error:  # noqa: BLE001 -- any compiler failure: warn once, run eagerly from now on
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:
-        out = static_forward(model.get_decoder(), seen, inputs, positions, sees, lm_head)
+        hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees)
+        out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows)]).float())
         if passes:
             passes.runs[0] += 1
     cache.length += width

@@ -117,8 +117,8 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
-        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, head=True)  # [1, f, H], [1, f, V]
-        return TargetPass(logits[0, rows], hidden if features else None, cached, pending)
+        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows)  # [1, f, H], [rows, V]
+        return TargetPass(logits, hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
