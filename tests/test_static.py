@@ -226,7 +226,7 @@ def compiled_copy(compiled_drafts: dict, draft):
     """The compiled copy of `draft` (widths 1, 2, 4), made once a module: tests share its graphs."""
     if id(draft.model) not in compiled_drafts:
         compiled_drafts[id(draft.model)] = copy.deepcopy(draft)
-        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4), role="draft", head=False)
+        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4), role="draft")
     return compiled_drafts[id(draft.model)]
 
 

@@ -95,11 +95,11 @@ def compiled_pass(model: PreTrainedModel) -> CompiledPass | None:
 
 
 def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, progress: Callable[[str], None] | None = None,
-                   role: str = "target", head: bool = True) -> CompiledPass:
+                   role: str = "target") -> CompiledPass:
     """Compile the static pass of `model` for every bucket and warm each up once (the compile
-    happens then, not in a user's first answer), reporting through `progress`. `head`: warm up
-    the graphs with the LM head in them, which a target's passes use (`verify.target_pass`); a
-    draft's passes (`decoder_pass`) are its decoder's alone. If compiling
+    happens then, not in a user's first answer), reporting through `progress`. A target's
+    graphs hold its LM head (`verify.target_pass`); a draft's (`role` "draft") its decoder alone
+    (`decoder_pass`). If compiling
     fails, say so once and leave the model eager. Idempotent: a model keeps its first graphs.
     On a CPU the graphs hold the weights as constants (freezing): compile a model once its
     weights are final (a CLLM after its adapters are merged)."""
@@ -123,7 +123,7 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
             for _ in range(2 if mode else 1):  # CUDA graphs are recorded on the second call
                 static_pass(model, cache, warm_inputs(model, width),
                             torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
-                            rows=range(width) if head else None)
+                            rows=range(width) if role == "target" else None)
                 cache.length = 0
             if compiled.failed:
                 break

@@ -186,7 +186,7 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         feature_draft = getattr(preset_for(target.spec), "feature_draft", None)
         draft = token_draft(target) if feature_draft is None else load_feature_draft(Path(feature_draft), target.model)
         if compiled_pass(target.model):  # a compiled target's draft passes take the compiled static path too
-            compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft", head=False)
+            compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft")
         return MappingProxyType({"draft": draft})
     if name == "medusa":
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
