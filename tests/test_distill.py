@@ -88,6 +88,24 @@ def test_shards_resume_and_refuse_another_plan(tmp_path, monkeypatch):
         distill.run(target, prompts, tmp_path, {**settings, "temperature": 0.8}, shard_size=2, batch_size=2)
 
 
+def test_a_larger_plan_reuses_the_greedy_answers_of_an_earlier_run(tmp_path, monkeypatch):
+    target = tiny_target()
+    prompts = [Prompt(text, "test") for text in ["abc", "hello there", "x", "a longer prompt", "zz"]]
+    settings = {"seed": 0, "temperature": 0.0, "max_new_tokens": 6}
+    distill.run(target, prompts[:3], tmp_path / "small", settings, shard_size=2, batch_size=2)
+    distill.run(target, prompts, tmp_path / "fresh", settings, shard_size=2, batch_size=2)
+    decoded = []
+    real = distill.batch_decode
+    monkeypatch.setattr(distill, "batch_decode", lambda t, rows, *a, **k: decoded.extend(rows) or real(t, rows, *a, **k))
+    distill.run(target, prompts[::-1], tmp_path / "large", settings, shard_size=2, batch_size=2, reuse=[tmp_path / "small"])
+    assert sorted(decoded) == sorted(target.encode_chat(p.text)[0].tolist() for p in prompts[3:])  # only the new prompts
+    fresh, large = distill.load_shards(tmp_path / "fresh"), distill.load_shards(tmp_path / "large")
+    assert large["sequences"] == fresh["sequences"][::-1]
+    assert all(torch.allclose(a.float(), b.float(), atol=1e-2) for a, b in zip(large["features"], fresh["features"][::-1]))
+    with pytest.raises(SystemExit, match="not this run's settings"):
+        distill.run(target, prompts, tmp_path / "other", {**settings, "max_new_tokens": 7}, shard_size=2, batch_size=2, reuse=[tmp_path / "small"])
+
+
 def test_the_recorded_command_remakes_the_plan(tmp_path):
     """The distill command a manifest prints plans the same prompts with the same settings."""
     target = tiny_target()

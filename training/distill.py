@@ -65,11 +65,21 @@ def length_batches(lengths: list[int], batch_size: int, batch_tokens: int) -> li
 
 
 def answer_shard(target: LoadedModel, prompts, max_new_tokens: int, batch_size: int, temperature: float,
-                 generator: torch.Generator, progress, batch_tokens: int = 16384) -> dict:
-    """One shard: the target's answers to `prompts`, batched by prompt length (longest first)."""
+                 generator: torch.Generator, progress, batch_tokens: int = 16384, known: dict | None = None) -> dict:
+    """One shard: the target's answers to `prompts`, batched by prompt length (longest first).
+    `known` (see `known_answers`) holds greedy answers already made: a prompt found there with the
+    same chat-formatted tokens takes that answer and its features instead of being answered again."""
     encoded = [target.encode_chat(prompt.text)[0].tolist() for prompt in prompts]
     results = [None] * len(prompts)
-    for batch in length_batches([len(ids) + max_new_tokens for ids in encoded], batch_size, batch_tokens):
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        sequence, start, features = (known or {}).get(prompt.text, ((), 0, None))
+        if start == len(ids) and list(sequence[:start]) == ids:
+            results[index] = (list(sequence[start:]), features)
+    todo = [i for i, result in enumerate(results) if result is None]
+    if len(todo) < len(prompts):
+        progress(len(prompts) - len(todo), 0)
+    for batch in length_batches([len(encoded[i]) + max_new_tokens for i in todo], batch_size, batch_tokens):
+        batch = [todo[i] for i in batch]
         decoded = batch_decode(target, [encoded[i] for i in batch], max_new_tokens, temperature, features=True, generator=generator)
         for index, result in zip(batch, decoded):
             results[index] = result
@@ -83,8 +93,29 @@ def answer_shard(target: LoadedModel, prompts, max_new_tokens: int, batch_size: 
     }
 
 
-def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int, batch_size: int, batch_tokens: int = 16384) -> None:
-    """Answer `prompts` into shards under `out`, skipping the shards already there."""
+def known_answers(folders: list[Path], settings: dict) -> dict:
+    """The answers in the shards under `folders`, by prompt text, for a greedy run with `settings`:
+    greedy answers are a function of the prompt (batched decoding equals unbatched), so a run with a
+    larger plan need not answer again the prompts an earlier run answered with the same settings."""
+    if not folders:
+        return {}
+    if settings["temperature"]:
+        raise SystemExit("--reuse: sampled answers depend on their shard's generator; reuse greedy runs only")
+    known = {}
+    for folder in folders:
+        recorded = json.loads((folder / "plan.json").read_text())
+        same = {key: recorded.get(key) for key in ("temperature", "max_new_tokens", "dtype")}
+        if same != {key: settings.get(key) for key in same}:
+            raise SystemExit(f"--reuse {folder}: answered with {same}, not this run's settings")
+        data = load_shards(folder)
+        known.update({text: row for text, *row in zip(data["prompts"], data["sequences"], data["answer_starts"], data["features"])})
+    return known
+
+
+def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int, batch_size: int, batch_tokens: int = 16384,
+        reuse: list[Path] = ()) -> None:
+    """Answer `prompts` into shards under `out`, skipping the shards already there and taking the
+    answers of the shards under `reuse` (`known_answers`) for the prompts they hold."""
     out.mkdir(parents=True, exist_ok=True)
     recorded = out / "plan.json"
     record = {**settings, "prompts": len(prompts), "shard_size": shard_size}
@@ -95,6 +126,7 @@ def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int
     todo = [n for n in shards if not shard_path(out, n).exists()]
     done_prompts = len(prompts) - sum(len(prompts[n * shard_size : (n + 1) * shard_size]) for n in todo)
     bar = tqdm(total=len(prompts), initial=done_prompts, unit="answer", smoothing=0.05)
+    known = known_answers(list(reuse), settings)
     clock, tokens = time.time(), 0
 
     def progress(answers: int, new_tokens: int) -> None:
@@ -106,7 +138,7 @@ def run(target: LoadedModel, prompts, out: Path, settings: dict, shard_size: int
     for number in todo:
         generator = torch.Generator().manual_seed(settings["seed"] * 100_003 + number)  # a resumed shard samples as a fresh one
         shard = answer_shard(target, prompts[number * shard_size : (number + 1) * shard_size], settings["max_new_tokens"],
-                             batch_size, settings["temperature"], generator, progress, batch_tokens=batch_tokens)
+                             batch_size, settings["temperature"], generator, progress, batch_tokens=batch_tokens, known=known)
         partial = shard_path(out, number).with_suffix(".tmp")
         torch.save(shard, partial)
         partial.rename(shard_path(out, number))  # a killed run never leaves half a shard
@@ -158,6 +190,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--batch-tokens", type=int, default=16384, help="at most this many tokens (prompt and answer room) a batch; more on a GPU")
     parser.add_argument("--dtype", default="float32", help="float32 prefills faster than bfloat16 on an AVX-512 CPU without AMX")
+    parser.add_argument("--reuse", type=Path, nargs="*", default=[],
+                        help="folders of earlier greedy runs with the same settings: their answers are taken, not made again")
     args = parser.parse_args()
     if not args.prompts:
         parser.error("--prompts: give the JSONL files to answer")
@@ -171,7 +205,7 @@ def main() -> None:
         requests, _, others = family_prompts(target, args.plan_seed, batch_size=32)
         prompts = mixed_in(prompts, requests + others, "templates", args.plan_seed)
     print(f"{len(prompts)} prompts from {len(args.prompts)} files{' and our templates' if args.templates else ''}", flush=True)
-    run(target, prompts, args.out, settings, args.shard_size, args.batch_size, args.batch_tokens)
+    run(target, prompts, args.out, settings, args.shard_size, args.batch_size, args.batch_tokens, reuse=args.reuse)
 
 
 if __name__ == "__main__":
