@@ -118,6 +118,9 @@ def choose_method(page, method):
 def test_method_streams_accepted_and_rejected_tokens(page, method):
     page.locator("#prompt textarea").fill(PROMPT)
     choose_method(page, method)
+    if method == "cllm":  # decoded by Jacobi, the paper's way, it draws its trajectory (by default lookahead: lookahead's pictures)
+        page.get_by_text("Method settings", exact=True).click()
+        page.locator("#decoder").get_by_label("jacobi").check()
     page.locator("#max-new-tokens input[type=number]").fill("48")
     page.locator("#generate").click()
     wait_for_run(page, method)

@@ -9,6 +9,7 @@ import torch
 
 from specdemo import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.steps import JacobiStep, LookaheadStep
 from specdemo.methods import ar, cllm, jacobi
 from training.jacobi_trajectories import trajectories
 from training.train_cllm import adapter_tensors, add_adapters, remove_adapters, train_adapters
@@ -20,12 +21,20 @@ def greedy(model, prompt_ids, max_new_tokens=40) -> list[int]:
     return list(final_summary(ar.generate(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=())).tokens)
 
 
-def test_cllm_equals_ar_on_its_own_weights(tiny_model, prompt_ids):
+@pytest.mark.parametrize("decoder", cllm.DECODERS)
+def test_cllm_equals_ar_on_its_own_weights(tiny_model, prompt_ids, decoder):
     other = make_tiny_model(seed=7)
-    summary = final_summary(cllm.generate(tiny_model, prompt_ids, cllm_model=other, max_new_tokens=40, block_size=8, eos_token_ids=()))
+    events = list(cllm.generate(tiny_model, prompt_ids, cllm_model=other, max_new_tokens=40, decoder=decoder, block_size=8, eos_token_ids=()))
+    summary = final_summary(events)
     assert list(summary.tokens) == greedy(other, prompt_ids)
     assert list(summary.tokens) != greedy(tiny_model, prompt_ids)  # not the target's answer: another model's
-    assert summary.method == "cllm"
+    assert summary.method == "cllm" and all(e.method == "cllm" for e in events[:-1])
+    assert all(isinstance(e.data, {"jacobi": JacobiStep, "lookahead": LookaheadStep}[decoder]) for e in events[:-1])  # the decoder's own pictures
+
+
+def test_cllm_refuses_an_unknown_decoder(tiny_model, prompt_ids):
+    with pytest.raises(SpecDemoError, match="decoder must be one of lookahead, jacobi"):
+        cllm.generate(tiny_model, prompt_ids, cllm_model=tiny_model, decoder="medusa")
 
 
 def test_cllm_refuses_a_model_of_another_vocabulary(tiny_model, prompt_ids):

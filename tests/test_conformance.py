@@ -57,7 +57,8 @@ def configurations(target, other):
         "lookahead": (lookahead.generate, dict(window=3, ngram=3, candidates=3), target),
         "lookahead, no text n-grams": (lookahead.generate, dict(window=2, ngram=4, candidates=2, text_ngrams=False), target),
         "jacobi": (jacobi.generate, dict(block_size=5), target),
-        "cllm": (cllm.generate, dict(cllm_model=own, block_size=5), own),
+        "cllm, jacobi": (cllm.generate, dict(cllm_model=own, decoder="jacobi", block_size=5), own),
+        "cllm, lookahead": (cllm.generate, dict(cllm_model=own, decoder="lookahead", window=3, ngram=3, candidates=3), own),
         "beam": (beam.generate, dict(num_beams=3), None),
         "contrastive": (contrastive.generate, dict(amateur=other), None),
     }
@@ -66,7 +67,7 @@ def configurations(target, other):
 NAMES = [
     "ar", "speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain", "speculative, feature draft, tree",
     "speculative, always-right draft", "speculative, always-wrong draft", "speculative, always-wrong tree", "medusa, dynamic tree", "medusa, static tree",
-    "medusa, chain", "lookahead", "lookahead, no text n-grams", "jacobi", "cllm", "beam", "contrastive",
+    "medusa, chain", "lookahead", "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",
 ]
 
 

@@ -119,10 +119,10 @@ def test_nan_in_a_slider_or_an_api_value_is_answered_with_a_sentence(embedded):
 
     app = ui.build_app(embedded, presets=())
     inputs = ["", "", "Name a colour.", "ar", 8, True, float("nan"), 0, 1.0, 1.0, -1, 0,
-              2, False, True, True, "dynamic", 0, False, 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+              2, False, True, True, "dynamic", 0, False, "lookahead", 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
     with pytest.raises(gr.Error, match="temperature must be a number"):
         list(handler(app, "on_generate")(*inputs))
-    inputs[6], inputs[19] = 1.0, float("nan")  # the block-size slider
+    inputs[6], inputs[20] = 1.0, float("nan")  # the block-size slider
     with pytest.raises(gr.Error, match="block_size must be a number"):
         list(handler(app, "on_generate")(*inputs))
     generate = handlers.api_generate_for(handlers.Targets(embedded, ()))

@@ -41,7 +41,8 @@ LESSON = (
          "No second model: extra heads on the target guess ahead. Look at the tree: the green path is the branch the target agreed with."),
     Step("4. Guess a whole block (Jacobi, then CLLM)", "jacobi", LIST, 64,
          "The grid shows one block being fixed pass by pass. Plain Jacobi rarely fixes more than one token a pass, so it is slower than "
-         "AR: then try cllm, a copy of the model trained to fix several at once."),
+         "AR: then try cllm, a copy of the model trained to fix several at once (Method settings: decode by jacobi to see its grid; "
+         "by lookahead, the default, it also tries phrases it has seen, and is faster)."),
     Step("5. Reuse phrases seen before (lookahead)", "lookahead", REPEAT, 64,
          "No draft at all: the target's own earlier guesses become the phrases it tries. It gains most on repetitive text."),
     Step("6. The race", "", CODE, 64,

@@ -158,10 +158,14 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                                 False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)",
                             )
                         with gr.Column(min_width=SETTING_WIDTH):
-                            block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm: block size n")
-                            window = gr.Slider(1, 16, value=2, step=1, label="lookahead: window W")
-                            ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead: n-gram size N")
-                            candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead: candidates G")
+                            decoder = gr.Radio(
+                                ["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
+                                label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, drawn as a trajectory)",
+                            )
+                            block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n")
+                            window = gr.Slider(1, 16, value=2, step=1, label="lookahead, cllm by lookahead: window W")
+                            ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N")
+                            candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G")
                         with gr.Column(min_width=SETTING_WIDTH):
                             num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
                             length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
@@ -203,7 +207,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             model=model, precision=precision, prompt=prompt, method=method, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
             top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, no_repeat_ngram_size=no_repeat_ngram_size, gamma=gamma,
             adaptive_gamma=adaptive_gamma, draft_tree_size=draft_tree_size, copy_length=copy_length, tree=tree, tree_size=tree_size,
-            typical_acceptance=typical_acceptance, block_size=block_size, window=window, ngram=ngram, candidates=candidates, num_beams=num_beams,
+            typical_acceptance=typical_acceptance, decoder=decoder, block_size=block_size, window=window, ngram=ngram, candidates=candidates, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
         )
         inputs = [controls[name] for name in GENERATE_INPUTS]  # by name: the handler reads them back by the same names

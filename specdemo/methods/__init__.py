@@ -130,18 +130,20 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
         ),
     ),
     "cllm": MethodSpec(
-        "cllm", cllm.generate, 'Jacobi decoding on a copy of the target trained to converge in fewer passes',
+        "cllm", cllm.generate, 'a copy of the target trained so that parallel (Jacobi) guesses settle in fewer passes',
         (
-            '**CLLM** (Kou et al. 2024). Jacobi decoding, unchanged, on a copy of the target fine-tuned so that from '
-            'any state of a Jacobi trajectory it predicts the fixed point (consistency loss), while an AR loss keeps '
-            "its answers close to the target's. Several tokens then settle in one pass (fast-forwarding), and some "
-            'settle while the tokens before them are still wrong (stationary tokens), both marked in the trajectory. '
-            "It is a changed model: its greedy answer equals AR's on the CLLM's own weights and may differ from the "
-            "base model's. Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm)."
-        ), controls=("block_size",),
+            '**CLLM** (Kou et al. 2024). A copy of the target fine-tuned so that from any state of a Jacobi trajectory '
+            'it predicts the fixed point (consistency loss), while an AR loss keeps its answers close to the '
+            "target's. Decoded by Jacobi (the paper's way), several tokens then settle in one pass (fast-forwarding) "
+            'and some settle while the tokens before them are still wrong (stationary tokens), both marked in the '
+            "trajectory. By default it is decoded by lookahead (Fu et al. 2024), which keeps a small Jacobi window "
+            "and also checks the n-grams it produced: on our CLLM that commits more tokens a pass. It is a changed "
+            "model: its greedy answer equals AR's on the CLLM's own weights and may differ from the base model's. "
+            'Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).'
+        ), controls=("decoder", "block_size", "window", "ngram", "candidates"),
         plain=(
-            "Jacobi decoding with a copy of the target trained (a CLLM) to get a block's later tokens right sooner, so each "
-            "pass fixes more of them; being a changed copy, its answer can differ from the original's."
+            "A copy of the target trained (a CLLM) to get a guessed block's later tokens right sooner, so each pass fixes "
+            "more of them; being a changed copy, its answer can differ from the original's."
         ),
     ),
     "beam": MethodSpec(

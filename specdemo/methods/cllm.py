@@ -1,11 +1,19 @@
-"""CLLM: Jacobi decoding on a consistency-trained copy of the target.
+"""CLLM: a consistency-trained copy of the target, decoded in parallel.
 
 Kou et al. 2024, "CLLMs: Consistency Large Language Models". The model is fine-tuned so that
 from any state on a Jacobi trajectory it predicts the trajectory's fixed point (the global
 consistency loss, their Eq. 4), next to the AR loss that keeps its answers close to the
-target's (Eq. 5). Decoding is `specdemo.methods.jacobi` unchanged: the speed comes from the weights,
-which commit several tokens per pass where the base model commits about one. Its greedy answer
-is AR's greedy answer *on the CLLM weights*, which may differ from the base model's.
+target's (Eq. 5). The speed comes from the weights, which get more of a block's later tokens
+right in one pass than the base model does; the decoding code is the repository's own, unchanged:
+
+- `decoder="jacobi"`: `specdemo.methods.jacobi`, the paper's decoding (blocks of `block_size`);
+  the app draws its trajectory.
+- `decoder="lookahead"` (the default): `specdemo.methods.lookahead` on the CLLM weights, the
+  Jacobi iteration kept in a small window and its n-grams (and copies from the text) verified in
+  the same pass. On our CLLM it commits more tokens a pass than Jacobi does (docs/methods/cllm.md).
+
+Either way the greedy answer is AR's greedy answer *on the CLLM weights*, which may differ from
+the base model's.
 
 Weights: ours are low-rank adapters (Hu et al. 2021, LoRA) for the embedded target, merged
 into a copy of it at load (`assets/smollm2-135m-cllm/`, made by `training/train_cllm.py`); a
@@ -27,12 +35,13 @@ from transformers import PreTrainedModel
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
-from specdemo.methods import jacobi
+from specdemo.methods import jacobi, lookahead
 from specdemo.models import LoadedModel, load_model
 
 EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-cllm"
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
+DECODERS = ("lookahead", "jacobi")
 QUALITY_FILE = "quality.json"  # training/cllm_quality.py: is the CLLM still a good model? (distinct bigrams, base NLL)
 
 
@@ -49,18 +58,27 @@ def generate(
     cllm_model: PreTrainedModel,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
+    decoder: str = "lookahead",
     block_size: int = 16,
+    window: int = 2,
+    ngram: int = 3,
+    candidates: int = 3,
+    copy_length: int = 6,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Jacobi-decode after `input_ids` with `cllm_model`; `model`, the target, only has to share
-    its vocabulary (the prompt was tokenized for it)."""
+    """Decode after `input_ids` with `cllm_model` by `decoder`: "jacobi" over blocks of
+    `block_size`, or "lookahead" with its `window`, `ngram`, `candidates` and `copy_length`
+    (`specdemo.methods.lookahead`). `model`, the target, only has to share its vocabulary (the
+    prompt was tokenized for it)."""
     if cllm_model.config.vocab_size != model.config.vocab_size:
         raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
-    yield from jacobi.generate(
-        cllm_model, input_ids, max_new_tokens=max_new_tokens, sampling=sampling, block_size=block_size,
-        eos_token_ids=eos_token_ids, stop=stop, method_name="cllm",
-    )
+    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop, method_name="cllm")
+    if decoder == "jacobi":
+        return jacobi.generate(cllm_model, input_ids, block_size=block_size, **common)
+    if decoder == "lookahead":
+        return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates, copy_length=copy_length, **common)
+    raise SpecDemoError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
 
 
 @functools.cache

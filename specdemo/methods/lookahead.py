@@ -81,19 +81,20 @@ def generate(
     copy_length: int = 6,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    method_name: str = "lookahead",
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
     on a 2-core CPU (docs/methods/lookahead.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
-    check_greedy(sampling, "lookahead")
+    check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         check_whole(name, value, low, high)
     proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0)
     # A pass's root (the last committed token) is at least 1 before the request's last position,
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     reach = max(window + ngram - 3, 0)
-    return decode(model, input_ids, proposer, method="lookahead", max_new_tokens=max_new_tokens, sampling=sampling,
+    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling,
                   eos_token_ids=eos_token_ids, stop=stop, reach=reach)
 
 
