@@ -23,9 +23,9 @@ GLOSSARY = (
 )
 
 # Prompts on which each method's gain shows, chosen by tokens per target pass with the embedded
-# model, 64 tokens, bfloat16 (docs/lesson.md): the prime function gives speculative about 2.7 and
-# Medusa 2.8 (the sky question: 1.4 and 1.5); the week gives CLLM 1.6; the repeated sentence
-# gives lookahead 2.5 (the prime function: 1.3).
+# model, 64 tokens, bfloat16 (docs/lesson.md): the prime function gives speculative about 2.3 and
+# Medusa 2.6; the week gives CLLM 2.5 (Jacobi 1.0); the repeated sentence gives lookahead 2.5
+# (the prime function: 1.3).
 CODE = "Write a Python function that checks whether a number is prime, with a docstring."
 LIST = "List the days of the week, one per line."
 REPEAT = "Repeat this sentence three times: The quick brown fox jumps over the lazy dog."
