@@ -111,7 +111,7 @@ def compiled_models():
     expected = {name: final_summary(configs[name][0](configs[name][2], torch.tensor([[5, 17, 42, 8, 63, 21]]), max_new_tokens=MAX_NEW_TOKENS,
                                                      eos_token_ids=(), **configs[name][1])).tokens
                 for name in NAMES if configs[name][2] is not None}  # eager AR on the reference's weights
-    for model in (target, configs["cllm"][2]):
+    for model in (target, configs["cllm, jacobi"][2]):
         compile_passes(model, buckets=(1, 8, 16))
     return target, configs, expected
 
@@ -124,7 +124,7 @@ def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models
     assert isinstance(request_cache(model, 40), StaticKV)
     passes = getattr(model, ATTRIBUTE)
     before = sum(passes.runs.values())
-    summary = final_summary(generate(model if name == "cllm" else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
+    summary = final_summary(generate(model if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
     assert summary.tokens == expected[name]
     drafted_by_target = getattr(options.get("draft"), "model", None) is target  # then the draft's passes take the same graphs
     assert (sum(passes.runs.values()) - before > summary.target_forwards) if drafted_by_target else \
