@@ -102,6 +102,18 @@ def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
     assert cllm["differs_from_base_ar"] == sum(not row["matches_base_ar"] for row in rows) / len(rows)
 
 
+def test_ar_on_the_cllms_weights_is_not_explained_as_a_divergence(embedded):
+    """cllm_ar is another model's AR: where it parts from the base model's AR is by design, so the
+    bench does not explain it (nor flag its margin as a possible bug); a method that should give
+    AR's answer and parts the same way is explained."""
+    input_ids = embedded.encode_chat("Name a colour.")
+    answer = list(bench.RUNNERS["ar"](embedded, input_ids, 6).tokens)
+    parted = [*answer[:3], (answer[3] + 1) % embedded.model.config.vocab_size, *answer[4:]]
+    explained = bench.explain_differences(embedded, input_ids, ["ar", "lookahead", "cllm_ar"],
+                                          {"ar": answer, "lookahead": parted, "cllm_ar": parted})
+    assert set(explained) == {"lookahead"} and explained["lookahead"].position == 3
+
+
 def test_beam_and_contrastive_run_with_matches_ar_reported(embedded, capsys):
     """The classic strategies go through the same bench; their matches_ar is reported, not expected."""
     argv = ["--methods", "beam,contrastive", "--limit", "1", "--max-new-tokens", "10", "--dtype", "float32", "--device", "cpu",
