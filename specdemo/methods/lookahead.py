@@ -37,6 +37,10 @@ from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
 from specdemo.methods.prompt_lookup import copy_from_text
 
+# W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/lookahead.md);
+# cllm, decoded by lookahead, takes the same ones (docs/methods/cllm.md)
+WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
+
 
 class NgramPool:
     """n-grams keyed by their first token; at most `per_key` continuations a key, newest first,
@@ -74,11 +78,11 @@ def generate(
     *,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
-    window: int = 2,
-    ngram: int = 3,
-    candidates: int = 3,
+    window: int = WINDOW,
+    ngram: int = NGRAM,
+    candidates: int = CANDIDATES,
     text_ngrams: bool = True,
-    copy_length: int = 6,
+    copy_length: int = COPY_LENGTH,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     method_name: str = "lookahead",
