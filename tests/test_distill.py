@@ -3,6 +3,7 @@ reader and sampling plan (training/real_prompts.py). A padding bug would poison 
 silently, so the batched answers are checked token for token against unbatched greedy decoding."""
 
 import json
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -164,6 +165,34 @@ def test_prompt_reader_and_sampling_plan(tmp_path):
     near = Prompt("one two three four five six seven eight nine ten eleven", "a/x")
     assert plan([near], SamplingPlan(), bench=["zero one two three four five six seven eight nine ten"]) == []
     assert plan([near], SamplingPlan(), bench=bench) == [near]
+
+
+def test_a_fine_tune_holds_out_none_of_the_prompts_its_start_trained_on():
+    prompts = [f"prompt {i}" for i in range(50)]
+    ids = list(range(50))
+    random.Random(0).shuffle(ids)
+    assert distill.held_out_ids(prompts, 10, seed=0) == sorted(ids[:10])  # nothing excluded: the seeded shuffle's first
+    trained = frozenset(prompts[:40])
+    held = distill.held_out_ids(prompts, 5, seed=0, trained=trained)
+    assert len(held) == 5 and all(i >= 40 for i in held) and held == distill.held_out_ids(prompts, 5, seed=0, trained=trained)
+    assert distill.held_out_ids(prompts, 20, seed=0, trained=trained) == list(range(40, 50))  # fewer left than asked
+
+
+def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
+    """`trained_on` a run's shards, then a larger plan's split: its held-out prompts are the earlier
+    run's held-out ones and prompts that run never saw."""
+    def write(folder, texts):
+        folder.mkdir()
+        torch.save({"prompts": texts, "sources": ["s"] * len(texts), "sequences": [[1, 2]] * len(texts),
+                    "answer_starts": [1] * len(texts), "features": [torch.zeros(1, 4)] * len(texts)}, distill.shard_path(folder, 0))
+    earlier = [f"old {i}" for i in range(30)]
+    write(tmp_path / "earlier", earlier)
+    trained = distill.trained_on(tmp_path / "earlier", 5, seed=0)
+    assert len(trained) == 25 and trained < set(earlier)
+    write(tmp_path / "larger", [f"new {i}" for i in range(10)] + earlier)
+    data, train_ids, held = distill.load_split(tmp_path / "larger", 8, seed=1, trained=trained)
+    assert len(held) == 8 and not {data["prompts"][i] for i in held} & trained
+    assert sorted(train_ids + held) == list(range(40))
 
 
 def test_unseen_prompts_come_from_the_same_sources_and_none_from_the_plan():

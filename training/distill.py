@@ -212,19 +212,32 @@ if __name__ == "__main__":
     main()
 
 
-def load_split(out: Path, held_out: int, seed: int) -> tuple[dict, list[int], list[int]]:
-    """The shards under `out` with `held_out` whole prompts (chosen by `seed`) set aside for
+def load_split(out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
+    """The shards under `out` with `held_out` whole prompts (`held_out_ids`) set aside for
     evaluation: (data, train_ids, held_out_ids); data["features"][i] is [len(sequence), H], its
     last row zero (no position after the last token is ever predicted from)."""
     data = load_shards(out)
     data["features"] = [torch.cat([f, f.new_zeros(1, f.shape[-1])]) for f in data["features"]]
-    ids = list(range(len(data["prompts"])))
+    held = held_out_ids(data["prompts"], held_out, seed, trained)
+    return data, sorted(set(range(len(data["prompts"]))) - set(held)), held
+
+
+def held_out_ids(prompts: list[str], held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> list[int]:
+    """`held_out` whole prompts chosen by `seed`, none of them in `trained`: the prompts an earlier
+    model trained on, when a run fine-tunes it (so the held-out numbers stay on unseen prompts)."""
+    ids = list(range(len(prompts)))
     random.Random(seed).shuffle(ids)
-    held = set(ids[:held_out])
-    return data, [i for i in range(len(ids)) if i not in held], sorted(held)
+    return sorted([i for i in ids if prompts[i] not in trained][:held_out])
 
 
-def ensure_split(args, out: Path, held_out: int, seed: int) -> tuple[dict, list[int], list[int]]:
+def trained_on(out: Path, held_out: int, seed: int) -> frozenset[str]:
+    """The prompts a trainer run on the shards under `out` trained on: all but its held-out ones."""
+    prompts = load_shards(out, features=False)["prompts"]
+    held = set(held_out_ids(prompts, held_out, seed))
+    return frozenset(text for i, text in enumerate(prompts) if i not in held)
+
+
+def ensure_split(args, out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
     """`load_split`, answering the prompts of `args` (a trainer's `add_arguments`) into `out` first
     when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""
     if not any(out.glob("shard-*.pt")):
@@ -233,7 +246,7 @@ def ensure_split(args, out: Path, held_out: int, seed: int) -> tuple[dict, list[
                      *(["--templates"] if args.templates else [])]
         command = [sys.executable, "-m", "training.distill", "--prompts", *map(str, args.prompts), "--out", str(out), *plan_args]
         subprocess.run(command, check=True)
-    return load_split(out, held_out, seed)
+    return load_split(out, held_out, seed, trained)
 
 
 def describe(out: Path, data: dict, train_ids: list[int]) -> str:

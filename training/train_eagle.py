@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from specdemo.methods.draft import EMBEDDED_DRAFT, load_draft
 from specdemo.methods.eagle import (
     EMBEDDED_EAGLE,
     VOCAB_FILE,
+    WEIGHTS_FILE,
     FeatureDraft,
     init_from_target,
     load_feature_draft,
@@ -221,6 +223,13 @@ def initialise(draft: FeatureDraft, target, how: str) -> None:
             draft.model.layers[0].mlp.down_proj.weight.zero_()
 
 
+def started_on(folder: Path) -> frozenset[str]:
+    """The prompts the feature draft in `folder` trained on, from its training report: a fine-tune
+    of it holds out none of them."""
+    recorded = json.loads((folder / "training_report.json").read_text())["args"]
+    return distill.trained_on(Path(recorded["distill_out"]), int(recorded["held_out"]), int(recorded["seed"]))
+
+
 def checksum(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
@@ -235,7 +244,8 @@ def train(args) -> dict:
     clock = time.time()
     runner = load_model("embedded", "bfloat16")  # the target as the app runs it
     if args.prompts:  # real prompts: the shards hold the target's features already
-        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
+        trained = started_on(args.start_from) if args.start_from else frozenset()
+        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed, trained)
         features = dict(enumerate(data["features"]))
     else:
         data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
@@ -259,6 +269,8 @@ def train(args) -> dict:
     target_before = checksum(target)
     draft = FeatureDraft(target, vocab)
     initialise(draft, target, args.init)
+    if args.start_from:  # fine-tune a trained draft (its weights; the vocabulary is this run's)
+        draft.load_state_dict({name: tensor.float() for name, tensor in load_file(args.start_from / WEIGHTS_FILE).items()})
     draft.train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
     steps_per_epoch = len(length_groups(data["sequences"], train_ids, args.batch_tokens, None))
@@ -361,7 +373,7 @@ followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer 
 to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
 tokens of `draft_vocab.json` ({vocab_text};
 {report['vocab_coverage_held_out']:.1%} of the held-out answer tokens), turns it into the next token. It drafts
-further on its own features. Initialised from the target's last layer with fc passing f_t through
+further on its own features. {f"Fine-tuned from the draft in `{args.start_from}` (`--start-from`; the commands of its manifest, kept in `MANIFEST-start.md` here, made it), none of whose training prompts is held out here; that draft was " if args.start_from else ""}Initialised from the target's last layer with fc passing f_t through
 (`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
 shares (and never changes) the target's embedding and LM head, which are not stored here.
 Loaded by `specdemo.methods.eagle.load_feature_draft(folder, target)`, no network.
@@ -428,6 +440,7 @@ def main() -> None:
     parser.add_argument("--tt-epochs", type=int, default=3, help="the last epochs that also train later drafting steps")
     parser.add_argument("--tt-steps", type=int, default=2, help="drafting steps trained in those epochs")
     parser.add_argument("--init", choices=["target", "identity"], default="identity", help="see `initialise`")
+    parser.add_argument("--start-from", type=Path, default=None, help="a trained feature draft's folder: fine-tune its weights instead")
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--held-out", type=int, default=80)
     parser.add_argument("--gammas", type=int, nargs="+", default=[3, 4, 5, 6, 8])
