@@ -10,6 +10,8 @@ from specdemo import SpecDemoError
 from specdemo.app import handlers, limits, live, ui
 from specdemo.methods import METHODS
 
+from conftest import page_inputs
+
 real_run = live.run  # the tests below wrap it
 
 
@@ -118,13 +120,10 @@ def test_nan_in_a_slider_or_an_api_value_is_answered_with_a_sentence(embedded):
     import gradio as gr
 
     app = ui.build_app(embedded, presets=())
-    inputs = ["", "", "Name a colour.", "ar", 8, True, float("nan"), 0, 1.0, 1.0, -1, 0,
-              2, False, True, True, "dynamic", 0, False, "lookahead", 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
     with pytest.raises(gr.Error, match="temperature must be a number"):
-        list(handler(app, "on_generate")(*inputs))
-    inputs[6], inputs[20] = 1.0, float("nan")  # the block-size slider
+        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True, temperature=float("nan"))))
     with pytest.raises(gr.Error, match="block_size must be a number"):
-        list(handler(app, "on_generate")(*inputs))
+        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True, block_size=float("nan"))))
     generate = handlers.api_generate_for(handlers.Targets(embedded, ()))
     with pytest.raises(gr.Error, match="top_p must be a number"):
         generate("hi", "ar", 8, True, 1.0, 0, float("nan"))

@@ -8,6 +8,8 @@ from specdemo.app.ui import build_app
 from specdemo.core.events import Summary, final_summary
 from specdemo.methods import ar
 
+from conftest import page_inputs
+
 
 def test_stream_answer_grows_to_the_full_answer(embedded):
     texts = list(stream_answer(embedded, "Say hello.", max_new_tokens=12))
@@ -139,8 +141,7 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     the same for drawing); the next run of the same prompt reuses it and streams the method at once."""
     app = build_app(embedded, presets=())
     on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
-    inputs = ["", "", "Name a colour.", "speculative", 8, False, 1.0, 0, 1.0, 1.0, -1, 0,
-              2, False, True, True, "dynamic", 0, False, "lookahead", 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+    inputs = page_inputs("Name a colour.", "speculative", 8)
     updates = list(on_generate(*inputs))
     baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
     assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1][0]
@@ -215,8 +216,7 @@ def test_an_answer_the_clicks_budget_cannot_time_again_says_so(embedded, monkeyp
     monkeypatch.setattr(handlers, "MARGIN_S", 10_000.0)  # as if the budget were nearly spent
     app = build_app(embedded, presets=())
     on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
-    inputs = ["", "", "Name a fruit.", "speculative", 6, False, 1.0, 0, 1.0, 1.0, -1, 0,
-              2, False, True, True, "dynamic", 0, False, "lookahead", 16, 2, 3, 3, 4, 1.0, False, 0.1, 0.5]
+    inputs = page_inputs("Name a fruit.", "speculative", 6)
     table = list(on_generate(*inputs))[-1][8]
     assert "Not timed again" in table and "one drawn run each: no range" in table and "data-done" in table
 
