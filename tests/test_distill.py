@@ -189,6 +189,10 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     write(tmp_path / "earlier", earlier)
     trained = distill.trained_on(tmp_path / "earlier", 5, seed=0)
     assert len(trained) == 25 and trained < set(earlier)
+    (tmp_path / "asset").mkdir()  # an asset trained on those shards names them in its report
+    report = {"args": {"distill_out": str(tmp_path / "earlier"), "held_out": "5", "seed": "0"}}
+    (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
+    assert distill.trained_by(tmp_path / "asset") == trained
     write(tmp_path / "larger", [f"new {i}" for i in range(10)] + earlier)
     data, train_ids, held = distill.load_split(tmp_path / "larger", 8, seed=1, trained=trained)
     assert len(held) == 8 and not {data["prompts"][i] for i in held} & trained

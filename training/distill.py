@@ -237,6 +237,13 @@ def trained_on(out: Path, held_out: int, seed: int) -> frozenset[str]:
     return frozenset(text for i, text in enumerate(prompts) if i not in held)
 
 
+def trained_by(folder: Path) -> frozenset[str]:
+    """The prompts the asset in `folder` trained on (`trained_on` the shards its training report names):
+    a run that fine-tunes it (`--start-from`) holds none of them out."""
+    recorded = json.loads((folder / "training_report.json").read_text())["args"]
+    return trained_on(Path(recorded["distill_out"]), int(recorded["held_out"]), int(recorded["seed"]))
+
+
 def ensure_split(args, out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
     """`load_split`, answering the prompts of `args` (a trainer's `add_arguments`) into `out` first
     when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""

@@ -223,13 +223,6 @@ def initialise(draft: FeatureDraft, target, how: str) -> None:
             draft.model.layers[0].mlp.down_proj.weight.zero_()
 
 
-def started_on(folder: Path) -> frozenset[str]:
-    """The prompts the feature draft in `folder` trained on, from its training report: a fine-tune
-    of it holds out none of them."""
-    recorded = json.loads((folder / "training_report.json").read_text())["args"]
-    return distill.trained_on(Path(recorded["distill_out"]), int(recorded["held_out"]), int(recorded["seed"]))
-
-
 def checksum(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
@@ -244,7 +237,7 @@ def train(args) -> dict:
     clock = time.time()
     runner = load_model("embedded", "bfloat16")  # the target as the app runs it
     if args.prompts:  # real prompts: the shards hold the target's features already
-        trained = started_on(args.start_from) if args.start_from else frozenset()
+        trained = distill.trained_by(args.start_from) if args.start_from else frozenset()
         data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed, trained)
         features = dict(enumerate(data["features"]))
     else:
@@ -452,6 +445,8 @@ def main() -> None:
     report["total_minutes"] = (time.time() - clock) / 60
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.start_from:  # the commands that made the draft this one started from
+        (args.out / "MANIFEST-start.md").write_text((args.start_from / "MANIFEST.md").read_text())
     write_manifest(args, report)
     print(json.dumps({k: report["history"][-1][k] for k in report["history"][-1] if k.startswith(("top1", "tokens_per_pass"))}))
 

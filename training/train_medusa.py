@@ -27,8 +27,9 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from specdemo.methods.medusa import EMBEDDED_HEADS, MedusaHeads
+from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
 from specdemo.models import load_model
 
 from . import distill
@@ -135,7 +136,8 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     if args.prompts:  # real prompts: the shards hold the target's hidden states already
-        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed)
+        trained = distill.trained_by(args.start_from) if args.start_from else frozenset()
+        data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed, trained)
     else:
         data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     target = load_model("embedded", "bfloat16")
@@ -150,6 +152,8 @@ def train(args) -> dict:
     states_minutes = (time.time() - start) / 60
     lm_head.float()  # the heads train in float32 on the bfloat16 hidden states
     heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, args.layers, lm_head, proposal_vocab)
+    if args.start_from:  # fine-tune trained heads (their blocks; the proposal vocabulary is this run's)
+        heads.blocks.load_state_dict({name: tensor.float() for name, tensor in load_file(args.start_from / HEADS_FILE).items() if name != VOCAB_KEY})
     optimizer = torch.optim.AdamW(heads.blocks.parameters(), lr=args.lr, weight_decay=0.0)
     positions = len(train_states["next"])
     total = math.ceil(positions / args.batch) * args.epochs
@@ -194,6 +198,8 @@ def write_manifest(args, report: dict) -> None:
     curve = "\n".join(f"| {h['epoch']} | {h['train_loss']:.3f} | {' / '.join(f'{a:.3f}' for a in h['top1'])} |" for h in report["history"][1:])
     expected = "\n".join(f"| {n} | {value:.2f} |" for n, value in report["expected_tokens_per_pass"].items())
     size = (args.out / "medusa_heads.safetensors").stat().st_size / 1e6
+    start_text = (f" It fine-tunes the heads in `{args.start_from}` (`--start-from`; the commands of their manifest, kept in "
+                  "`MANIFEST-start.md` here, made them), none of whose training prompts is held out here." if args.start_from else "")
     if args.prompts:
         command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
 
@@ -202,7 +208,7 @@ def write_manifest(args, report: dict) -> None:
 
 The first answers the prompts into `{args.distill_out}/` shards that keep the target's hidden states (resumable;
 docs/training.md gives its rate here); the second reads them ({report['states_minutes']:.0f} min here) and trains
-({report['train_minutes']:.0f} min here, {distill.machine()}), seed {args.seed}."""
+({report['train_minutes']:.0f} min here, {distill.machine()}), seed {args.seed}.{start_text}"""
         data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts of the same plan
 ({report['held_out_positions']} positions) measure; nothing of them is trained on."""
     else:
@@ -272,6 +278,7 @@ def main() -> None:
     parser.add_argument("--distill-out", type=Path, default=distill.DEFAULT_OUT, help="the shards of `training.distill` for --prompts")
     parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start-from", type=Path, default=None, help="trained heads' folder: fine-tune them instead of starting afresh")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=1, help="residual blocks per head")
     parser.add_argument("--vocab-size", type=int, default=8192, help="tokens the heads propose from")
@@ -286,6 +293,8 @@ def main() -> None:
     report = train(args)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.start_from:  # the commands that made the heads these started from
+        (args.out / "MANIFEST-start.md").write_text((args.start_from / "MANIFEST.md").read_text())
     write_manifest(args, report)
     print(json.dumps({"top1": report["history"][-1]["top1"], "expected_tokens_per_pass": report["expected_tokens_per_pass"]}))
 
