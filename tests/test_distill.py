@@ -128,6 +128,11 @@ def test_the_recorded_command_remakes_the_plan(tmp_path):
     assert distill.sampling_plan(args) == SamplingPlan(7, (("gsm8k", 4000),), 900, 1, 3)
     assert (args.seed, args.temperature, args.max_new_tokens, args.out) == (5, 0.7, 9, tmp_path)
     assert not args.templates
+    recorded = distill.json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "plan.json").write_text(distill.json.dumps({**recorded, **distill.own_files([tmp_path / "mine.jsonl", distill.SHARED_TRAIN / "a.jsonl"])}))
+    words = distill.command(tmp_path, data).split()  # a prompt file of our own follows the shared ones
+    assert words[3:6] == ["--prompts", "../shared/train/*.jsonl", str(tmp_path / "mine.jsonl")]
+    assert distill.own_files([distill.SHARED_TRAIN / "a.jsonl"]) == {}
 
 
 def test_template_prompts_mix_into_every_shard_and_the_command_says_so(tmp_path):

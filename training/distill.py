@@ -174,6 +174,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer our template prompts (training/prompts.py) too, mixed in: the long chat answers real prompts lack")
 
 
+def own_files(paths: list[Path]) -> dict:
+    """The prompt files from outside ../shared/train (e.g. `training.magpie`'s), by path, for the
+    recorded command; nothing when there are none, so plans of the shared files alone record as before."""
+    own = [str(path) for path in paths if path.resolve().parent != SHARED_TRAIN.resolve()]
+    return {"own_files": own} if own else {}
+
+
 def sampling_plan(args) -> SamplingPlan:
     caps = tuple((item.split("=")[0], int(item.split("=")[1])) for item in args.cap)
     return SamplingPlan(args.cap_per_source, caps, args.max_chars, args.limit, args.plan_seed)
@@ -198,7 +205,7 @@ def main() -> None:
     sampling = sampling_plan(args)
     prompts = plan(read_prompts(args.prompts), sampling, bench_prompts())
     settings = {"plan": {**vars(sampling), "caps": [list(c) for c in sampling.caps]},
-                "files": sorted(p.name for p in args.prompts), "seed": args.seed, "temperature": args.temperature,
+                "files": sorted(p.name for p in args.prompts), **own_files(args.prompts), "seed": args.seed, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "templates": args.templates}
     target = load_model("embedded", args.dtype)
     if args.templates:
@@ -302,4 +309,4 @@ def command(out: Path, data: dict) -> str:
         words += ["--temperature", str(recorded["temperature"]), "--seed", str(recorded["seed"])]
     if out != DEFAULT_OUT:  # the trainers' --distill-out reads it there
         words += ["--out", str(out)]
-    return " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *words])
+    return " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *recorded.get("own_files", []), *words])
