@@ -37,7 +37,7 @@ from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
 from specdemo.methods.prompt_lookup import copy_from_text
 
-# W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/lookahead.md);
+# W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
 # cllm, decoded by lookahead, takes the same ones (docs/methods/cllm.md)
 WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
 
@@ -90,7 +90,7 @@ def generate(
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
-    on a 2-core CPU (docs/methods/lookahead.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
+    on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
     check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         check_whole(name, value, low, high)
