@@ -237,3 +237,23 @@ def test_children_to_fill_a_tree_of_a_given_size():
     (the compiled path's padded slot, tests/test_static.py); an asked top_k that suffices is kept."""
     assert [draft_tree.children_to_fill(size, 2, 2) for size in (4, 6, 7, 12, 13)] == [2, 2, 3, 3, 4]
     assert draft_tree.children_to_fill(8, 1, 2) == 8 and draft_tree.children_to_fill(8, 3, 2) == 2 and draft_tree.children_to_fill(1, 1, 1) == 1
+
+
+@pytest.mark.parametrize("depth,top_k,size", [(4, 3, 7), (6, 2, 5), (5, 3, 12), (3, 1, 2)])
+def test_grow_skips_only_nodes_the_rerank_would_drop(tiny_model, prompt_ids, depth, top_k, size):
+    """Growing skips a node whose value is at or below the `size` best so far (none of its
+    children could be kept): the tree is the brute force's, the whole tree grown and then
+    reranked, with no more draft passes."""
+    draft = Draft("other", tiny_model)
+    for prefix in (prompt_ids[:, :2], prompt_ids[:, :4], prompt_ids, prompt_ids.flip(-1)):
+        whole = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k, size=10**6)
+        brute = draft_tree.best_nodes(whole, size)
+        tree = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k, size=size)
+        assert (tree.tokens, tree.parents, tree.depths) == (brute.tokens, brute.parents, brute.depths)
+        assert tree.scores == pytest.approx(brute.scores, abs=1e-5)
+        assert tree.draft_passes < whole.draft_passes == depth  # a random draft is unsure: levels were skipped
+
+
+def test_kept_value_is_the_size_th_best():
+    assert draft_tree.kept_value([-1.0, -3.0, -2.0], 2) == -2.0
+    assert draft_tree.kept_value([-1.0, -3.0], 3) == float("-inf")

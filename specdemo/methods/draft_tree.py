@@ -7,7 +7,9 @@ grows `depth` levels; each level expands only the `top_k` nodes of highest value
 its draft's `top_k` best children, in one draft pass where every node sees the prefix and its
 own ancestors. Then the `size` nodes of highest value form the tree the target verifies
 (reranking, their Sec. 4.2). A child's value never exceeds its parent's, so the chosen nodes
-always include their ancestors.
+always include their ancestors, and a node whose value is already below the `size` best has
+no child worth drafting: the tree grows no level in which no node could still be kept
+(`kept_value`), so a deep `depth` costs draft passes only where the draft is sure of itself.
 
 The target verifies the tree as any proposal (`verify`): a child is accepted when its token is
 the target's argmax after its parent; the target's own token follows the deepest accepted node.
@@ -112,7 +114,8 @@ def grow(
     frontier = add_children(tree, states, draft, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=top_k)
     fed = []  # nodes in the draft's cache after the prefix, in cache order
     for level in range(2, depth + 1):
-        expand = sorted((n for n in frontier if tree.tokens[n] not in eos), key=lambda n: -tree.scores[n])[:top_k]
+        bar = kept_value(tree.scores, size)
+        expand = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar), key=lambda n: -tree.scores[n])[:top_k]
         if not expand:
             break
         allowed = branch_visibility(tree, fed, expand, prefix, sequence.device)
@@ -127,6 +130,15 @@ def grow(
         )
     keep_prefix(cache, prefix)
     return best_nodes(tree, size)
+
+
+def kept_value(scores: list[float], size: int) -> float:
+    """The value a node must beat for a child of it to be among the `size` the rerank keeps: the
+    size-th best value so far (-inf while fewer nodes). A child's value never exceeds its parent's,
+    and ties go to the shallower node, so expanding a node at or below it changes nothing but
+    costs a draft pass: `grow` skips it, and stops early when no node beats it. The tree is the
+    same as without the skip; a deep `depth` costs passes only while the draft is confident."""
+    return sorted(scores, reverse=True)[size - 1] if len(scores) >= size else float("-inf")
 
 
 def children_to_fill(size: int, depth: int, top_k: int) -> int:
