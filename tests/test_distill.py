@@ -204,6 +204,19 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     assert sorted(train_ids + held) == list(range(40))
 
 
+def test_a_chain_of_fine_tunes_keeps_every_manifest(tmp_path):
+    """A fine-tune's MANIFEST-start.md holds its start's manifest and, when the start was a fine-tune
+    too, that one's start, so the commands go back to the training from scratch."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    (first / "MANIFEST.md").write_text("trained from scratch: command A\n")
+    assert distill.start_manifest(first) == "trained from scratch: command A\n"
+    (second / "MANIFEST.md").write_text("fine-tuned: command B\n")
+    (second / "MANIFEST-start.md").write_text(distill.start_manifest(first))
+    kept = distill.start_manifest(second)
+    assert kept.index("command B") < kept.index("command A")
+
+
 def test_unseen_prompts_come_from_the_same_sources_and_none_from_the_plan():
     """The CLLM's quality check measures on these: a plan answered whole leaves no held-out end of it."""
     prompts = [Prompt(f"question {i} of {source}", source) for source in ("a/x", "a/y", "b") for i in range(40)]

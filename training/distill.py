@@ -251,6 +251,17 @@ def trained_by(folder: Path) -> frozenset[str]:
     return trained_on(Path(recorded["distill_out"]), int(recorded["held_out"]), int(recorded["seed"]))
 
 
+def start_manifest(folder: Path) -> str:
+    """What a fine-tune keeps as its MANIFEST-start.md: the manifest of the asset in `folder` it
+    started from, and that asset's own MANIFEST-start.md after it when it too was a fine-tune, so
+    that a chain of fine-tunes keeps every command back to the first training from scratch."""
+    text = (folder / "MANIFEST.md").read_text()
+    earlier = folder / "MANIFEST-start.md"
+    if earlier.exists():
+        text += f"\n---\n\n*The asset above was itself fine-tuned; what it started from:*\n\n{earlier.read_text()}"
+    return text
+
+
 def ensure_split(args, out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
     """`load_split`, answering the prompts of `args` (a trainer's `add_arguments`) into `out` first
     when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""

@@ -446,7 +446,7 @@ def main() -> None:
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     if args.start_from:  # the commands that made the draft this one started from
-        (args.out / "MANIFEST-start.md").write_text((args.start_from / "MANIFEST.md").read_text())
+        (args.out / "MANIFEST-start.md").write_text(distill.start_manifest(args.start_from))
     write_manifest(args, report)
     print(json.dumps({k: report["history"][-1][k] for k in report["history"][-1] if k.startswith(("top1", "tokens_per_pass"))}))
 

@@ -294,7 +294,7 @@ def main() -> None:
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     if args.start_from:  # the commands that made the heads these started from
-        (args.out / "MANIFEST-start.md").write_text((args.start_from / "MANIFEST.md").read_text())
+        (args.out / "MANIFEST-start.md").write_text(distill.start_manifest(args.start_from))
     write_manifest(args, report)
     print(json.dumps({"top1": report["history"][-1]["top1"], "expected_tokens_per_pass": report["expected_tokens_per_pass"]}))
 
