@@ -74,3 +74,14 @@ def test_adding_the_written_prompts_to_a_plan_leaves_the_shared_sample_unchanged
     together = plan(shared + written, sampling, bench=[])
     assert set(alone) == {p for p in together if p in set(shared)}
     assert sum(p.source.startswith(magpie.SOURCE) for p in together) == 20
+
+
+def test_a_manifest_remakes_the_written_prompts_before_the_answers(tmp_path):
+    """`distill.command` puts the magpie command that writes a prompt file of its plan before its own,
+    with the file's count (the run stops after the batch that reaches it: the same file)."""
+    from training import distill
+    mine, other = tmp_path / "magpie.jsonl", tmp_path / "other.jsonl"
+    mine.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0}) + "\n" for i in range(7)))
+    other.write_text(json.dumps({"prompt": "q", "source": "mine"}) + "\n")
+    assert distill.written_by(str(mine)) == f".venv/bin/python -m training.magpie --count 7 --out {mine}"
+    assert distill.written_by(str(other)) is None and distill.written_by(str(tmp_path / "gone.jsonl")) is None
