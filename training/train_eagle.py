@@ -330,10 +330,11 @@ def write_manifest(args, report: dict) -> None:
     steps = " / ".join(f"{rate:.2f}" for rate in final["accept_rate_by_step"])
     minutes = report["features_minutes"] + report["train_minutes"] + report["final_eval_minutes"]
     vocab_text = "the tokens the training answers use most" if args.prompts else "the token draft's vocabulary, shared so the two propose the same tokens"
+    start_line = f"\n    # then the commands of MANIFEST-start.md, which make {args.start_from}" if args.start_from else ""
     if args.prompts:
         command_text = f"""**Commands** (from a clean checkout, after `make setup`, with `../shared/train` beside it; docs/training.md):
 
-    {report['distill_command']}
+    {report['distill_command']}{start_line}
     .venv/bin/python -m training.train_eagle {' '.join(sys.argv[1:])}
 
 The first answers the prompts into `{args.distill_out}/` shards that keep the target's features (resumable;
@@ -366,7 +367,7 @@ followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer 
 to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
 tokens of `draft_vocab.json` ({vocab_text};
 {report['vocab_coverage_held_out']:.1%} of the held-out answer tokens), turns it into the next token. It drafts
-further on its own features. {f"Fine-tuned from the draft in `{args.start_from}` (`--start-from`; the commands of its manifest, kept in `MANIFEST-start.md` here, made it), none of whose training prompts is held out here; that draft was i" if args.start_from else "I"}nitialised from the target's last layer with fc passing f_t through
+further on its own features. {f"Fine-tuned from the draft in `{args.start_from}` (`--start-from`; the commands of its manifest, kept in `MANIFEST-start.md` here, made it), none of whose training prompts is held out here; the first draft of that chain was i" if args.start_from else "I"}nitialised from the target's last layer with fc passing f_t through
 (`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
 shares (and never changes) the target's embedding and LM head, which are not stored here.
 Loaded by `specdemo.methods.eagle.load_feature_draft(folder, target)`, no network.
