@@ -77,11 +77,10 @@ def test_adding_the_written_prompts_to_a_plan_leaves_the_shared_sample_unchanged
 
 
 def test_a_manifest_remakes_the_written_prompts_before_the_answers(tmp_path):
-    """`distill.command` puts the magpie command that writes a prompt file of its plan before its own,
-    with the file's count (the run stops after the batch that reaches it: the same file)."""
-    from training import distill
+    """The command that writes a magpie prompt file again, with the file's count (the run stops after
+    the batch that reaches it: the same file), for `distill.command` to put before its own."""
     mine, other = tmp_path / "magpie.jsonl", tmp_path / "other.jsonl"
     mine.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0}) + "\n" for i in range(7)))
     other.write_text(json.dumps({"prompt": "q", "source": "mine"}) + "\n")
-    assert distill.written_by(str(mine)) == f".venv/bin/python -m training.magpie --count 7 --out {mine}"
-    assert distill.written_by(str(other)) is None and distill.written_by(str(tmp_path / "gone.jsonl")) is None
+    assert magpie.remake_command(str(mine)) == f".venv/bin/python -m training.magpie --count 7 --out {mine}"
+    assert magpie.remake_command(str(other)) is None and magpie.remake_command(str(tmp_path / "gone.jsonl")) is None

@@ -321,18 +321,6 @@ def command(out: Path, data: dict) -> str:
     if out != DEFAULT_OUT:  # the trainers' --distill-out reads it there
         words += ["--out", str(out)]
     own = recorded.get("own_files", [])
-    distill = " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *own, *words])
-    return "\n    ".join([*filter(None, map(written_by, own)), distill])
-
-
-def written_by(path: str) -> str | None:
-    """The command that wrote the prompt file at `path` when `training.magpie` did (its rows name
-    their source), so that a manifest's commands remake it first; None for any other file."""
-    file = Path(path)
-    if not file.exists():
-        return None
-    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    if not rows or not rows[0].get("source", "").startswith("written_by_target/magpie-"):
-        return None
-    model = rows[0]["source"].removeprefix("written_by_target/magpie-")
-    return " ".join([".venv/bin/python -m training.magpie", *(["--model", model] if model != "embedded" else []), "--count", str(len(rows)), "--out", path])
+    answers = " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *own, *words])
+    from .magpie import remake_command  # magpie imports this module: imported here, when a manifest is written
+    return "\n    ".join([*filter(None, map(remake_command, own)), answers])

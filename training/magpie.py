@@ -63,6 +63,25 @@ def sample_requests(target: LoadedModel, batch: int, size: int, seed: int, max_n
     return requests
 
 
+def source(model: str) -> str:
+    """The source name of the prompts `model` wrote (a plan caps them by the prefix `SOURCE`)."""
+    return f"{SOURCE}/magpie-{model}"
+
+
+def remake_command(path: str) -> str | None:
+    """The command that writes the prompt file at `path` again when this module wrote it (its rows
+    name their source; the run stops after the batch that reaches the count: the same file), so a
+    manifest's commands (`distill.command`) remake it first; None for any other file."""
+    file = Path(path)
+    if not file.exists():
+        return None
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    model = rows[0].get("source", "").removeprefix(source("")) if rows else ""
+    if not rows or rows[0].get("source") != source(model) or not model:
+        return None
+    return " ".join([".venv/bin/python -m training.magpie", *(["--model", model] if model != "embedded" else []), "--count", str(len(rows)), "--out", path])
+
+
 def written(out: Path) -> tuple[list[str], int]:
     """The prompts already in `out` and the next batch number."""
     if not out.exists():
@@ -93,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             new = [text for text in dict.fromkeys(sample_requests(target, batch, args.batch_size, args.seed, args.max_new_tokens, args.temperature, args.top_p))
                    if text not in seen]
             for text in new:
-                file.write(json.dumps({"prompt": text, "source": f"{SOURCE}/magpie-{args.model}", "batch": batch}) + "\n")
+                file.write(json.dumps({"prompt": text, "source": source(args.model), "batch": batch}) + "\n")
             file.flush()
             seen.update(new)
             bar.update(min(len(new), args.count - bar.n))
