@@ -30,6 +30,7 @@ from .distill import on_default_device
 
 DEFAULT_OUT = Path("build/magpie.jsonl")
 MIN_WORDS = 4
+DEFAULT_BATCH_SIZE = 64
 SOURCE = "written_by_target"  # sorts after the shared files' sources ("gsm8k", "self_instruct", "t0/..."), so that adding these
 # prompts to a plan leaves the sample `plan` draws from those unchanged (it shuffles source after source with one generator)
 MARK = "\x00MAGPIE\x00"
@@ -79,7 +80,9 @@ def remake_command(path: str) -> str | None:
     model = rows[0].get("source", "").removeprefix(source("")) if rows else ""
     if not rows or rows[0].get("source") != source(model) or not model:
         return None
-    return " ".join([".venv/bin/python -m training.magpie", *(["--model", model] if model != "embedded" else []), "--count", str(len(rows)), "--out", path])
+    size = rows[0].get("batch_size", DEFAULT_BATCH_SIZE)  # files written before it was recorded used the default
+    return " ".join([".venv/bin/python -m training.magpie", *(["--model", model] if model != "embedded" else []), "--count", str(len(rows)),
+                     *(["--batch-size", str(size)] if size != DEFAULT_BATCH_SIZE else []), "--out", path])
 
 
 def written(out: Path) -> tuple[list[str], int]:
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=2000, help="stop once the file holds this many prompts")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="requests sampled a batch (seeded by its number); more on a GPU")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="a request longer than this is dropped")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             new = [text for text in dict.fromkeys(sample_requests(target, batch, args.batch_size, args.seed, args.max_new_tokens, args.temperature, args.top_p))
                    if text not in seen]
             for text in new:
-                file.write(json.dumps({"prompt": text, "source": source(args.model), "batch": batch}) + "\n")
+                file.write(json.dumps({"prompt": text, "source": source(args.model), "batch": batch, "batch_size": args.batch_size}) + "\n")
             file.flush()
             seen.update(new)
             bar.update(min(len(new), args.count - bar.n))

@@ -43,6 +43,7 @@ from specdemo.methods.eagle import (
 from specdemo.models import load_model
 
 from . import distill
+from .schedule import Schedule
 from .selfdistill import draft_vocabulary, length_groups, load_split
 from .train_draft import answer_positions, label_targets
 from .train_draft import evaluate as evaluate_token_draft
@@ -271,13 +272,18 @@ def train(args) -> dict:
     gammas = tuple(args.gammas)
     history = [{"step": 0, **evaluate(draft, data, features, held_out, to_subset, gammas)}]
     print(json.dumps(history[-1]), flush=True)
+    schedule = Schedule(args.lr, 50, total_steps, args.minutes)
     step, clock = 0, time.time()
     for epoch in range(args.epochs):
-        sums, epoch_clock = [0.0, 0.0, 0.0], time.time()
-        steps = args.tt_steps if epoch >= args.epochs - args.tt_epochs else 1
+        sums, epoch_clock, epoch_steps = [0.0, 0.0, 0.0], time.time(), 0
+        tt = schedule.progress(step) >= 1 - args.tt_epochs / args.epochs if args.minutes else epoch >= args.epochs - args.tt_epochs
+        steps = args.tt_steps if tt else 1
         for group in length_groups(data["sequences"], train_ids, args.batch_tokens, rng):
-            for param_group in optimizer.param_groups:  # warm-up, then cosine decay
-                param_group["lr"] = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+            if schedule.done(step):
+                break
+            schedule.start_step()
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = schedule.rate(step)
             input_ids, mask, first, feats = pad_batch(data, features, group)
             loss, regression, classification = eagle_loss(draft, input_ids, mask, first, feats, to_subset, args.w_cls, args.noise, steps)
             optimizer.zero_grad()
@@ -287,25 +293,30 @@ def train(args) -> dict:
             for k, value in enumerate((loss, regression, classification)):
                 sums[k] += value.item()
             step += 1
+            epoch_steps += 1
+            schedule.end_step()
             if step % 50 == 0:
                 print(f"epoch {epoch} step {step}/{total_steps} loss {loss.item():.3f} {time.time() - clock:.0f}s", flush=True)
-        train_seconds = time.time() - epoch_clock
-        eval_gammas = gammas if epoch == args.epochs - 1 else (CURVE_GAMMA,)
-        history.append({"step": step, "epoch": epoch + 1, "steps_trained": steps, "train_loss": sums[0] / steps_per_epoch,
-                        "train_smooth_l1": sums[1] / steps_per_epoch, "train_cross_entropy": sums[2] / steps_per_epoch,
-                        "train_seconds": train_seconds, **evaluate(draft, data, features, held_out, to_subset, eval_gammas)})
+        if not epoch_steps:
+            break
+        last = epoch == args.epochs - 1 or schedule.done(step)
+        eval_gammas = gammas if last else (CURVE_GAMMA,)
+        history.append({"step": step, "epoch": epoch + 1 if epoch_steps == steps_per_epoch else round(epoch + epoch_steps / steps_per_epoch, 2),
+                        "steps_trained": steps, "train_loss": sums[0] / epoch_steps,
+                        "train_smooth_l1": sums[1] / epoch_steps, "train_cross_entropy": sums[2] / epoch_steps,
+                        "train_seconds": time.time() - epoch_clock, **evaluate(draft, data, features, held_out, to_subset, eval_gammas)})
         print(json.dumps(history[-1]), flush=True)
+        if last:
+            break
+    if set(gammas) - {CURVE_GAMMA} and f"tokens_per_pass_gamma{min(gammas)}" not in history[-1]:  # the budget ran out before the last epoch
+        history[-1].update(evaluate(draft, data, features, held_out, to_subset, gammas))
     timings["train_minutes"] = (time.time() - clock) / 60
     assert all(p.grad is None for p in target.parameters()) and checksum(target) == target_before, "the target changed"
     save_feature_draft(draft, args.out, {"base_model": "embedded SmolLM2-135M-Instruct", "w_cls": args.w_cls, "noise": args.noise})
     clock = time.time()
     saved = load_feature_draft(args.out, runner.model)  # as the app loads it: float16 on disk, bfloat16 here
     as_saved = evaluate(saved, data, features, held_out, to_subset, gammas)
-    token_draft = load_draft("embedded", load_model("embedded", "float32"))  # for comparison, on the same text
-    token_vocab = torch.tensor(json.loads((EMBEDDED_DRAFT / VOCAB_FILE).read_text()))  # its head's rows
-    token_subset = torch.full((49152,), -100, dtype=torch.long)
-    token_subset[token_vocab] = torch.arange(len(token_vocab))
-    token_draft = evaluate_token_draft(token_draft.model, token_draft.head, data, held_out, token_subset, gammas)
+    token_draft = compare_token_draft(data, held_out, gammas) if (EMBEDDED_DRAFT / VOCAB_FILE).exists() else None
     timings["final_eval_minutes"] = (time.time() - clock) / 60
     answers = torch.cat([torch.tensor(data["sequences"][i][data["answer_starts"][i]:]) for i in held_out])
     return {"history": history, "as_saved_bfloat16": as_saved, "token_draft_same_held_out": token_draft,
@@ -316,12 +327,22 @@ def train(args) -> dict:
                 "distill_command": distill.command(args.distill_out, data)} if args.prompts else {})}
 
 
+def compare_token_draft(data: dict, held_out: list[int], gammas) -> dict:
+    """The shipped token draft's numbers on the same held-out text, for comparison."""
+    token_draft = load_draft("embedded", load_model("embedded", "float32"))
+    token_vocab = torch.tensor(json.loads((EMBEDDED_DRAFT / VOCAB_FILE).read_text()))  # its head's rows
+    token_subset = torch.full((49152,), -100, dtype=torch.long)
+    token_subset[token_vocab] = torch.arange(len(token_vocab))
+    return evaluate_token_draft(token_draft.model, token_draft.head, data, held_out, token_subset, gammas)
+
+
 def write_manifest(args, report: dict) -> None:
-    first, final, saved, token = report["history"][0], report["history"][-1], report["as_saved_bfloat16"], report["token_draft_same_held_out"]
+    first, final, saved = report["history"][0], report["history"][-1], report["as_saved_bfloat16"]
+    token = report["token_draft_same_held_out"] or {}  # none where the token draft was not there to compare (a GPU run's copy)
     sizes = "\n".join(f"| `{f.name}` | {f.stat().st_size / 1e6:.2f} MB |" for f in sorted(args.out.iterdir()) if f.name != "MANIFEST.md")
     rows = "\n".join(
         f"| {g} | {first[f'tokens_per_pass_gamma{g}']:.2f} | **{final[f'tokens_per_pass_gamma{g}']:.2f}** | {saved[f'tokens_per_pass_gamma{g}']:.2f} "
-        f"| {token[f'tokens_per_pass_gamma{g}']:.2f} |" for g in args.gammas
+        f"| {token.get(f'tokens_per_pass_gamma{g}', math.nan):.2f} |" for g in args.gammas
     )
     curve = "\n".join(
         f"| {h['epoch']} | {h['steps_trained']} | {h['train_loss']:.3f} | {h['train_smooth_l1']:.3f} | {h['train_cross_entropy']:.3f} "
@@ -396,7 +417,7 @@ the bfloat16 target, as the app runs them; the token draft (assets/smollm2-135m-
 
 | | before | after | as saved | token draft |
 | --- | --- | --- | --- | --- |
-| first-token agreement | {first['top1_agreement']:.3f} | **{final['top1_agreement']:.3f}** | {saved['top1_agreement']:.3f} | {token['top1_agreement']:.3f} |
+| first-token agreement | {first['top1_agreement']:.3f} | **{final['top1_agreement']:.3f}** | {saved['top1_agreement']:.3f} | {token.get('top1_agreement', math.nan):.3f} |
 
 Tokens per target pass:
 
@@ -438,6 +459,8 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--held-out", type=int, default=80)
     parser.add_argument("--gammas", type=int, nargs="+", default=[3, 4, 5, 6, 8])
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="train for this long at most, the learning rate decaying over it (and the last tt-epochs/epochs of it training later steps)")
     parser.add_argument("--train-limit", type=int, default=None, help="train on the first N sequences only (for timing)")
     args = parser.parse_args()
     distill.on_default_device()

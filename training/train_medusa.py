@@ -33,6 +33,7 @@ from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, Medus
 from specdemo.models import load_model
 
 from . import distill
+from .schedule import Schedule
 from .selfdistill import (
     SAMPLED_COMMAND,
     SAMPLED_DATA,
@@ -159,20 +160,29 @@ def train(args) -> dict:
     total = math.ceil(positions / args.batch) * args.epochs
     by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
     history = [{"epoch": 0, "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()}]
+    schedule = Schedule(args.lr, 20, total, args.minutes)
     step, start = 0, time.time()
     for epoch in range(args.epochs):
         losses = []
         for batch in torch.randperm(positions).split(args.batch):
-            for group in optimizer.param_groups:  # warm-up, then cosine decay
-                group["lr"] = args.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / total))
+            if schedule.done(step):
+                break
+            schedule.start_step()
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.rate(step)
             loss = soft_loss(heads, train_states, batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
             step += 1
+            schedule.end_step()
+        if not losses:
+            break
         by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
-        history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()})
+        steps_per_epoch = math.ceil(positions / args.batch)
+        epochs_done = epoch + 1 if len(losses) == steps_per_epoch else round(epoch + len(losses) / steps_per_epoch, 2)
+        history.append({"epoch": epochs_done, "train_loss": sum(losses) / len(losses), "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()})
         print(json.dumps(history[-1]), f"{time.time() - start:.0f}s", flush=True)
     by_rank, paths, eval_positions = rank_paths(heads, eval_states, proposal_vocab)
     choices = best_tree(paths, args.tree_nodes)
@@ -285,6 +295,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=1024, help="positions per training step")
+    parser.add_argument("--minutes", type=float, default=None, help="train for this long at most, the learning rate decaying over it")
     parser.add_argument("--held-out", type=int, default=80)
     parser.add_argument("--tree-nodes", type=int, default=64, help="rank paths stored, best first")
     parser.add_argument("--tree-size", type=int, default=12, help="nodes of the static and the dynamic tree (12: the dynamic tree's 2.2 tokens a pass in bfloat16, README)")
