@@ -32,7 +32,7 @@ say "$(wc -l < build/magpie.jsonl) chat prompts"
 
 say "answers"
 timeout $(($(left) - BUDGET * 45 / 100)) $PY -m training.distill --prompts $PROMPTS $PLAN --max-new-tokens 160 \
-    --shard-size "$BATCH" --batch-size "$BATCH" --batch-tokens $((BATCH * 500)) --out build/distill-gpu $EXTRA
+    --shard-size "$BATCH" --batch-size "$BATCH" --batch-tokens $((BATCH * 400)) --out build/distill-gpu $EXTRA
 say "$(ls build/distill-gpu/shard-*.pt | wc -l) shards"
 
 TRAIN=$(awk "BEGIN {print ($(left) - 100) / 60}")  # minutes each trainer may train: loading, evaluation and writing take the rest
