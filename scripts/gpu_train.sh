@@ -41,7 +41,7 @@ $PY -m training.train_eagle --prompts $PROMPTS $PLAN --distill-out build/distill
     --tt-epochs 3 --tt-steps 3 --batch-tokens 16384 --minutes "$TRAIN" --out build/eagle-gpu > "$RESULTS/eagle.log" 2>&1 &
 $PY -m training.train_medusa --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" --epochs 4 \
     --batch 8192 --minutes "$TRAIN" --out build/medusa-gpu > "$RESULTS/medusa.log" 2>&1 &
-$PY scripts/gpu_tokens.py build/distill-gpu "$RESULTS/tokens.pt.xz"
+$PY scripts/gpu_tokens.py save build/distill-gpu "$RESULTS/tokens.pt.xz"
 cp build/magpie.jsonl "$RESULTS/"
 wait
 say "done"

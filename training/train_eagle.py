@@ -276,7 +276,7 @@ def train(args) -> dict:
     step, clock = 0, time.time()
     for epoch in range(args.epochs):
         sums, epoch_clock, epoch_steps = [0.0, 0.0, 0.0], time.time(), 0
-        tt = schedule.progress(step) >= 1 - args.tt_epochs / args.epochs if args.minutes else epoch >= args.epochs - args.tt_epochs
+        tt = epoch >= args.epochs - args.tt_epochs or (args.minutes and schedule.progress(step) >= 1 - args.tt_epochs / args.epochs)
         steps = args.tt_steps if tt else 1
         for group in length_groups(data["sequences"], train_ids, args.batch_tokens, rng):
             if schedule.done(step):
