@@ -9,7 +9,7 @@
 # the chat prompts (`training.magpie`) after a batch, the answers (`training.distill`) after a whole
 # shard, so what it leaves is a valid prefix of its plan, and the two trainers, run side by side,
 # by `--minutes`. RESULTS_DIR gets the two trained folders, the prompts the target wrote, the
-# answers' tokens (no features: `scripts/gpu_tokens.py`) and the log.
+# answers' tokens (no features: `training.carry`) and the log.
 set -u
 RESULTS=${1:?results folder}
 BUDGET=${2:-480}
@@ -41,7 +41,7 @@ $PY -m training.train_eagle --prompts $PROMPTS $PLAN --distill-out build/distill
     --tt-epochs 3 --tt-steps 3 --batch-tokens 16384 --minutes "$TRAIN" --out build/eagle-gpu > "$RESULTS/eagle.log" 2>&1 &
 $PY -m training.train_medusa --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" --epochs 4 \
     --batch 8192 --minutes "$TRAIN" --out build/medusa-gpu > "$RESULTS/medusa.log" 2>&1 &
-$PY scripts/gpu_tokens.py save build/distill-gpu "$RESULTS/tokens.pt.xz"
+$PY -m training.carry save build/distill-gpu "$RESULTS/tokens.pt.xz"
 cp build/magpie.jsonl "$RESULTS/"
 wait
 say "done"

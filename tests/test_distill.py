@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdemo.methods import ar
-from training import distill
+from training import carry, distill
 from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts, unseen, word_runs
 from training.selfdistill import batch_decode
 
@@ -87,6 +87,24 @@ def test_shards_resume_and_refuse_another_plan(tmp_path, monkeypatch):
     assert distill.load_shards(tmp_path)["sequences"] == data["sequences"]
     with pytest.raises(SystemExit, match="another plan"):
         distill.run(target, prompts, tmp_path, {**settings, "temperature": 0.8}, shard_size=2, batch_size=2)
+
+
+def test_carried_tokens_restore_the_shards_their_features_from_a_full_pass(tmp_path):
+    """What a lent GPU sends back (`carry.save`: tokens, no features) makes the same shards again."""
+    target = tiny_target()
+    prompts = [Prompt(text, f"source{len(text) % 2}") for text in ["abc", "hello there", "x", "a longer prompt", "zz"]]
+    distill.run(target, prompts, tmp_path / "made", {"seed": 0, "temperature": 0.0, "max_new_tokens": 6, "dtype": "float32"},
+                shard_size=2, batch_size=2)
+    carry.save(tmp_path / "made", tmp_path / "tokens.pt.xz")
+    carry.restore(tmp_path / "tokens.pt.xz", tmp_path / "restored", target)
+    made, restored = distill.load_shards(tmp_path / "made"), distill.load_shards(tmp_path / "restored")
+    assert sorted(p.name for p in (tmp_path / "restored").iterdir()) == sorted(p.name for p in (tmp_path / "made").iterdir())
+    assert (tmp_path / "restored" / "plan.json").read_text() == (tmp_path / "made" / "plan.json").read_text()
+    for key in ("prompts", "sources", "sequences", "answer_starts"):
+        assert restored[key] == made[key]
+    for a, b in zip(made["features"], restored["features"]):  # both bfloat16: one rounding step apart at most
+        assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_a_larger_plan_reuses_the_greedy_answers_of_an_earlier_run(tmp_path, monkeypatch):

@@ -84,3 +84,7 @@ def test_a_manifest_remakes_the_written_prompts_before_the_answers(tmp_path):
     other.write_text(json.dumps({"prompt": "q", "source": "mine"}) + "\n")
     assert magpie.remake_command(str(mine)) == f".venv/bin/python -m training.magpie --count 7 --out {mine}"
     assert magpie.remake_command(str(other)) is None and magpie.remake_command(str(tmp_path / "gone.jsonl")) is None
+    gpu = tmp_path / "gpu.jsonl"  # a file sampled in batches of another size is another file: the command says the size
+    gpu.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0, "batch_size": 2048}) + "\n"
+                           for i in range(3)))
+    assert magpie.remake_command(str(gpu)) == f".venv/bin/python -m training.magpie --count 3 --batch-size 2048 --out {gpu}"

@@ -308,7 +308,7 @@ def train(args) -> dict:
         print(json.dumps(history[-1]), flush=True)
         if last:
             break
-    if set(gammas) - {CURVE_GAMMA} and f"tokens_per_pass_gamma{min(gammas)}" not in history[-1]:  # the budget ran out before the last epoch
+    if not all(f"tokens_per_pass_gamma{g}" in history[-1] for g in gammas):  # the budget ran out at an epoch's start
         history[-1].update(evaluate(draft, data, features, held_out, to_subset, gammas))
     timings["train_minutes"] = (time.time() - clock) / 60
     assert all(p.grad is None for p in target.parameters()) and checksum(target) == target_before, "the target changed"
