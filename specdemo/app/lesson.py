@@ -23,7 +23,7 @@ GLOSSARY = (
 )
 
 # Prompts on which each method's gain shows, chosen by tokens per target pass with the embedded
-# model, 64 tokens, bfloat16 (docs/lesson.md): the prime function gives speculative about 2.3 and
+# model, 64 tokens, bfloat16 (docs/lesson.md): the prime function gives speculative about 2.7 and
 # Medusa 2.6; the week gives CLLM 2.5 (Jacobi 1.0); the repeated sentence gives lookahead 2.5
 # (the prime function: 1.3).
 CODE = "Write a Python function that checks whether a number is prime, with a docstring."
