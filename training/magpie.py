@@ -12,8 +12,9 @@ nothing: each is the target's own sample.
 
 Every batch samples `batch_size` requests from the same prefix, seeded by (`seed`, batch number),
 and keeps those that closed their turn within `max_new_tokens` and hold at least `MIN_WORDS`
-words, once each. The JSONL grows a batch at a time ({"prompt", "source", "batch"}): a killed run
-resumes after its last batch, and the same seed writes the same file. `training.distill --prompts`
+words, once each. The JSONL grows a batch at a time ({"prompt", "source", "batch", "batch_size"}): a killed run
+resumes after its last batch, and the same seed and batch size write the same file on the same kind of device
+(a GPU samples other numbers than a CPU). `training.distill --prompts`
 reads it as any prompt file (its plan leaves out whatever nearly copies a bench prompt).
 """
 
