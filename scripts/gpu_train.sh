@@ -45,6 +45,6 @@ $PY -m training.carry save build/distill-gpu "$RESULTS/tokens.pt.xz"
 cp build/magpie.jsonl "$RESULTS/"
 wait
 say "done"
-tail -3 "$RESULTS/eagle.log" "$RESULTS/medusa.log"
+tail -n 3 "$RESULTS/eagle.log" "$RESULTS/medusa.log"
 tar -cf "$RESULTS/eagle-gpu.tar" -C build eagle-gpu
 tar -cf "$RESULTS/medusa-gpu.tar" -C build medusa-gpu
