@@ -4,8 +4,9 @@ steps or, with `--minutes`, over the training time, which then also ends trainin
 import math
 
 import pytest
+import torch
 
-from training.schedule import Schedule
+from training.schedule import Schedule, epochs_done
 
 
 def test_by_steps_it_warms_up_then_decays_to_zero_and_never_stops_training():
@@ -31,6 +32,14 @@ def test_with_a_budget_it_follows_the_training_time_and_ends_when_it_is_spent():
 
 def test_only_the_steps_count_toward_the_budget():
     schedule = Schedule(lr=1.0, warmup=1, total_steps=10, minutes=1)
-    schedule.start_step()
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    assert schedule.begin_step(optimizer, 0) and optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
     schedule.end_step()
     assert 0.0 <= schedule.trained_seconds < 1.0
+    schedule.trained_seconds = 60.0
+    assert not schedule.begin_step(optimizer, 1)  # spent: no step, the rate left as it was
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
+
+
+def test_a_budget_cut_epoch_is_reported_as_a_fraction():
+    assert epochs_done(2, 10, 10) == 3 and epochs_done(2, 4, 10) == 2.4

@@ -29,8 +29,21 @@ class Schedule:
         """With a time budget: whether it is spent (without one, the epochs end training)."""
         return bool(self.minutes) and self.progress(step) >= 1.0
 
-    def start_step(self) -> None:
+    def begin_step(self, optimizer, step: int) -> bool:
+        """Before training step `step`: False once the budget is spent; else set the optimizer's rate
+        and start timing the step."""
+        if self.done(step):
+            return False
+        for group in optimizer.param_groups:
+            group["lr"] = self.rate(step)
         self._started = time.time()
+        return True
 
     def end_step(self) -> None:
         self.trained_seconds += time.time() - self._started
+
+
+def epochs_done(epoch: int, steps: int, steps_per_epoch: int) -> float:
+    """The epoch count a report gives after `steps` steps of epoch `epoch` (0-based): whole, or the
+    fraction reached when a time budget stopped it."""
+    return epoch + 1 if steps == steps_per_epoch else round(epoch + steps / steps_per_epoch, 2)

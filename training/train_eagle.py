@@ -43,7 +43,7 @@ from specdemo.methods.eagle import (
 from specdemo.models import load_model
 
 from . import distill
-from .schedule import Schedule
+from .schedule import Schedule, epochs_done
 from .selfdistill import draft_vocabulary, length_groups, load_split
 from .train_draft import answer_positions, label_targets
 from .train_draft import evaluate as evaluate_token_draft
@@ -279,11 +279,8 @@ def train(args) -> dict:
         tt = epoch >= args.epochs - args.tt_epochs or (args.minutes and schedule.progress(step) >= 1 - args.tt_epochs / args.epochs)
         steps = args.tt_steps if tt else 1
         for group in length_groups(data["sequences"], train_ids, args.batch_tokens, rng):
-            if schedule.done(step):
+            if not schedule.begin_step(optimizer, step):
                 break
-            schedule.start_step()
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = schedule.rate(step)
             input_ids, mask, first, feats = pad_batch(data, features, group)
             loss, regression, classification = eagle_loss(draft, input_ids, mask, first, feats, to_subset, args.w_cls, args.noise, steps)
             optimizer.zero_grad()
@@ -301,7 +298,7 @@ def train(args) -> dict:
             break
         last = epoch == args.epochs - 1 or schedule.done(step)
         eval_gammas = gammas if last else (CURVE_GAMMA,)
-        history.append({"step": step, "epoch": epoch + 1 if epoch_steps == steps_per_epoch else round(epoch + epoch_steps / steps_per_epoch, 2),
+        history.append({"step": step, "epoch": epochs_done(epoch, epoch_steps, steps_per_epoch),
                         "steps_trained": steps, "train_loss": sums[0] / epoch_steps,
                         "train_smooth_l1": sums[1] / epoch_steps, "train_cross_entropy": sums[2] / epoch_steps,
                         "train_seconds": time.time() - epoch_clock, **evaluate(draft, data, features, held_out, to_subset, eval_gammas)})

@@ -33,7 +33,7 @@ from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, Medus
 from specdemo.models import load_model
 
 from . import distill
-from .schedule import Schedule
+from .schedule import Schedule, epochs_done
 from .selfdistill import (
     SAMPLED_COMMAND,
     SAMPLED_DATA,
@@ -157,7 +157,8 @@ def train(args) -> dict:
         heads.blocks.load_state_dict({name: tensor.float() for name, tensor in load_file(args.start_from / HEADS_FILE).items() if name != VOCAB_KEY})
     optimizer = torch.optim.AdamW(heads.blocks.parameters(), lr=args.lr, weight_decay=0.0)
     positions = len(train_states["next"])
-    total = math.ceil(positions / args.batch) * args.epochs
+    steps_per_epoch = math.ceil(positions / args.batch)
+    total = steps_per_epoch * args.epochs
     by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
     history = [{"epoch": 0, "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()}]
     schedule = Schedule(args.lr, 20, total, args.minutes)
@@ -165,11 +166,8 @@ def train(args) -> dict:
     for epoch in range(args.epochs):
         losses = []
         for batch in torch.randperm(positions).split(args.batch):
-            if schedule.done(step):
+            if not schedule.begin_step(optimizer, step):
                 break
-            schedule.start_step()
-            for group in optimizer.param_groups:
-                group["lr"] = schedule.rate(step)
             loss = soft_loss(heads, train_states, batch)
             optimizer.zero_grad()
             loss.backward()
@@ -180,9 +178,7 @@ def train(args) -> dict:
         if not losses:
             break
         by_rank, _, _ = rank_paths(heads, eval_states, proposal_vocab)
-        steps_per_epoch = math.ceil(positions / args.batch)
-        epochs_done = epoch + 1 if len(losses) == steps_per_epoch else round(epoch + len(losses) / steps_per_epoch, 2)
-        history.append({"epoch": epochs_done, "train_loss": sum(losses) / len(losses), "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()})
+        history.append({"epoch": epochs_done(epoch, len(losses), steps_per_epoch), "train_loss": sum(losses) / len(losses), "top1": by_rank[:, 0].tolist(), "top5": by_rank[:, :5].sum(-1).tolist()})
         print(json.dumps(history[-1]), f"{time.time() - start:.0f}s", flush=True)
     by_rank, paths, eval_positions = rank_paths(heads, eval_states, proposal_vocab)
     choices = best_tree(paths, args.tree_nodes)
