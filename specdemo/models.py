@@ -20,6 +20,7 @@ from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
 from specdemo.core.recorder import eos_token_ids_of
 from specdemo.core.static import compile_passes, compiled_pass
 
@@ -116,10 +117,6 @@ def fast_dtype(device: torch.device) -> str:
     return str(default_dtype(device)).removeprefix("torch.")
 
 
-def cpu_multiplies_bfloat16() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # what torch itself asks before a oneDNN bfloat16 matmul
-
-
 def gpu_multiplies_bfloat16() -> bool:
     return torch.cuda.is_bf16_supported(including_emulation=False)
 
@@ -213,6 +210,7 @@ def _load(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust
             f"Hugging Face Hub could not serve it (no network?). Details: {error}"
         ) from error
     model.to(torch_device).eval()
+    prepack(model)  # on a CPU with native bfloat16: its linear layers' weights laid out for oneDNN once
     return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.prepack import prepack
 from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
 
@@ -110,6 +111,7 @@ def load_shared_draft(folder: Path, target: LoadedModel) -> Draft:
         raise SpecDemoError(f"{folder}/draft.safetensors does not hold a draft of {num_layers} layers")
     vocab = torch.tensor(json.loads((folder / "draft_vocab.json").read_text()))
     draft.to(device=target.device, dtype=target.dtype).eval()
+    prepack(draft)
     return Draft(str(folder), draft, vocab)
 
 
@@ -127,7 +129,9 @@ def load_draft(spec: str, target: LoadedModel, trust_remote_code: bool = False) 
     except (OSError, ValueError) as error:
         raise SpecDemoError(f"could not load draft {spec!r}: not a local folder, and the Hub could not serve it") from error
     check_same_vocabulary(tokenizer, target)
-    return Draft(spec, model.to(target.device).eval())
+    model.to(target.device).eval()
+    prepack(model)
+    return Draft(spec, model)
 
 
 def check_same_vocabulary(draft_tokenizer, target: LoadedModel) -> None:

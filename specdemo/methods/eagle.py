@@ -24,6 +24,7 @@ from torch import nn
 from transformers import Cache, LlamaConfig, LlamaModel, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.prepack import prepack
 from specdemo.core.static import decoder_pass
 from specdemo.methods.draft import ASSETS, spread
 
@@ -98,4 +99,5 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
         draft.load_state_dict({name: tensor.to(target.dtype) for name, tensor in load_file(folder / WEIGHTS_FILE).items()})
     except RuntimeError as error:
         raise SpecDemoError(f"the feature draft in {folder} was trained for another model: {error}") from error
+    prepack(draft)
     return draft.eval()

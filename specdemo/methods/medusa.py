@@ -39,6 +39,7 @@ from specdemo.core.attention import sees_from_parents
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.prepack import prepack
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
@@ -148,7 +149,9 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
     if any(p.shape[-1] != hidden for p in heads.blocks.parameters() if p.dim() == 2):
         raise SpecDemoError(f"the heads in {folder} were trained for another model (hidden size differs from {hidden})")
     parameter = next(target.parameters())
-    return heads.to(device=parameter.device, dtype=parameter.dtype).eval()
+    heads.to(device=parameter.device, dtype=parameter.dtype).eval()
+    prepack(heads)
+    return heads
 
 
 def published_to_ours(state: dict, num_layers: int) -> dict:
