@@ -77,3 +77,16 @@ def test_nothing_is_packed_without_native_bfloat16(monkeypatch):
     model = layers()
     assert prepack.prepack(model) == 0
     assert all("forward" not in layer.__dict__ for layer in model)
+
+
+@native
+def test_weights_made_in_inference_mode_take_the_plain_path():
+    """Their changes in place leave no version to see, so a packed copy could go stale unseen."""
+    with torch.inference_mode():
+        model = layers()
+        prepack.prepack(model)
+        x = torch.randn(1, 3, 64, dtype=torch.bfloat16)
+        model(x)
+        model[0].weight.mul_(-0.5)
+        assert torch.equal(model(x), model[2](model[1](nn.functional.linear(x, model[0].weight, model[0].bias))))
+    assert not any(layer in prepack._PACKED for layer in model)

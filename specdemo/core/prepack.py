@@ -13,7 +13,8 @@ AMD EPYC with AVX-512 BF16), and no answer changes: the bench's tokens are the s
 
 Only bfloat16 layers on a CPU that multiplies bfloat16 natively are packed (where the app picks
 bfloat16); float32 layers, CUDA, training (gradients on) and a graph being compiled go through
-`torch.nn.functional.linear` as before. A weight changed in place (merged adapters, a
+`torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
+(`packable`). A weight changed in place (merged adapters, a
 `load_state_dict`) is packed again at its next call.
 """
 
@@ -44,7 +45,9 @@ def prepack(module: nn.Module) -> int:
 
 
 def packable(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+    """A bfloat16 weight on a CPU, whose changes its version counter tracks: a weight made under
+    `torch.inference_mode` has none, so a change to it in place could not be seen (plain path)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and not weight.is_inference()
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
