@@ -1,12 +1,16 @@
-"""How often the draft agrees with the target on a prompt file, by category.
+"""How often a draft agrees with the target on a prompt file, by category.
 
-    python -m training.eval_draft [--prompts specdemo/prompts.jsonl] [--max-new-tokens 96]
+    python -m training.eval_draft [--draft feature|token] [--prompts specdemo/prompts.jsonl] [--per-category N] [--max-new-tokens 96]
 
-For each prompt the target answers greedily; the draft then reads that answer (teacher-forced)
-and predicts each next token. Top-1 agreement is the chance that greedy speculative decoding
-accepts a draft token, so with agreement a the expected tokens per target pass at draft length
-γ is (1 - a^(γ+1)) / (1 - a) (Leviathan et al. 2023, Eq. 1). The training report measures the
-same thing on held-out *training-style* prompts; this measures it on real ones.
+For each prompt the target answers greedily; the draft then reads that answer (teacher-forced:
+the feature draft the target's own features, the token draft the tokens) and predicts each next
+token. Top-1 agreement is the chance that greedy speculative decoding accepts a drafted chain's
+token, so with agreement a the expected tokens per target pass at draft length γ is
+(1 - a^(γ+1)) / (1 - a) (Leviathan et al. 2023, Eq. 1); top-3 agreement, how often the target's
+token is among the three a tree's node may branch into; "in vocabulary", how often the draft
+could propose it at all (its vocabulary is the target's most used tokens). The training reports
+measure the same on held-out *training-style* prompts; this measures it on real ones
+(Spec-Bench's: docs/methods/speculative.md).
 """
 
 import argparse
@@ -20,37 +24,57 @@ from specdemo import final_summary, load_model
 from specdemo.bench import DEFAULT_PROMPTS, read_prompts
 from specdemo.methods import ar
 from specdemo.methods.draft import load_draft
+from specdemo.methods.eagle import EMBEDDED_EAGLE, load_feature_draft
+
+TOP = 3  # a draft tree's default top_k
 
 
-@torch.inference_mode()
-def agreement_by_category(prompts: Path, max_new_tokens: int, dtype: str, limit: int | None) -> dict[str, dict]:
-    target = load_model("embedded", dtype, "cpu")
-    draft = load_draft("embedded", target)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for row in read_prompts(prompts, limit):
+def predictions(draft, target, text: torch.Tensor, answer_length: int) -> torch.Tensor:
+    """The draft's `TOP` best guesses [answer_length, TOP] (token ids) for each answer token of
+    `text` [1, n], each from what precedes it."""
+    if hasattr(draft, "features"):  # pair t (f_t, x_{t+1}) predicts x_{t+2}
+        features = target.model.model(text).last_hidden_state
+        logits = draft.logits(draft.features(features[:, :-1], text[:, 1:], None))[0, -answer_length - 1 : -1]
+    else:
+        logits = draft.logits(text, None, logits_to_keep=answer_length + 1)[0, :-1]
+    return draft.token_ids(logits.topk(TOP, dim=-1).indices)
+
+
+def agreement_by_category(prompts: Path, max_new_tokens: int, dtype: str, limit: int | None, per_category: int | None = None,
+                          kind: str = "feature") -> dict[str, dict]:
+    target = load_model("embedded", dtype, "cpu")  # outside inference mode: its weights stay packable (`core.prepack`)
+    draft = load_feature_draft(EMBEDDED_EAGLE, target.model) if kind == "feature" else load_draft("embedded", target)
+    with torch.inference_mode():
+        return count_agreement(target, draft, read_prompts(prompts, limit, per_category), max_new_tokens)
+
+
+def count_agreement(target, draft, rows: list[dict], max_new_tokens: int) -> dict[str, dict]:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # top-1, top-3, in vocabulary, tokens
+    for row in rows:
         input_ids = target.encode_chat(row["turns"][0])
-        answer = final_summary(ar.generate(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)).tokens
-        text = torch.cat([input_ids, torch.tensor([answer])], dim=-1)
-        logits = draft.logits(text, None, logits_to_keep=len(answer) + 1)[0, :-1]  # [len(answer), K]
-        agree = int((draft.token_ids(logits.argmax(dim=-1)) == torch.tensor(answer)).sum())
+        answer = torch.tensor(final_summary(ar.generate(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)).tokens)
+        guesses = predictions(draft, target, torch.cat([input_ids, answer[None]], dim=-1), len(answer))  # [n, TOP]
+        in_vocab = len(answer) if draft.vocab is None else int(torch.isin(answer, draft.vocab).sum())
         for key in (row.get("category", "all"), "overall"):
-            counts[key][0] += agree
-            counts[key][1] += len(answer)
-    return {key: {"top1_agreement": a / n, "tokens": n} for key, (a, n) in counts.items()}
+            for i, value in enumerate((int((guesses[:, 0] == answer).sum()), int((guesses == answer[:, None]).any(-1).sum()), in_vocab, len(answer))):
+                counts[key][i] += value
+    return {key: {"top1_agreement": a / n, "top3_agreement": a3 / n, "in_vocabulary": v / n, "tokens": n} for key, (a, a3, v, n) in counts.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draft", choices=["feature", "token"], default="feature", help="the feature draft (speculative's) or the token draft (hf_assisted's)")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category")
     args = parser.parse_args()
-    result = agreement_by_category(args.prompts, args.max_new_tokens, args.dtype, args.limit)
+    result = agreement_by_category(args.prompts, args.max_new_tokens, args.dtype, args.limit, args.per_category, args.draft)
     for key, stats in result.items():
         expected = {g: (1 - stats["top1_agreement"] ** (g + 1)) / (1 - stats["top1_agreement"]) for g in (2, 3, 5)}
-        print(f"{key:<14} agreement {stats['top1_agreement']:.3f} over {stats['tokens']:>5} tokens; "
-              f"expected tokens/pass " + ", ".join(f"γ={g}: {v:.2f}" for g, v in expected.items()))
+        print(f"{key:<14} agreement {stats['top1_agreement']:.3f}, top-{TOP} {stats['top3_agreement']:.3f}, in vocabulary "
+              f"{stats['in_vocabulary']:.3f} over {stats['tokens']:>5} tokens; expected tokens/pass " + ", ".join(f"γ={g}: {v:.2f}" for g, v in expected.items()))
     print(json.dumps(result))
 
 
