@@ -210,7 +210,7 @@ def _load(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust
             f"Hugging Face Hub could not serve it (no network?). Details: {error}"
         ) from error
     model.to(torch_device).eval()
-    prepack(model)  # on a CPU with native bfloat16: its linear layers' weights laid out for oneDNN once
+    prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32, and bfloat16 where native)
     return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 

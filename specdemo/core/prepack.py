@@ -1,23 +1,28 @@
 """Linear layers whose weights are prepacked for oneDNN: a CPU's eager pass at nearly compiled speed.
 
-A bfloat16 matrix product on a CPU runs in oneDNN, which first lays the weight out in the blocked
-format its kernel reads. Called through `torch.nn.functional.linear` it lays it out afresh on every call,
-for every layer: reading the weight twice and writing it once, where the product itself reads it
-once. Prepacking does it once (`torch.ops.mkldnn._reorder_linear_weight`) and every call then
-runs the kernel alone (`torch.ops.mkldnn._linear_pointwise`). This is what the compiled path's
-freezing does inside its graph (`static.compile_passes`); here the eager path gets it with no
-compile. The product is the same kernel on the same blocked weight, so its values are the same.
+A matrix product through `torch.nn.functional.linear` on a CPU lays the weight out afresh, on
+every call and in every layer, in the blocked format the kernel reads. Prepacking does it once
+(`torch.ops.mkldnn._reorder_linear_weight`) and every call then runs oneDNN's kernel alone
+(`torch.ops.mkldnn._linear_pointwise`). This is what the compiled path's freezing does inside
+its graph (`static.compile_passes`); here the eager path gets it with no compile.
 
-Every method's pass gets cheaper, AR's most (docs/benchmarks.md has the run, on 2 cores of an
-AMD EPYC with AVX-512 BF16), and no answer changes: the bench's tokens are the same token for token.
+- bfloat16, where the CPU multiplies it natively (where the app picks bfloat16): the plain product
+  runs the same oneDNN kernel, so the values are the same.
+- float32 (the app's choice on a CPU without native bfloat16): the plain product is MKL's, so the
+  values differ within rounding, as a product's values already differ with the rows beside it.
 
-Only bfloat16 layers on a CPU that multiplies bfloat16 natively are packed (where the app picks
-bfloat16); float32 layers, CUDA, training (gradients on) and a graph being compiled go through
+On 2 cores of an AMD EPYC with AVX-512 BF16, 26 Spec-Bench questions (docs/benchmarks.md): in
+bfloat16 every method ran 1.25x to 1.32x faster with the same answers; in float32 AR 1.52x,
+speculative 1.58x and Medusa 1.68x, every answer still AR's and every run the same tokens in the
+same passes.
+
+CUDA, other dtypes, training (gradients on) and a graph being compiled go through
 `torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
-(`packable`). A weight changed in place (merged adapters, a
-`load_state_dict`) is packed again at its next call.
+(`packable`). A weight changed in place (merged adapters, a `load_state_dict`) is packed again
+at its next call.
 """
 
+import functools
 import types
 import weakref
 
@@ -34,25 +39,32 @@ def cpu_multiplies_bfloat16() -> bool:
 
 
 def prepack(module: nn.Module) -> int:
-    """Route every bfloat16 `nn.Linear` of `module` on a CPU through its prepacked weight, where
-    this CPU multiplies bfloat16 natively; returns how many layers now do (0 elsewhere)."""
+    """Route every float32 or bfloat16 `nn.Linear` of `module` on a CPU through its prepacked
+    weight (bfloat16 only where this CPU multiplies it natively); returns how many layers now do."""
     layers = [layer for layer in module.modules() if isinstance(layer, nn.Linear) and packable(layer.weight)]
-    if layers and not cpu_multiplies_bfloat16():
-        return 0
     for layer in layers:
         layer.forward = types.MethodType(packed_forward, layer)
     return len(layers)
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """A bfloat16 weight on a CPU, whose changes its version counter tracks: a weight made under
-    `torch.inference_mode` has none, so a change to it in place could not be seen (plain path)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and not weight.is_inference()
+    """A weight on a CPU of a dtype oneDNN multiplies there (`packed_dtypes`), whose changes its
+    version counter tracks: a weight made under `torch.inference_mode` has none, so a change to
+    it in place could not be seen (plain path)."""
+    return weight.device.type == "cpu" and weight.dtype in packed_dtypes() and not weight.is_inference()
+
+
+@functools.cache
+def packed_dtypes() -> frozenset[torch.dtype]:
+    """float32 wherever torch has oneDNN; bfloat16 too where the CPU multiplies it natively."""
+    if not torch.backends.mkldnn.is_available():
+        return frozenset()
+    return frozenset({torch.float32, torch.bfloat16} if cpu_multiplies_bfloat16() else {torch.float32})
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`nn.Linear.forward` through the prepacked weight, where nothing needs the plain product."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or not packable(self.weight) or x.dtype != torch.bfloat16:
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != self.weight.dtype or not packable(self.weight):
         return nn.functional.linear(x, self.weight, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self), self.bias, "none", [], "")
 
