@@ -24,7 +24,7 @@ from specdemo import final_summary, load_model
 from specdemo.bench import DEFAULT_PROMPTS, read_prompts
 from specdemo.methods import ar
 from specdemo.methods.draft import load_draft
-from specdemo.methods.eagle import EMBEDDED_EAGLE, load_feature_draft
+from specdemo.methods.eagle import EMBEDDED_EAGLE, FeatureDraft, load_feature_draft
 
 TOP = 3  # a draft tree's default top_k
 
@@ -32,8 +32,8 @@ TOP = 3  # a draft tree's default top_k
 def predictions(draft, target, text: torch.Tensor, answer_length: int) -> torch.Tensor:
     """The draft's `TOP` best guesses [answer_length, TOP] (token ids) for each answer token of
     `text` [1, n], each from what precedes it."""
-    if hasattr(draft, "features"):  # pair t (f_t, x_{t+1}) predicts x_{t+2}
-        features = target.model.model(text).last_hidden_state
+    if isinstance(draft, FeatureDraft):  # pair t (f_t, x_{t+1}) predicts x_{t+2}
+        features = target.model.get_decoder()(text).last_hidden_state
         logits = draft.logits(draft.features(features[:, :-1], text[:, 1:], None))[0, -answer_length - 1 : -1]
     else:
         logits = draft.logits(text, None, logits_to_keep=answer_length + 1)[0, :-1]
