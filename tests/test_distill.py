@@ -105,6 +105,10 @@ def test_carried_tokens_restore_the_shards_their_features_from_a_full_pass(tmp_p
     for a, b in zip(made["features"], restored["features"]):  # both bfloat16: one rounding step apart at most
         assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    carry.restore(tmp_path / "tokens.pt.xz", tmp_path / "first3", target, limit=3)  # the plan's first answers only
+    first3 = distill.load_shards(tmp_path / "first3")
+    for key in ("prompts", "sources", "sequences", "answer_starts"):
+        assert first3[key] == made[key][:3]
 
 
 def test_a_larger_plan_reuses_the_greedy_answers_of_an_earlier_run(tmp_path, monkeypatch):
@@ -220,6 +224,23 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     data, train_ids, held = distill.load_split(tmp_path / "larger", 8, seed=1, trained=trained)
     assert len(held) == 8 and not {data["prompts"][i] for i in held} & trained
     assert sorted(train_ids + held) == list(range(40))
+
+
+def test_a_fine_tune_whose_start_lost_its_shards_holds_out_none_of_its_plan(tmp_path):
+    """The start's shards are gone: its plan's real prompts are drawn again from the recorded files
+    and plan, and every template prompt of this run counts as trained (their texts come from the
+    target's passages); the held-out prompts are none of them."""
+    texts = [f"a real prompt number {i}" for i in range(40)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": t, "source": f"src{i % 2}"}) + "\n" for i, t in enumerate(texts)))
+    (tmp_path / "asset").mkdir()
+    report = {"args": {"distill_out": str(tmp_path / "gone"), "held_out": "5", "seed": "0", "prompts": f"[PosixPath('{tmp_path / 'p.jsonl'}')]",
+                       "cap_per_source": "6", "cap": "['src1=4']", "max_chars": "1500", "limit": "None", "plan_seed": "3", "templates": "True"}}
+    (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
+    drawn = {p.text for p in plan(read_prompts([tmp_path / "p.jsonl"]), SamplingPlan(6, (("src1", 4),), 1500, None, 3), [])}
+    assert len(drawn) == 10
+    data = {"prompts": [*texts, "a template"], "sources": [*(["src"] * 40), "templates"]}
+    assert distill.trained_by(tmp_path / "asset", data) == drawn | {"a template"}
+    assert distill.trained_by(tmp_path / "asset") == drawn
 
 
 def test_a_chain_of_fine_tunes_keeps_every_manifest(tmp_path):

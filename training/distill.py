@@ -16,9 +16,11 @@ them back as one data set.
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -219,13 +221,17 @@ if __name__ == "__main__":
     main()
 
 
-def load_split(out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
+Trained = frozenset[str] | Callable[[dict], frozenset[str]]
+
+
+def load_split(out: Path, held_out: int, seed: int, trained: Trained = frozenset()) -> tuple[dict, list[int], list[int]]:
     """The shards under `out` with `held_out` whole prompts (`held_out_ids`) set aside for
     evaluation: (data, train_ids, held_out_ids); data["features"][i] is [len(sequence), H], its
-    last row zero (no position after the last token is ever predicted from)."""
+    last row zero (no position after the last token is ever predicted from). `trained`: prompts
+    never to hold out, or a function of the shards' data that names them (`trained_by`)."""
     data = load_shards(out)
     data["features"] = [torch.cat([f, f.new_zeros(1, f.shape[-1])]) for f in data["features"]]
-    held = held_out_ids(data["prompts"], held_out, seed, trained)
+    held = held_out_ids(data["prompts"], held_out, seed, trained(data) if callable(trained) else trained)
     return data, sorted(set(range(len(data["prompts"]))) - set(held)), held
 
 
@@ -244,11 +250,25 @@ def trained_on(out: Path, held_out: int, seed: int) -> frozenset[str]:
     return frozenset(text for i, text in enumerate(prompts) if i not in held)
 
 
-def trained_by(folder: Path) -> frozenset[str]:
+def trained_by(folder: Path, data: dict | None = None) -> frozenset[str]:
     """The prompts the asset in `folder` trained on (`trained_on` the shards its training report names):
-    a run that fine-tunes it (`--start-from`) holds none of them out."""
+    a run that fine-tunes it (`--start-from`) holds none of them out. Where those shards are gone,
+    its plan's real prompts, drawn again from the recorded files and plan (the draw is seeded), and,
+    when it answered our templates too, every template prompt of `data`, the shards of this run
+    (their texts come from the target's own passages, too costly to remake here): none of them is
+    held out either, so the held-out prompts stay unseen whichever they are."""
     recorded = json.loads((folder / "training_report.json").read_text())["args"]
-    return trained_on(Path(recorded["distill_out"]), int(recorded["held_out"]), int(recorded["seed"]))
+    shards = Path(recorded["distill_out"])
+    if any(shards.glob("shard-*.pt")):
+        return trained_on(shards, int(recorded["held_out"]), int(recorded["seed"]))
+    files = [Path(path) for path in re.findall(r"PosixPath\('([^']+)'\)", recorded["prompts"])]
+    caps = tuple((item.split("=")[0], int(item.split("=")[1])) for item in re.findall(r"'([^']+=\d+)'", recorded["cap"]))
+    limit = None if recorded["limit"] == "None" else int(recorded["limit"])
+    sampling = SamplingPlan(int(recorded["cap_per_source"]), caps, int(recorded["max_chars"]), limit, int(recorded["plan_seed"]))
+    texts = {prompt.text for prompt in plan(read_prompts(files), sampling, bench_prompts())}
+    if recorded["templates"] == "True" and data is not None:
+        texts |= {text for text, source in zip(data["prompts"], data["sources"]) if source == "templates"}
+    return frozenset(texts)
 
 
 def start_manifest(folder: Path) -> str:
@@ -262,7 +282,7 @@ def start_manifest(folder: Path) -> str:
     return text
 
 
-def ensure_split(args, out: Path, held_out: int, seed: int, trained: frozenset[str] = frozenset()) -> tuple[dict, list[int], list[int]]:
+def ensure_split(args, out: Path, held_out: int, seed: int, trained: Trained = frozenset()) -> tuple[dict, list[int], list[int]]:
     """`load_split`, answering the prompts of `args` (a trainer's `add_arguments`) into `out` first
     when it holds no shard yet (`python -m training.distill` resumes an unfinished run)."""
     if not any(out.glob("shard-*.pt")):

@@ -18,6 +18,7 @@ Seeded; writes assets/smollm2-135m-eagle/ and its MANIFEST.md.
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -238,7 +239,7 @@ def train(args) -> dict:
     clock = time.time()
     runner = load_model("embedded", "bfloat16")  # the target as the app runs it
     if args.prompts:  # real prompts: the shards hold the target's features already
-        trained = distill.trained_by(args.start_from) if args.start_from else frozenset()
+        trained = functools.partial(distill.trained_by, args.start_from) if args.start_from else frozenset()
         data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed, trained)
         features = dict(enumerate(data["features"]))
     else:
