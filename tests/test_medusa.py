@@ -292,3 +292,51 @@ def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
     summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
     assert summary.tokens_per_forward > (1.0 if tree == "chain" else 1.1)  # the trained heads do get accepted (8-node trees)
+
+
+def token_heads(model, num_heads=3, seed=0, vocab=None):
+    """Random heads that also read the token their hidden state predicted."""
+    torch.manual_seed(seed)
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab,
+                        embedding=model.get_input_embeddings())
+    scale = float(model.get_input_embeddings().weight.detach().std())  # a tiny model's embeddings are small beside its hidden states
+    for block, mixer in zip(heads.blocks, heads.mixers):
+        torch.nn.init.normal_(mixer.linear.weight, std=0.2)
+        mixer.linear.weight.data[:, model.config.hidden_size :] /= scale
+        for layer in block:
+            torch.nn.init.normal_(layer.linear.weight, std=0.2)
+    return heads.eval()
+
+
+def test_new_token_mixers_pass_the_hidden_state_through(tiny_model):
+    """Heads that read the token start as the heads that do not (their mixers are [I 0]), so
+    trained Medusa heads can be fine-tuned into them."""
+    plain = random_heads(tiny_model)
+    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, shared_lm_head=tiny_model.get_output_embeddings(),
+                          embedding=tiny_model.get_input_embeddings())
+    reading.blocks.load_state_dict(plain.blocks.state_dict())
+    hidden, tokens = torch.randn(5, tiny_model.config.hidden_size), torch.tensor([1, 2, 3, 4, 5])
+    torch.testing.assert_close(reading(hidden, tokens), plain(hidden))
+    with pytest.raises(SpecDemoError, match="pass it"):
+        reading(hidden)
+
+
+def test_heads_that_read_the_token_propose_after_it_and_equal_ar(tiny_model, prompt_ids):
+    """The proposals change with the token alone, the heads round-trip with their mixers, and
+    decoding with them, greedy, is still AR's answer."""
+    heads = token_heads(tiny_model, vocab=torch.arange(0, 80, 2))
+    hidden = torch.randn(tiny_model.config.hidden_size)
+    assert len({str(heads.top_tokens(hidden, (3, 2, 1), token=token)) for token in range(20)}) > 1
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
+    for tree in ("dynamic", CHOICES):
+        summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, max_new_tokens=40, eos_token_ids=()))
+        assert summary.tokens == expected
+
+
+def test_heads_that_read_the_token_round_trip(tiny_model, tmp_path):
+    heads = token_heads(tiny_model, vocab=torch.tensor([1, 5, 9, 30]))
+    heads.save(tmp_path / "ours", trained_on="nothing")
+    loaded = load_heads(tmp_path / "ours", tiny_model)
+    assert loaded.reads_token
+    hidden, tokens = torch.randn(4, tiny_model.config.hidden_size), torch.tensor([3, 1, 4, 1])
+    torch.testing.assert_close(loaded(hidden, tokens), heads(hidden, tokens))

@@ -3,7 +3,9 @@
 Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
 Heads". Head k (k = 0..K-1) reads the target's last hidden state h_t and predicts the token
 k + 2 places ahead (the target's own LM head predicts the next one): `num_layers` residual
-blocks x + SiLU(W x + b), then an LM head (Sec. 2.1.1).
+blocks x + SiLU(W x + b), then an LM head (Sec. 2.1.1). Heads may also read the token h_t
+predicted, the last committed one, which Medusa-1's heads guess past blind (`MedusaHeads`,
+after Hydra's sequentially dependent heads); ours do.
 
 The candidate tree (Sec. 2.1.2) is a list of paths of top-k indices, the `medusa_choices` form:
 path (2, 0) is head 0's third-best token followed by head 1's best. One target pass feeds the
@@ -50,6 +52,7 @@ from specdemo.models import local_folder
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from
+MIXERS_KEY = "mixers"  # in HEADS_FILE: the prefix of the token mixers' weights, for heads that read the token
 EMBEDDED_HEADS = ASSETS / "smollm2-135m-medusa"
 PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
 TREES = ("dynamic", "static", "chain")  # or a list of paths
@@ -69,11 +72,33 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
+class TokenMixer(nn.Module):
+    """W [h; e(x)]: a head's input from the hidden state h and the embedding of the token x that
+    h predicted, W initialised to [I 0] so that a new mixer passes h through unchanged."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(2 * hidden_size, hidden_size)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+            self.linear.bias.zero_()
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.cat([hidden, embedded], dim=-1))
+
+
 class MedusaHeads(nn.Module):
     """K heads on the target's last hidden state. With `shared_lm_head` (the target's own) the
     heads store only their residual blocks, a few MB instead of an LM head each, and may propose
     from a `vocab` subset (token ids): its rows of the LM head cost a sixth of the full head per
-    call, and verification by the target stays exact whatever the heads propose."""
+    call, and verification by the target stays exact whatever the heads propose.
+
+    With `embedding` (the target's input embedding) each head also reads the token its hidden
+    state predicted, the last committed one, through a `TokenMixer` in front of its blocks. That
+    token is known when the heads propose; Medusa-1's heads guess past it blind, and Hydra (Ankner
+    et al. 2024) shows that a head reading the tokens before its own guesses far better. Here the
+    heads read only that one verified token, so they still all run in one call."""
 
     def __init__(
         self,
@@ -83,9 +108,13 @@ class MedusaHeads(nn.Module):
         num_layers: int = 1,
         shared_lm_head: nn.Module | None = None,
         vocab: torch.Tensor | None = None,
+        embedding: nn.Module | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_layers = num_heads, num_layers
+        self.mixers = None if embedding is None else nn.ModuleList(TokenMixer(hidden_size) for _ in range(num_heads))
+        if embedding is not None:  # the target's, never saved with the heads
+            self.register_buffer("embedding_weight", embedding.weight.detach(), persistent=False)
         self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
         self.lm_heads = None if shared_lm_head is not None else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
         self.vocab = vocab
@@ -95,22 +124,35 @@ class MedusaHeads(nn.Module):
         self.choices: list[list[int]] | None = None  # tree paths that came with the heads, best first
         self.default_tree_size: int | None = None  # how many of them make the default tree
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [K, ..., S] of every head for hidden states [..., H], over `vocab` (S tokens)
-        when the heads have one, else over the whole vocabulary."""
-        if self.lm_heads is not None:
-            return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, self.lm_heads)])
-        return torch.stack([block(hidden) for block in self.blocks]) @ self.proposal_weight.T  # one matmul for all heads
+    @property
+    def reads_token(self) -> bool:
+        return self.mixers is not None
 
-    def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int]) -> list[list[int]]:
-        """Head k's top_k[k] token ids, best first, for one hidden state [H]."""
-        ranked, _ = self.ranked(hidden, max(top_k))
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [K, ..., S] of every head for hidden states [..., H] (and, for heads that read
+        it, the token [...] each state predicted), over `vocab` (S tokens) when the heads have
+        one, else over the whole vocabulary."""
+        if self.mixers is None:
+            inputs = [hidden] * self.num_heads
+        else:
+            if tokens is None:
+                raise SpecDemoError("these Medusa heads read the token each hidden state predicted: pass it")
+            embedded = self.embedding_weight[tokens].to(hidden.dtype)
+            inputs = [mixer(hidden, embedded) for mixer in self.mixers]
+        if self.lm_heads is not None:
+            return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
+        return torch.stack([block(x) for x, block in zip(inputs, self.blocks)]) @ self.proposal_weight.T  # one matmul for all heads
+
+    def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None) -> list[list[int]]:
+        """Head k's top_k[k] token ids, best first, for one hidden state [H] (and the token it predicted)."""
+        ranked, _ = self.ranked(hidden, max(top_k), token)
         return [row[:k] for row, k in zip(ranked, top_k)]
 
-    def ranked(self, hidden: torch.Tensor, k: int) -> tuple[list[list[int]], torch.Tensor]:
+    def ranked(self, hidden: torch.Tensor, k: int, token: int | None = None) -> tuple[list[list[int]], torch.Tensor]:
         """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
-        the heads' vocabulary), for one hidden state [H]."""
-        log_probs = torch.log_softmax(self(hidden).float(), dim=-1)  # [K, S]
+        the heads' vocabulary), for one hidden state [H] (and the token it predicted)."""
+        tokens = None if token is None else torch.tensor(token, device=hidden.device)
+        log_probs = torch.log_softmax(self(hidden, tokens).float(), dim=-1)  # [K, S]
         best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
         ids = best.indices if self.vocab is None else self.vocab.to(best.indices.device)[best.indices]
         return ids.tolist(), best.values
@@ -120,10 +162,12 @@ class MedusaHeads(nn.Module):
         if any, and a small config."""
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.contiguous() for k, v in self.blocks.state_dict().items()}
+        if self.mixers is not None:
+            tensors |= {f"{MIXERS_KEY}.{k}": v.contiguous() for k, v in self.mixers.state_dict().items()}
         if self.vocab is not None:
             tensors[VOCAB_KEY] = self.vocab.cpu()
         save_file(tensors, folder / HEADS_FILE)
-        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, **metadata}
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, "reads_token": self.reads_token, **metadata}
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -137,8 +181,12 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
         config = json.loads((folder / CONFIG_FILE).read_text())
         tensors = load_file(folder / HEADS_FILE)
         proposal_vocab = tensors.pop(VOCAB_KEY, None)
-        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab)
+        mixers = {k.removeprefix(f"{MIXERS_KEY}."): tensors.pop(k) for k in list(tensors) if k.startswith(f"{MIXERS_KEY}.")}
+        embedding = target.get_input_embeddings() if config.get("reads_token") else None
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab, embedding)
         heads.blocks.load_state_dict(tensors)
+        if heads.mixers is not None:
+            heads.mixers.load_state_dict(mixers)
         heads.choices, heads.default_tree_size = config.get("medusa_choices"), config.get("default_tree_size")
     elif (folder / PUBLISHED_FILE).exists():
         config = json.loads((folder / PUBLISHED_CONFIG).read_text())
@@ -310,12 +358,17 @@ class MedusaTree(Proposer):
         copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
-            top, log_probs = self.heads.ranked(self.hidden, size)
+            top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
             paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))  # sorted: one cache entry per shape
         else:
-            paths, top = tuple(p for p in self.static.paths if len(p) <= depth_limit), self.heads.top_tokens(self.hidden, self.static.top_k)
+            paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
+            top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
         self.tree = cached_tree(paths, len(copied))
         return proposal(self.tree, [*tree_tokens(self.tree, int(sequence[0, -1]), top), *copied])
+
+    def token(self, sequence: torch.Tensor) -> int | None:
+        """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
+        return int(sequence[0, -1]) if self.heads.reads_token else None
 
     def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
         """Greedy verification, or typical acceptance (`typical_verdicts`) when sampling."""

@@ -1,0 +1,45 @@
+"""The Medusa heads' training loss (training/train_medusa.py) on synthetic answers: heads that read
+the token their hidden state predicted learn what only that token tells; heads that do not, cannot."""
+
+import torch
+
+from specdemo.methods.medusa import MedusaHeads
+from training.train_medusa import soft_loss
+
+from conftest import make_tiny_model
+
+
+def test_only_heads_that_read_the_token_learn_what_it_alone_determines():
+    """One long answer whose every token follows from the one before (a fixed permutation of 32
+    tokens) and hidden states that are noise: head k must predict token t + k + 2 from token t + 1
+    alone. After the same training the heads that read it have a far lower loss."""
+    model = make_tiny_model()
+    generator = torch.Generator().manual_seed(0)
+    follows = torch.randperm(32, generator=generator)
+    tokens = [0]
+    for _ in range(1024):
+        tokens.append(int(follows[tokens[-1]]))
+    tokens = torch.tensor(tokens)
+    n = len(tokens) - 1  # positions t = 0..n-1: hidden state h_t predicts tokens[t + 1]
+    states = {
+        "hidden": torch.randn(n, model.config.hidden_size, generator=generator),
+        "next": tokens[1:],
+        "teacher_ids": tokens[1:, None],  # the teacher is sure of the next token
+        "teacher_probs": torch.ones(n, 1),
+        "rest": torch.arange(n - 1, -1, -1),
+    }
+    losses = {}
+    for reads in (False, True):
+        torch.manual_seed(0)
+        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2, shared_lm_head=model.get_output_embeddings(),
+                            embedding=model.get_input_embeddings() if reads else None)
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+        for _ in range(300):
+            batch = torch.randint(0, n, (128,), generator=generator)
+            loss = soft_loss(heads, states, batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            losses[reads] = float(soft_loss(heads, states, torch.arange(n)))
+    assert losses[True] < 0.5 * losses[False]
