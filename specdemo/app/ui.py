@@ -153,7 +153,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                                 label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out "
                                 "answers; chain: top-1 only)",
                             )
-                            tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 12 for ours)")
+                            tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 8 for ours)")
                             typical_acceptance = gr.Checkbox(
                                 False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)",
                             )
