@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, MIXERS_KEY, VOCAB_KEY, MedusaHeads
+from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
 from specdemo.models import load_model
 
 from . import distill
@@ -161,11 +161,7 @@ def train(args) -> dict:
     embedding = target.model.get_input_embeddings() if args.reads_token else None  # tied to the LM head: float32 now too
     heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, args.layers, lm_head, proposal_vocab, embedding)
     if args.start_from:  # fine-tune trained heads (their blocks, and their mixers if both read the token; the proposal vocabulary is this run's)
-        start = {name: tensor.float() for name, tensor in load_file(args.start_from / HEADS_FILE).items() if name != VOCAB_KEY}
-        heads.blocks.load_state_dict({name: tensor for name, tensor in start.items() if not name.startswith(f"{MIXERS_KEY}.")})
-        mixers = {name.removeprefix(f"{MIXERS_KEY}."): tensor for name, tensor in start.items() if name.startswith(f"{MIXERS_KEY}.")}
-        if mixers and heads.mixers is not None:
-            heads.mixers.load_state_dict(mixers)
+        heads.load_trained({name: tensor.float() for name, tensor in load_file(args.start_from / HEADS_FILE).items() if name != VOCAB_KEY})
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)  # blocks and mixers: the shared head is a buffer
     positions = len(train_states["next"])
     steps_per_epoch = math.ceil(positions / args.batch)

@@ -157,6 +157,15 @@ class MedusaHeads(nn.Module):
         ids = best.indices if self.vocab is None else self.vocab.to(best.indices.device)[best.indices]
         return ids.tolist(), best.values
 
+    def load_trained(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The blocks and, for heads that read the token, the mixers from the tensors `save` wrote
+        (without the proposal vocabulary). Heads that read the token may start from heads that do
+        not: their mixers then stay [I 0]."""
+        mixers = {name.removeprefix(f"{MIXERS_KEY}."): tensor for name, tensor in tensors.items() if name.startswith(f"{MIXERS_KEY}.")}
+        self.blocks.load_state_dict({name: tensor for name, tensor in tensors.items() if not name.startswith(f"{MIXERS_KEY}.")})
+        if mixers and self.mixers is not None:
+            self.mixers.load_state_dict(mixers)
+
     def save(self, folder: Path, **metadata) -> None:
         """Our format: the residual blocks (the LM head is the target's), the proposal vocabulary
         if any, and a small config."""
@@ -181,12 +190,9 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
         config = json.loads((folder / CONFIG_FILE).read_text())
         tensors = load_file(folder / HEADS_FILE)
         proposal_vocab = tensors.pop(VOCAB_KEY, None)
-        mixers = {k.removeprefix(f"{MIXERS_KEY}."): tensors.pop(k) for k in list(tensors) if k.startswith(f"{MIXERS_KEY}.")}
         embedding = target.get_input_embeddings() if config.get("reads_token") else None
         heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab, embedding)
-        heads.blocks.load_state_dict(tensors)
-        if heads.mixers is not None:
-            heads.mixers.load_state_dict(mixers)
+        heads.load_trained(tensors)
         heads.choices, heads.default_tree_size = config.get("medusa_choices"), config.get("default_tree_size")
     elif (folder / PUBLISHED_FILE).exists():
         config = json.loads((folder / PUBLISHED_CONFIG).read_text())
