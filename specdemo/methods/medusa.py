@@ -84,8 +84,9 @@ class TokenMixer(nn.Module):
             self.linear.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
             self.linear.bias.zero_()
 
-    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        return self.linear(torch.cat([hidden, embedded], dim=-1))
+    def forward(self, joined: torch.Tensor) -> torch.Tensor:
+        """W [h; e(x)] for `joined` = [h; e(x)] [..., 2H], built once for all heads."""
+        return self.linear(joined)
 
 
 class MedusaHeads(nn.Module):
@@ -137,8 +138,8 @@ class MedusaHeads(nn.Module):
         else:
             if tokens is None:
                 raise SpecDemoError("these Medusa heads read the token each hidden state predicted: pass it")
-            embedded = self.embedding_weight[tokens].to(hidden.dtype)
-            inputs = [mixer(hidden, embedded) for mixer in self.mixers]
+            joined = torch.cat([hidden, self.embedding_weight[tokens].to(hidden.dtype)], dim=-1)
+            inputs = [mixer(joined) for mixer in self.mixers]
         if self.lm_heads is not None:
             return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
         return torch.stack([block(x) for x, block in zip(inputs, self.blocks)]) @ self.proposal_weight.T  # one matmul for all heads
