@@ -48,6 +48,7 @@ def configurations(target, other):
         "speculative, token draft, tree": (speculative.generate, dict(draft=Draft("other", other), gamma=3, draft_tree_size=6), target),
         "speculative, feature draft, chain": (speculative.generate, dict(draft=feature_draft(target), gamma=3, draft_tree_size=0), target),
         "speculative, feature draft, tree": (speculative.generate, dict(draft=feature_draft(target), gamma=3, draft_tree_size=6), target),
+        "speculative, feature draft reading a layer, tree": (speculative.generate, dict(draft=feature_draft(target, layers=(1,)), gamma=3, draft_tree_size=6), target),
         "speculative, always-right draft": (speculative.generate, dict(draft=Draft("target", target), gamma=4, draft_tree_size=0), target),
         "speculative, always-wrong draft": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=4, draft_tree_size=0), target),
         "speculative, always-wrong tree": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=3, draft_tree_size=6, copy_length=0), target),
@@ -65,9 +66,10 @@ def configurations(target, other):
 
 
 NAMES = [
-    "ar", "speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain", "speculative, feature draft, tree",
-    "speculative, always-right draft", "speculative, always-wrong draft", "speculative, always-wrong tree", "medusa, dynamic tree", "medusa, static tree",
-    "medusa, chain", "lookahead", "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",
+    "ar", "speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
+    "speculative, feature draft, tree", "speculative, feature draft reading a layer, tree", "speculative, always-right draft",
+    "speculative, always-wrong draft", "speculative, always-wrong tree", "medusa, dynamic tree", "medusa, static tree", "medusa, chain", "lookahead",
+    "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",
 ]
 
 

@@ -14,10 +14,13 @@ from specdemo.methods.eagle import FeatureDraft, init_from_target
 from test_speculative import chi_square_p, target_marginals
 
 
-def feature_draft(target, seed: int = 0, vocab=None) -> FeatureDraft:
+def feature_draft(target, seed: int = 0, vocab=None, layers=()) -> FeatureDraft:
     torch.manual_seed(seed)
-    draft = FeatureDraft(target, vocab).eval()
+    draft = FeatureDraft(target, vocab, layers).eval()
     init_from_target(draft, target)  # from the target's last layer: it agrees with the target often enough to test both verdicts
+    if layers:  # the layers' residual stream then changes what it drafts
+        with torch.no_grad():
+            draft.reduce.weight.add_(0.05 * torch.randn_like(draft.reduce.weight))
     return draft
 
 
@@ -32,6 +35,27 @@ def test_greedy_equals_ar(tiny_model, prompt_ids, gamma, vocab):
     draft = feature_draft(tiny_model, vocab=vocab)
     summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=0)
     assert summary.tokens == expected and summary.finish_reason == "length"
+
+
+@pytest.mark.parametrize("tree_size", [0, 10])
+def test_a_draft_that_reads_layers_is_fed_them_and_greedy_equals_ar(tiny_model, prompt_ids, tree_size):
+    """The verification pass returns the residual stream after the draft's layers with each
+    feature (`verify.target_pass`), the draft reads exactly those of the committed text, and
+    greedy decoding still equals AR."""
+    draft = feature_draft(tiny_model, layers=(1,))
+    calls = []
+    original = draft.fuse
+    draft.fuse = lambda features, tokens: calls.append(features.clone()) or original(features, tokens)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=tree_size)
+    assert summary.tokens == answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
+    hidden = tiny_model.config.hidden_size
+    fed = torch.cat([f for f in calls if f.shape[-1] == 2 * hidden], dim=1)  # the target's, pass after pass
+    assert summary.accepted > 0 and fed.shape[1] >= prompt_ids.shape[1]
+    sequence = torch.cat([prompt_ids, torch.tensor([summary.tokens])], dim=-1)
+    with torch.no_grad():
+        out = tiny_model.model(sequence, output_hidden_states=True)
+    expected = torch.cat([out.hidden_states[1], out.last_hidden_state], dim=-1)[:, : fed.shape[1]]
+    torch.testing.assert_close(fed, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_with_repetition_penalty_and_adaptive_gamma_equals_ar(tiny_model, prompt_ids):

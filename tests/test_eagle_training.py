@@ -2,9 +2,11 @@
 the target never changes, the all-starts drafting evaluation equals drafting step by step, and
 the draft saves and loads."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
+from specdemo.core.static import with_layers
 from specdemo.methods.eagle import (
     FeatureDraft,
     init_from_target,
@@ -25,16 +27,16 @@ VOCAB = torch.arange(0, 97, 2)  # the draft proposes the even token ids
 TO_SUBSET = torch.full((97,), -100).index_put_((VOCAB,), torch.arange(len(VOCAB)))
 
 
-def tiny_data(target, lengths=(24, 17, 30), seed=1):
+def tiny_data(target, lengths=(24, 17, 30), seed=1, layers=()):
     generator = torch.Generator().manual_seed(seed)
     sequences = [torch.randint(0, 97, (n,), generator=generator).tolist() for n in lengths]
     with torch.no_grad():
-        features = {i: target.model(torch.tensor([s])).last_hidden_state[0] for i, s in enumerate(sequences)}
+        features = {i: with_layers(target.model(torch.tensor([s]), output_hidden_states=bool(layers)), layers)[0] for i, s in enumerate(sequences)}
     return {"sequences": sequences, "answer_starts": [6, 4, 9]}, features
 
 
-def tiny_draft(target):
-    draft = FeatureDraft(target, VOCAB)
+def tiny_draft(target, layers=()):
+    draft = FeatureDraft(target, VOCAB, layers)
     init_from_target(draft, target)
     return draft
 
@@ -43,9 +45,10 @@ def test_training_steps_lower_the_loss_and_leave_the_target_alone():
     target = make_tiny_model().requires_grad_(False)
     before = checksum(target)
     data, features = tiny_data(target)
-    batch = pad_batch(data, features, [0, 1, 2])
-    for steps in (1, 3):  # EAGLE's loss, and with later drafting steps trained too
-        draft = tiny_draft(target).train()
+    _, layered = tiny_data(target, layers=(1,))
+    for steps, layers in ((1, ()), (3, ()), (3, (1,))):  # EAGLE's loss, with later drafting steps trained too, and reading layer 1 too
+        batch = pad_batch(data, layered if layers else features, [0, 1, 2])
+        draft = tiny_draft(target, layers).train()
         optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
         torch.manual_seed(0)
         losses = []
@@ -72,10 +75,11 @@ def test_loss_on_a_padded_batch_equals_the_loss_of_its_rows():
     torch.testing.assert_close(predicted[1, :14], alone[0])
 
 
-def test_all_starts_drafting_equals_step_by_step_drafting():
+@pytest.mark.parametrize("layers", [(), (1,)])
+def test_all_starts_drafting_equals_step_by_step_drafting(layers):
     target = make_tiny_model()
-    data, features = tiny_data(target)
-    draft = tiny_draft(target).eval()
+    data, features = tiny_data(target, layers=layers)
+    draft = tiny_draft(target, layers).eval()
     with torch.no_grad():  # move off the init so the layer is not the target's
         for p in draft.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -105,12 +109,33 @@ def test_tokens_per_pass_counts_like_the_token_draft():
     assert result["top1_agreement"] == 2 / 5
 
 
-def test_save_and_load_round_trip(tmp_path):
+@pytest.mark.parametrize("layers", [(), (1,)])
+def test_save_and_load_round_trip(tmp_path, layers):
     target = make_tiny_model()
-    draft = tiny_draft(target)
+    draft = tiny_draft(target, layers)
     save_feature_draft(draft, tmp_path, {"w_cls": 0.1})
     loaded = load_feature_draft(tmp_path, target)
-    assert torch.equal(loaded.vocab, VOCAB)
+    assert torch.equal(loaded.vocab, VOCAB) and loaded.layers == layers
     for (name, weight), (loaded_name, loaded_weight) in zip(draft.state_dict().items(), loaded.state_dict().items()):
         assert name == loaded_name
         torch.testing.assert_close(loaded_weight, weight, rtol=1e-3, atol=1e-3)  # float16 on disk
+
+
+def test_a_draft_that_reads_layers_starts_as_the_draft_without_them():
+    """`reduce` starts as [0 ... 0 I]: fine-tuning a trained draft into one that reads layers starts from it."""
+    target = make_tiny_model()
+    data, features = tiny_data(target)
+    _, layered = tiny_data(target, layers=(1,))
+    plain, reading = tiny_draft(target), tiny_draft(target, (1,))
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    missing, unexpected = reading.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and sorted(missing) == ["norms.0.weight", "reduce.weight"]
+    tokens = torch.tensor([data["sequences"][0][1:]])
+    with torch.no_grad():
+        torch.testing.assert_close(reading.features(layered[0][None, :-1], tokens, cache=None),
+                                   plain.features(features[0][None, :-1], tokens, cache=None))
+        reading.reduce.weight.add_(0.1 * torch.randn_like(reading.reduce.weight))  # and the layer then matters
+        assert not torch.allclose(reading.features(layered[0][None, :-1], tokens, cache=None),
+                                  plain.features(features[0][None, :-1], tokens, cache=None), atol=1e-3)

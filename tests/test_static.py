@@ -33,8 +33,9 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
     with torch.inference_mode():
         dynamic = DynamicCache(config=tiny_model.config)
         decoder(input_ids=prompt_ids, past_key_values=dynamic, use_cache=True)
-        expected = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True, attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
-                           position_ids=chain_positions(sees, prompt_ids.shape[1])).last_hidden_state
+        out = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True, attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
+                      position_ids=chain_positions(sees, prompt_ids.shape[1]), output_hidden_states=True)
+        expected = out.last_hidden_state
         static = StaticKV(tiny_model, 64)
         for layer in static.layers:  # garbage everywhere: only what a pass writes may be read
             layer.keys.normal_(), layer.values.normal_()
@@ -43,7 +44,13 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
         static.length = n
         static.start.fill_(n)
         got = static_forward(decoder, static, tokens, chain_positions(sees, n), sees)
+        static.length = n  # the same pass again, also returning the residual stream after layer 1 (a feature draft's `layers`)
+        static.start.fill_(n)
+        joined, logits = static_forward(decoder, static, tokens, chain_positions(sees, n), sees, tiny_model.get_output_embeddings(), layers=(1,))
+        expected_logits = tiny_model.get_output_embeddings()(expected)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(joined, torch.cat([out.hidden_states[1], expected], dim=-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(tiny_model, prompt_ids):

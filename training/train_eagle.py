@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
+from specdemo.core.static import with_layers
 from specdemo.methods.draft import EMBEDDED_DRAFT, load_draft
 from specdemo.methods.eagle import (
     EMBEDDED_EAGLE,
@@ -53,17 +54,18 @@ CURVE_GAMMA = 4  # the γ the per-epoch curve reports (every γ after the last e
 
 
 @torch.inference_mode()
-def target_features(decoder, sequences, indices, tokens_per_batch: int = 4096) -> dict[int, torch.Tensor]:
+def target_features(decoder, sequences, indices, tokens_per_batch: int = 4096, layers: tuple[int, ...] = ()) -> dict[int, torch.Tensor]:
     """f for every position of each sequence: the decoder's last hidden state (after its final
-    norm, what the LM head reads), [n, H] in the decoder's dtype. Right-padded batches need no
-    mask: attention is causal, so a position never sees the padding after it."""
+    norm, what the LM head reads), [n, H] in the decoder's dtype; with `layers`, the residual
+    stream after those layers before it, [n, (len(layers) + 1) * H] (`static.with_layers`).
+    Right-padded batches need no mask: attention is causal, so a position never sees the padding after it."""
     features, start = {}, time.time()
     for count, group in enumerate(length_groups(sequences, indices, tokens_per_batch, None)):
         width = max(len(sequences[i]) for i in group)
         input_ids = torch.zeros(len(group), width, dtype=torch.long)
         for row, i in enumerate(group):
             input_ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-        hidden = decoder(input_ids=input_ids.to(decoder.device)).last_hidden_state  # [B, T, H]
+        hidden = with_layers(decoder(input_ids=input_ids.to(decoder.device), output_hidden_states=bool(layers)), layers)  # [B, T, H]
         for row, i in enumerate(group):
             features[i] = hidden[row, : len(sequences[i])].cpu().clone()
         if count % 20 == 0:
@@ -102,17 +104,12 @@ def eagle_loss(draft: FeatureDraft, input_ids, mask, first, feats, to_subset, w_
         predicted = drafted_features(draft, noisy, input_ids, steps)  # [steps, B, T-1, H]
     valid = answer_positions(mask, first)[:, 1:]  # [B, T-1]: f̂_{t+1} is read for an answer token x_{t+2}
     labels = label_targets(input_ids, mask, first, to_subset)[:, 1:][valid]  # x_{t+2} in the vocabulary, or -100
+    wanted = feats[:, 1:, -predicted.shape[-1] :][valid]  # f_{t+1} (after the layers' residual stream, where there is one)
     regression = classification = 0.0
     for step in predicted:
-        regression = regression + torch.nn.functional.smooth_l1_loss(step[valid], feats[:, 1:][valid]) / steps
+        regression = regression + torch.nn.functional.smooth_l1_loss(step[valid], wanted) / steps
         classification = classification + torch.nn.functional.cross_entropy(draft.logits(step[valid]), labels, ignore_index=-100) / steps
     return regression + w_cls * classification, regression, classification
-
-
-def fuse(draft: FeatureDraft, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-    """The draft's layer input for pairs (f_t, x_{t+1}), as `FeatureDraft.features` builds it."""
-    embedded = draft.shared["embed"](next_tokens)
-    return draft.fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
 
 
 def depth_mask(width: int, depth: int) -> torch.Tensor:
@@ -142,7 +139,7 @@ def drafted_features(draft: FeatureDraft, feats: torch.Tensor, input_ids: torch.
     inputs, outputs = feats[:, :-1], []
     for d in range(depth):
         hidden = draft.model(
-            inputs_embeds=fuse(draft, inputs, input_ids[:, 1:]),
+            inputs_embeds=draft.fuse(inputs, input_ids[:, 1:]),
             attention_mask=depth_mask(width, d).to(input_ids.device),
             position_ids=positions,
             past_key_values=cache,
@@ -238,10 +235,10 @@ def train(args) -> dict:
     rng = random.Random(args.seed)
     clock = time.time()
     runner = load_model("embedded", "bfloat16")  # the target as the app runs it
-    if args.prompts:  # real prompts: the shards hold the target's features already
+    if args.prompts:  # real prompts: the shards hold the target's features already (not the layers')
         trained = functools.partial(distill.trained_by, args.start_from) if args.start_from else frozenset()
         data, train_ids, held_out = distill.ensure_split(args, args.distill_out, args.held_out, args.seed, trained)
-        features = dict(enumerate(data["features"]))
+        features = dict(enumerate(data.pop("features")))
     else:
         data, train_ids, held_out = load_split(args.data, args.sampled_data, args.temperature, args.held_out, args.seed, rng, args.varied_data)
     if args.train_limit:
@@ -256,16 +253,20 @@ def train(args) -> dict:
     vocab = torch.tensor(json.loads(args.vocab.read_text()))
     to_subset = torch.full((49152,), -100, dtype=torch.long)
     to_subset[vocab] = torch.arange(len(vocab))
-    if not args.prompts:  # the target computes every feature, in one pass a sequence
-        features = target_features(runner.model.get_decoder(), data["sequences"], train_ids + held_out)
+    if not args.prompts or args.layers:  # the target computes every feature, in one pass a sequence
+        features = None  # (the shards' own, freed first)
+        features = target_features(runner.model.get_decoder(), data["sequences"], train_ids + held_out,
+                                   tokens_per_batch=65536 if runner.model.device.type == "cuda" else 4096, layers=tuple(args.layers))
     timings = {"features_minutes": (time.time() - clock) / 60}
     target = load_model("embedded", "float32").model  # the draft's shared embedding and LM head, float32, frozen
     target.requires_grad_(False)
     target_before = checksum(target)
-    draft = FeatureDraft(target, vocab)
+    draft = FeatureDraft(target, vocab, tuple(args.layers))
     initialise(draft, target, args.init)
-    if args.start_from:  # fine-tune a trained draft (its weights; the vocabulary is this run's)
-        draft.load_state_dict({name: tensor.float() for name, tensor in load_file(args.start_from / WEIGHTS_FILE).items()})
+    if args.start_from:  # fine-tune a trained draft (its weights; the vocabulary is this run's; new layers' `reduce` as initialised)
+        missing, unexpected = draft.load_state_dict({name: tensor.float() for name, tensor in load_file(args.start_from / WEIGHTS_FILE).items()}, strict=False)
+        if unexpected or any(not name.startswith(("reduce.", "norms.")) for name in missing):
+            raise SystemExit(f"--start-from {args.start_from}: another draft's weights (missing {missing}, unexpected {unexpected})")
     draft.train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
     steps_per_epoch = len(length_groups(data["sequences"], train_ids, args.batch_tokens, None))
@@ -348,6 +349,12 @@ def write_manifest(args, report: dict) -> None:
     )
     steps = " / ".join(f"{rate:.2f}" for rate in final["accept_rate_by_step"])
     minutes = report["features_minutes"] + report["train_minutes"] + report["final_eval_minutes"]
+    layers_data = (f"The features, with the residual stream after layers {', '.join(map(str, args.layers))}, come from one bfloat16 pass of the "
+                   "target over each whole sequence here (the data run's stored ones are the last layer's alone)." if args.layers else
+                   "The features are the target's own, stored by the data run (float32 there, kept in bfloat16).")
+    layers_text = (f" The first pair of each drafting step reads more of the target (EAGLE-3): the residual stream after its layers "
+                   f"{', '.join(map(str, args.layers))}, each through an RMSNorm, joined with f_t and mapped to H by a linear layer "
+                   f"(`reduce`, started as [0 ... 0 I]); later pairs read the draft's own f̂." if args.layers else "")
     vocab_text = "the tokens the training answers use most" if args.prompts else "the token draft's vocabulary, shared so the two propose the same tokens"
     start_line = f"\n    # then the commands of MANIFEST-start.md, which make {args.start_from}" if args.start_from else ""
     if args.prompts:
@@ -362,7 +369,7 @@ evaluation after each epoch included, {report['features_minutes']:.1f} min of lo
 and, for comparison, the token draft ({report['final_eval_minutes']:.1f} min), seed {args.seed}, and writes this folder."""
         data_text = report["data_text"] + f""" The greedy answers to {args.held_out} held-out prompts
 of the same plan ({report['held_out_sequences']} sequences, {final['eval_tokens']} positions) evaluate, and nothing of them is
-trained on. The features are the target's own, stored by the data run (float32 there, kept in bfloat16)."""
+trained on. {layers_data}"""
     else:
         command_text = f"""**Command** (from a clean checkout, after `make setup`; {minutes:.0f} minutes here on {distill.machine()}, plus the data):
 
@@ -386,7 +393,7 @@ followed it, goes through fc([embed(x_(t+1)); f_t]) and one Llama decoder layer 
 to the predicted next feature f̂_(t+1); the target's own LM head, restricted to the {len(json.loads(args.vocab.read_text()))}
 tokens of `draft_vocab.json` ({vocab_text};
 {report['vocab_coverage_held_out']:.1%} of the held-out answer tokens), turns it into the next token. It drafts
-further on its own features. {f"Fine-tuned from the draft in `{args.start_from}` (`--start-from`; the commands of its manifest, kept in `MANIFEST-start.md` here, made it), none of whose training prompts is held out here; the first draft of that chain was i" if args.start_from else "I"}nitialised from the target's last layer with fc passing f_t through
+further on its own features.{layers_text} {f"Fine-tuned from the draft in `{args.start_from}` (`--start-from`; the commands of its manifest, kept in `MANIFEST-start.md` here, made it), none of whose training prompts is held out here; the first draft of that chain was i" if args.start_from else "I"}nitialised from the target's last layer with fc passing f_t through
 (`init_from_target`{", with the layer's output projections zeroed so that it starts as f̂_(t+1) = f_t" if args.init == "identity" else ""});
 shares (and never changes) the target's embedding and LM head, which are not stored here.
 Loaded by `specdemo.methods.eagle.load_feature_draft(folder, target)`, no network.
@@ -460,6 +467,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None,
                         help="train for this long at most, the learning rate decaying over it (and the last tt-epochs/epochs of it training later steps)")
     parser.add_argument("--train-limit", type=int, default=None, help="train on the first N sequences only (for timing)")
+    parser.add_argument("--layers", type=int, nargs="*", default=[],
+                        help="the target layers whose residual stream the draft reads too (EAGLE-3: a low and a middle one, e.g. 2 15)")
     args = parser.parse_args()
     distill.on_default_device()
     clock = time.time()

@@ -58,7 +58,7 @@ class Learned:
 class Proposer:
     """A method's strategy. The base class proposes nothing: that is AR."""
 
-    features = False  # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`)
+    features: bool | tuple[int, ...] = False  # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`); layers: theirs before them
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
         """The tokens to verify after `sequence` [1, n]; at most `room` more tokens may be committed."""

@@ -41,7 +41,7 @@ ATTRIBUTE = "compiled_pass"  # where `compile_passes` leaves its `CompiledPass` 
 
 
 def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
-                   head: torch.nn.Module | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                   head: torch.nn.Module | None = None, layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The decoder's last hidden states [1, w, H] over `inputs` (token ids [1, w], or embeddings
     [1, w, H] for a decoder fed by something else: a feature draft) at `positions` [1, w], written
     into `cache` at `cache.start` and on. `sees` [w, back + w] says what token i attends to among
@@ -50,15 +50,25 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     A target pass has back = 0; a draft tree's later levels look back at the branches fed before.
     With `head` (the target's LM head): the hidden states and the logits [1, w, V] in float32,
     the head inside the graph (on a CPU its weights prepacked by freezing: about 1.5 ms less a
-    pass than transformers' head outside it; float32, whose argmax is 4x faster than bfloat16's)."""
+    pass than transformers' head outside it; float32, whose argmax is 4x faster than bfloat16's).
+    `layers`: the hidden states are `with_layers`' (the head reads the last ones)."""
     width, span = inputs.shape[1], sees.shape[1]
     kv = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
     offset = kv - (cache.start - (span - width))  # where each buffer slot lies relative to the window's first
     window = (offset >= 0) & (offset < span)
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
-    hidden = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
-    return hidden if head is None else (hidden, head(hidden).float())
+    out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
+    hidden = with_layers(out, layers)
+    return hidden if head is None else (hidden, head(out.last_hidden_state).float())
+
+
+def with_layers(out, layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """A decoder's output as a feature draft reads it: its last hidden states [..., H], after the
+    residual stream after each of `layers` (k: after k decoder layers; `out` asked with
+    `output_hidden_states`), all joined [..., (len(layers) + 1) * H] (EAGLE-3's low, middle and
+    high features)."""
+    return torch.cat([*(out.hidden_states[k] for k in layers), out.last_hidden_state], dim=-1) if layers else out.last_hidden_state
 
 
 def fed(inputs: torch.Tensor) -> dict:
@@ -202,14 +212,15 @@ def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bu
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
-                rows: Sequence[int] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                rows: Sequence[int] | None = None, layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
     fits, when the pass looks back at earlier branches (back > 0), or when compiling failed.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
     head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
-    wider than every bucket) from the head over these rows alone.
+    wider than every bucket) from the head over these rows alone. `layers`: the hidden states
+    are `with_layers`' (a graph for those layers is compiled at their first pass).
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
     width = inputs.shape[1]
     passes = compiled_pass(model)
@@ -222,7 +233,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     out = None
     if bucket is not None:
         try:
-            out = passes.forward(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head)
+            out = passes.forward(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head, layers)
             hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
@@ -232,8 +243,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:
-        hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees)
-        out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows)]).float())
+        hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees, layers=layers)
+        out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows), -model.config.hidden_size :]).float())
         if passes:
             passes.runs[0] += 1
     cache.length += width

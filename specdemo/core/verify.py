@@ -25,7 +25,7 @@ from transformers import Cache, PreTrainedModel
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
 from specdemo.core.kvcache import StaticKV, keep_positions
 from specdemo.core.sampling import TokenChooser
-from specdemo.core.static import static_pass
+from specdemo.core.static import static_pass, with_layers
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class TargetPass:
     """What the target's pass over a proposal returned."""
 
     logits: torch.Tensor  # [1 + candidates + len(read), V] float32: after the root, each candidate node, each read work node
-    hidden: torch.Tensor | None  # [1, f, H] the last hidden state of every fed position (when asked for)
+    hidden: torch.Tensor | None  # [1, f, H] the last hidden state of every fed position (when asked for; [1, f, (k + 1) H] with k layers)
     cached: int  # cache length before the pass
     pending: int  # committed tokens fed first (the cache had not seen them); the last is the root
 
@@ -102,14 +102,17 @@ def fed_parents(pending: int, proposal: Proposal) -> tuple[int, ...]:
     return (*range(-1, pending - 1), *(pending - 1 if p < 0 else pending + p for p in proposal.parents))
 
 
-def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, proposal: Proposal, *, features: bool = False) -> TargetPass:
+def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, proposal: Proposal, *,
+                features: bool | tuple[int, ...] = False) -> TargetPass:
     """One target pass over the committed tokens the cache has not seen (`sequence` [1, n] ends
     with them) and then the proposal's nodes, each seeing the committed tokens and its own
     ancestors. A chain needs no mask: the causal one is its tree attention. `features`: also
-    return the last hidden state of every fed position (a feature draft's input, Medusa's heads').
+    return the last hidden state of every fed position (a feature draft's input, Medusa's heads'),
+    and with a tuple of layers the residual stream after those layers before it (`static.with_layers`).
     On a `StaticKV` the pass takes the compiled static path (`specdemo.core.static`)."""
     cached = cache.get_seq_length()
     pending = sequence.shape[1] - cached
+    layers = features if isinstance(features, tuple) else ()
     fed = sequence[:, cached:]  # [1, pending + size]: AR's pass feeds the last token alone
     if proposal.size:
         fed = torch.cat([fed, sequence.new_tensor([proposal.tokens])], dim=-1)
@@ -117,15 +120,16 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
-        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows)  # [1, f, H], [rows, V]
+        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)  # [1, f, H], [rows, V]
         return TargetPass(logits, hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = _sees(fed_parents(pending, proposal)).to(fed.device)
         tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
     if features:
-        hidden = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # [1, f, H]
-        return TargetPass(model.get_output_embeddings()(hidden[0, rows]).float(), hidden, cached, pending)
+        out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **tree)
+        logits = model.get_output_embeddings()(out.last_hidden_state[0, rows]).float()
+        return TargetPass(logits, with_layers(out, layers), cached, pending)  # hidden [1, f, (len(layers) + 1) * H]
     # the rows as a count from the end where they are the last ones, else as indices
     keep = len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows, device=fed.device)
     logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0]

@@ -83,7 +83,7 @@ class DraftProposer(Proposer):
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
         self.tree_size, self.top_k, self.copy_length = tree_size, top_k, copy_length
-        self.features = isinstance(draft, FeatureDraft)
+        self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
         self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds
         self.step_gamma = 0  # draft positions this pass may propose
