@@ -30,8 +30,9 @@ say "restoring the answers"
 say "training for $MINUTES minutes"
 COMMON="--prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out 150 --start-from assets/smollm2-135m-eagle \
     --epochs 40 --tt-epochs 40 --tt-steps 3 --lr 0.001 --batch-tokens 16384 --minutes $MINUTES $EXTRA"
-# Each trainer gets half the cores: two processes of torch's default threads (all cores each)
-# trained 3 to 4 times slower on an H200's 16 cores (2026-11-26). Each stops by `timeout` (loading,
+# Each trainer gets half the cores: two processes of torch's default threads (all cores each) took
+# 150 s an epoch side by side on an H200's 16 cores, where one alone had taken about 18 s with one
+# drafting step fewer (2026-11-26; the threads the likely cause). Each stops by `timeout` (loading,
 # the layers' features and evaluation take about 5 minutes beside the training) and is packed as
 # soon as it ends, so what finished comes back even if the other did not.
 export OMP_NUM_THREADS=$(( $(nproc) / 2 ))

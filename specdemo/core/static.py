@@ -64,10 +64,10 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
 
 
 def with_layers(out, layers: tuple[int, ...] = ()) -> torch.Tensor:
-    """A decoder's output as a feature draft reads it: its last hidden states [..., H], after the
-    residual stream after each of `layers` (k: after k decoder layers; `out` asked with
-    `output_hidden_states`), all joined [..., (len(layers) + 1) * H] (EAGLE-3's low, middle and
-    high features)."""
+    """A decoder's output as a feature draft reads it: the residual stream after each of `layers`
+    (k: after k decoder layers; `out` asked with `output_hidden_states`), then the last hidden
+    states, joined [..., (len(layers) + 1) * H] (EAGLE-3's low, middle and high features); without
+    layers the last hidden states [..., H] alone."""
     return torch.cat([*(out.hidden_states[k] for k in layers), out.last_hidden_state], dim=-1) if layers else out.last_hidden_state
 
 

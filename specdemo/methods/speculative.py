@@ -85,7 +85,7 @@ class DraftProposer(Proposer):
         self.tree_size, self.top_k, self.copy_length = tree_size, top_k, copy_length
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
-        self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds
+        self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
         self.step_gamma = 0  # draft positions this pass may propose
         self.tree: draft_tree.DraftTree | None = None  # this pass's tree, or None for a chain
         self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
