@@ -1,6 +1,7 @@
 """How often a draft agrees with the target on a prompt file, by category.
 
     python -m training.eval_draft [--draft feature|token] [--prompts specdemo/prompts.jsonl] [--per-category N] [--max-new-tokens 96]
+    python -m training.eval_draft --folders assets/smollm2-135m-eagle build/eagle-new ...   # feature drafts side by side
 
 For each prompt the target answers greedily; the draft then reads that answer (teacher-forced:
 the feature draft the target's own features, the token draft the tokens) and predicts each next
@@ -10,7 +11,10 @@ token, so with agreement a the expected tokens per target pass at draft length �
 token is among the three a tree's node may branch into; "in vocabulary", how often the draft
 could propose it at all (its vocabulary is the target's most used tokens). The training reports
 measure the same on held-out *training-style* prompts; this measures it on real ones
-(Spec-Bench's: docs/methods/speculative.md).
+(Spec-Bench's: docs/methods/speculative.md). With `--folders`, several feature drafts read the same
+answers, so their agreements differ by the drafts alone: in bfloat16 a bench run's answers differ
+between drafts wherever two tokens nearly tie, which moves its tokens a pass by category more than
+a small change of the draft does.
 """
 
 import argparse
@@ -22,6 +26,7 @@ import torch
 
 from specdemo import final_summary, load_model
 from specdemo.bench import DEFAULT_PROMPTS, read_prompts
+from specdemo.core.static import with_layers
 from specdemo.methods import ar
 from specdemo.methods.draft import load_draft
 from specdemo.methods.eagle import EMBEDDED_EAGLE, FeatureDraft, load_feature_draft
@@ -32,8 +37,8 @@ TOP = 3  # a draft tree's default top_k
 def predictions(draft, target, text: torch.Tensor, answer_length: int) -> torch.Tensor:
     """The draft's `TOP` best guesses [answer_length, TOP] (token ids) for each answer token of
     `text` [1, n], each from what precedes it."""
-    if isinstance(draft, FeatureDraft):  # pair t (f_t, x_{t+1}) predicts x_{t+2}
-        features = target.model.get_decoder()(text).last_hidden_state
+    if isinstance(draft, FeatureDraft):  # pair t (f_t, x_{t+1}) predicts x_{t+2}; f_t with its layers' residual stream, if it reads them
+        features = with_layers(target.model.get_decoder()(text, output_hidden_states=bool(draft.layers)), draft.layers)
         logits = draft.logits(draft.features(features[:, :-1], text[:, 1:], None))[0, -answer_length - 1 : -1]
     else:
         logits = draft.logits(text, None, logits_to_keep=answer_length + 1)[0, :-1]
@@ -41,24 +46,34 @@ def predictions(draft, target, text: torch.Tensor, answer_length: int) -> torch.
 
 
 def agreement_by_category(prompts: Path, max_new_tokens: int, dtype: str, limit: int | None, per_category: int | None = None,
-                          kind: str = "feature") -> dict[str, dict]:
+                          kind: str = "feature", folders: list[Path] | None = None) -> dict[str, dict[str, dict]]:
+    """Each draft's agreement by category (`count_agreement`), keyed by its name: the token draft,
+    or each feature draft of `folders` (default: the shipped one)."""
     target = load_model("embedded", dtype, "cpu")  # outside inference mode: its weights stay packable (`core.prepack`)
-    draft = load_feature_draft(EMBEDDED_EAGLE, target.model) if kind == "feature" else load_draft("embedded", target)
+    if kind == "feature":
+        drafts = {str(folder): load_feature_draft(folder, target.model) for folder in folders or [EMBEDDED_EAGLE]}
+    else:
+        drafts = {"token": load_draft("embedded", target)}
     with torch.inference_mode():
-        return count_agreement(target, draft, read_prompts(prompts, limit, per_category), max_new_tokens)
+        return count_agreement(target, drafts, read_prompts(prompts, limit, per_category), max_new_tokens)
 
 
-def count_agreement(target, draft, rows: list[dict], max_new_tokens: int) -> dict[str, dict]:
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # top-1, top-3, in vocabulary, tokens
+def count_agreement(target, drafts: dict, rows: list[dict], max_new_tokens: int) -> dict[str, dict[str, dict]]:
+    """For each of `drafts` (name: draft), by category and overall: how often its first guess is the
+    target's next token, how often one of its `TOP`, how often that token is in its vocabulary, over
+    the target's greedy answers to `rows`, which every draft reads alike."""
+    counts = {name: defaultdict(lambda: [0, 0, 0, 0]) for name in drafts}  # top-1, top-3, in vocabulary, tokens
     for row in rows:
         input_ids = target.encode_chat(row["turns"][0])
         answer = torch.tensor(final_summary(ar.generate(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)).tokens)
-        guesses = predictions(draft, target, torch.cat([input_ids, answer[None]], dim=-1), len(answer))  # [n, TOP]
-        in_vocab = len(answer) if draft.vocab is None else int(torch.isin(answer, draft.vocab).sum())
-        for key in (row.get("category", "all"), "overall"):
-            for i, value in enumerate((int((guesses[:, 0] == answer).sum()), int((guesses == answer[:, None]).any(-1).sum()), in_vocab, len(answer))):
-                counts[key][i] += value
-    return {key: {"top1_agreement": a / n, "top3_agreement": a3 / n, "in_vocabulary": v / n, "tokens": n} for key, (a, a3, v, n) in counts.items()}
+        for name, draft in drafts.items():
+            guesses = predictions(draft, target, torch.cat([input_ids, answer[None]], dim=-1), len(answer))  # [n, TOP]
+            in_vocab = len(answer) if draft.vocab is None else int(torch.isin(answer, draft.vocab).sum())
+            for key in (row.get("category", "all"), "overall"):
+                for i, value in enumerate((int((guesses[:, 0] == answer).sum()), int((guesses == answer[:, None]).any(-1).sum()), in_vocab, len(answer))):
+                    counts[name][key][i] += value
+    return {name: {key: {"top1_agreement": a / n, "top3_agreement": a3 / n, "in_vocabulary": v / n, "tokens": n} for key, (a, a3, v, n) in by_key.items()}
+            for name, by_key in counts.items()}
 
 
 def main() -> None:
@@ -69,12 +84,16 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category")
+    parser.add_argument("--folders", type=Path, nargs="+", default=None,
+                        help="feature drafts' folders, each read over the same answers (default: the shipped draft)")
     args = parser.parse_args()
-    result = agreement_by_category(args.prompts, args.max_new_tokens, args.dtype, args.limit, args.per_category, args.draft)
-    for key, stats in result.items():
-        expected = {g: (1 - stats["top1_agreement"] ** (g + 1)) / (1 - stats["top1_agreement"]) for g in (2, 3, 5)}
-        print(f"{key:<14} agreement {stats['top1_agreement']:.3f}, top-{TOP} {stats['top3_agreement']:.3f}, in vocabulary "
-              f"{stats['in_vocabulary']:.3f} over {stats['tokens']:>5} tokens; expected tokens/pass " + ", ".join(f"γ={g}: {v:.2f}" for g, v in expected.items()))
+    result = agreement_by_category(args.prompts, args.max_new_tokens, args.dtype, args.limit, args.per_category, args.draft, args.folders)
+    for name, by_key in result.items():
+        print(name)
+        for key, stats in by_key.items():
+            expected = {g: (1 - stats["top1_agreement"] ** (g + 1)) / (1 - stats["top1_agreement"]) for g in (2, 3, 5)}
+            print(f"  {key:<14} agreement {stats['top1_agreement']:.3f}, top-{TOP} {stats['top3_agreement']:.3f}, in vocabulary "
+                  f"{stats['in_vocabulary']:.3f} over {stats['tokens']:>5} tokens; expected tokens/pass " + ", ".join(f"γ={g}: {v:.2f}" for g, v in expected.items()))
     print(json.dumps(result))
 
 
