@@ -2,8 +2,10 @@
 reader and sampling plan (training/real_prompts.py). A padding bug would poison the training data
 silently, so the batched answers are checked token for token against unbatched greedy decoding."""
 
+import functools
 import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -224,6 +226,35 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     data, train_ids, held = distill.load_split(tmp_path / "larger", 8, seed=1, trained=trained)
     assert len(held) == 8 and not {data["prompts"][i] for i in held} & trained
     assert sorted(train_ids + held) == list(range(40))
+
+
+def test_a_fine_tune_of_a_fine_tune_holds_out_nothing_any_earlier_link_trained_on(tmp_path):
+    """A trains on its shards; B fine-tunes A on the same shards, holding out none of what A trained on;
+    C fine-tunes B. B's report names what A and B trained on (`chain_digests`), so C's held-out
+    prompts are unseen by both, where B's shards alone would name only B's own split."""
+    texts = [f"prompt {i}" for i in range(40)]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    torch.save({"prompts": texts, "sources": ["s"] * 40, "sequences": [[1, 2]] * 40, "answer_starts": [1] * 40,
+                "features": [torch.zeros(1, 4)] * 40}, distill.shard_path(folder, 0))
+
+    def train(name: str, seed: int, start: Path | None) -> tuple[Path, set[str]]:
+        trained = functools.partial(distill.trained_by, start) if start else frozenset()
+        data, train_ids, held = distill.load_split(folder, 5, seed, trained)
+        asset = tmp_path / name
+        asset.mkdir()
+        report = {"args": {"distill_out": str(folder), "held_out": "5", "seed": str(seed)},
+                  "trained_prompts": distill.chain_digests([data["prompts"][i] for i in train_ids], start)}
+        (asset / "training_report.json").write_text(json.dumps(report))
+        return asset, {texts[i] for i in train_ids}
+
+    a, by_a = train("a", seed=0, start=None)
+    b, by_b = train("b", seed=1, start=a)
+    data, _, held = distill.load_split(folder, 5, seed=2, trained=functools.partial(distill.trained_by, b))
+    assert len(held) == 5 and not {texts[i] for i in held} & (by_a | by_b)
+    assert distill.trained_by(b, {"prompts": texts}) == by_a | by_b
+    assert not by_a <= distill.trained_on(folder, 5, seed=1)  # B's shards alone: its split redrawn, A's training forgotten
+    assert len(json.loads((b / "training_report.json").read_text())["trained_prompts"][0]) == 16
 
 
 def test_a_fine_tune_whose_start_lost_its_shards_holds_out_none_of_its_plan(tmp_path):

@@ -14,6 +14,7 @@ them back as one data set.
 """
 
 import argparse
+import hashlib
 import json
 import random
 import re
@@ -256,8 +257,15 @@ def trained_by(folder: Path, data: dict | None = None) -> frozenset[str]:
     its plan's real prompts, drawn again from the recorded files and plan (the draw is seeded), and,
     when it answered our templates too, every template prompt of `data`, the shards of this run
     (their texts come from the target's own passages, too costly to remake here): none of them is
-    held out either, so the held-out prompts stay unseen whichever they are."""
-    recorded = json.loads((folder / "training_report.json").read_text())["args"]
+    held out either, so the held-out prompts stay unseen whichever they are. Where the report names
+    what it trained on (`trained_prompts`, `chain_digests`), exactly the prompts of `data` it names:
+    what the asset trained on and what its start, and that one's, did, however long the chain of
+    fine-tunes (the shards alone give only the asset's own split, redrawn)."""
+    report = json.loads((folder / "training_report.json").read_text())
+    if data is not None and "trained_prompts" in report:
+        chain = set(report["trained_prompts"])
+        return frozenset(text for text in data["prompts"] if prompt_digest(text) in chain)
+    recorded = report["args"]
     shards = Path(recorded["distill_out"])
     if any(shards.glob("shard-*.pt")):
         return trained_on(shards, int(recorded["held_out"]), int(recorded["seed"]))
@@ -269,6 +277,20 @@ def trained_by(folder: Path, data: dict | None = None) -> frozenset[str]:
     if recorded["templates"] == "True" and data is not None:
         texts |= {text for text, source in zip(data["prompts"], data["sources"]) if source == "templates"}
     return frozenset(texts)
+
+
+def prompt_digest(text: str) -> str:
+    """A prompt's name in a training report: the first 16 hex digits of its SHA-256 (the reports
+    name the prompts an asset trained on without copying the shared prompts into the project)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def chain_digests(trained: list[str], start: Path | None = None) -> list[str]:
+    """What a training report records as `trained_prompts`: the digests of the prompts it `trained`
+    on and of those its `start` (a fine-tune's `--start-from`) recorded, sorted, so that a fine-tune
+    of a fine-tune still holds out none of what any earlier link trained on (`trained_by`)."""
+    earlier = json.loads((start / "training_report.json").read_text()).get("trained_prompts", []) if start else []
+    return sorted({*earlier, *map(prompt_digest, trained)})
 
 
 def start_manifest(folder: Path) -> str:

@@ -323,6 +323,7 @@ def train(args) -> dict:
             "train_positions": sum(len(data["sequences"][i]) - data["answer_starts"][i] for i in train_ids),
             "vocab_coverage_held_out": (to_subset[answers] >= 0).float().mean().item(), **timings,
             **({"data_text": distill.describe(args.distill_out, data, train_ids),
+                "trained_prompts": distill.chain_digests([data["prompts"][i] for i in train_ids], args.start_from),
                 "distill_command": distill.command(args.distill_out, data)} if args.prompts else {})}
 
 

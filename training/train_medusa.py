@@ -201,6 +201,7 @@ def train(args) -> dict:
         "train_positions": positions, "held_out_positions": eval_positions,
         "states_minutes": states_minutes, "train_minutes": (time.time() - start) / 60,
         **({"data_text": distill.describe(args.distill_out, data, train_ids),
+                "trained_prompts": distill.chain_digests([data["prompts"][i] for i in train_ids], args.start_from),
                 "distill_command": distill.command(args.distill_out, data)} if args.prompts else {}),
     }
 
