@@ -19,17 +19,19 @@ same passes.
 CUDA, other dtypes, training (gradients on) and a graph being compiled go through
 `torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
 (`packable`). A weight changed in place (merged adapters, a `load_state_dict`) is packed again
-at its next call.
+at its next call. `linear(x, weight)` is the same product for a weight that is no layer's: the
+rows of the LM head a draft or Medusa's heads propose from (0.14 ms against 0.30 ms for 4 rows
+times 8,192 of them in bfloat16, measured while another process shared the cores; the same values).
 """
 
 import functools
 import types
-import weakref
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
-_PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int], torch.Tensor]]" = weakref.WeakKeyDictionary()
+_PACKED: "WeakIdKeyDictionary[torch.Tensor, tuple[tuple[int, int], torch.Tensor]]" = WeakIdKeyDictionary()  # weight -> (stamp, packed)
 
 
 def cpu_multiplies_bfloat16() -> bool:
@@ -63,18 +65,23 @@ def packed_dtypes() -> frozenset[torch.dtype]:
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`nn.Linear.forward` through the prepacked weight, where nothing needs the plain product."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != self.weight.dtype or not packable(self.weight):
-        return nn.functional.linear(x, self.weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self), self.bias, "none", [], "")
+    """`nn.Linear.forward` through the prepacked weight (`linear`)."""
+    return linear(x, self.weight, self.bias)
 
 
-def packed_weight(layer: nn.Linear) -> torch.Tensor:
-    """`layer`'s weight in oneDNN's blocked layout, packed again when the weight changed."""
-    weight = layer.weight
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`torch.nn.functional.linear`, through `weight`'s prepacked layout where nothing needs the
+    plain product (no gradient, no graph being compiled, a packable weight of x's dtype)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != weight.dtype or not packable(weight):
+        return nn.functional.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` in oneDNN's blocked layout, packed again when it changed in place."""
     stamp = (weight.data_ptr(), weight._version)
-    cached = _PACKED.get(layer)
+    cached = _PACKED.get(weight)
     if cached is None or cached[0] != stamp:
         cached = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
-        _PACKED[layer] = cached
+        _PACKED[weight] = cached
     return cached[1]

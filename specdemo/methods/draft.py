@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.prepack import prepack
+from specdemo.core.prepack import linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
 
@@ -50,7 +50,7 @@ class Draft:
         else:
             hidden = decoder_pass(self.model, cache, input_ids, **tree)
         hidden = hidden[:, -logits_to_keep:]
-        return self.model.get_output_embeddings()(hidden) if self.vocab is None else torch.nn.functional.linear(hidden, self.head)
+        return self.model.get_output_embeddings()(hidden) if self.vocab is None else linear(hidden, self.head)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of positions in the draft's vocabulary."""

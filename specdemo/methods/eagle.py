@@ -32,7 +32,7 @@ from transformers import Cache, LlamaConfig, LlamaModel, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.prepack import prepack
+from specdemo.core.prepack import linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.methods.draft import ASSETS, spread
 
@@ -93,7 +93,7 @@ class FeatureDraft(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [..., K] of the draft's vocabulary from (predicted) features [..., H]."""
-        return nn.functional.linear(features, self.head)
+        return linear(features, self.head)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         return indices if self.vocab is None else self.vocab[indices]

@@ -41,7 +41,7 @@ from specdemo.core.attention import sees_from_parents
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
-from specdemo.core.prepack import prepack
+from specdemo.core.prepack import linear, prepack
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
@@ -142,7 +142,7 @@ class MedusaHeads(nn.Module):
             inputs = [mixer(joined) for mixer in self.mixers]
         if self.lm_heads is not None:
             return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
-        return torch.stack([block(x) for x, block in zip(inputs, self.blocks)]) @ self.proposal_weight.T  # one matmul for all heads
+        return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight)  # one product for all heads
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None) -> list[list[int]]:
         """Head k's top_k[k] token ids, best first, for one hidden state [H] (and the token it predicted)."""
