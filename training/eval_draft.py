@@ -34,11 +34,13 @@ from specdemo.methods.eagle import EMBEDDED_EAGLE, FeatureDraft, load_feature_dr
 TOP = 3  # a draft tree's default top_k
 
 
-def predictions(draft, target, text: torch.Tensor, answer_length: int) -> torch.Tensor:
+def predictions(draft, target, text: torch.Tensor, answer_length: int, out=None) -> torch.Tensor:
     """The draft's `TOP` best guesses [answer_length, TOP] (token ids) for each answer token of
-    `text` [1, n], each from what precedes it."""
+    `text` [1, n], each from what precedes it. `out`: the target decoder's output over `text` with
+    every hidden state, when several drafts read the same text (made here when None)."""
     if isinstance(draft, FeatureDraft):  # pair t (f_t, x_{t+1}) predicts x_{t+2}; f_t with its layers' residual stream, if it reads them
-        features = with_layers(target.model.get_decoder()(text, output_hidden_states=bool(draft.layers)), draft.layers)
+        out = out if out is not None else target.model.get_decoder()(text, output_hidden_states=bool(draft.layers))
+        features = with_layers(out, draft.layers)
         logits = draft.logits(draft.features(features[:, :-1], text[:, 1:], None))[0, -answer_length - 1 : -1]
     else:
         logits = draft.logits(text, None, logits_to_keep=answer_length + 1)[0, :-1]
@@ -66,8 +68,11 @@ def count_agreement(target, drafts: dict, rows: list[dict], max_new_tokens: int)
     for row in rows:
         input_ids = target.encode_chat(row["turns"][0])
         answer = torch.tensor(final_summary(ar.generate(target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids)).tokens)
+        text = torch.cat([input_ids, answer[None]], dim=-1)
+        # one target pass that every feature draft reads (the token draft reads the tokens alone)
+        out = target.model.get_decoder()(text, output_hidden_states=True) if any(isinstance(d, FeatureDraft) for d in drafts.values()) else None
         for name, draft in drafts.items():
-            guesses = predictions(draft, target, torch.cat([input_ids, answer[None]], dim=-1), len(answer))  # [n, TOP]
+            guesses = predictions(draft, target, text, len(answer), out)  # [n, TOP]
             in_vocab = len(answer) if draft.vocab is None else int(torch.isin(answer, draft.vocab).sum())
             for key in (row.get("category", "all"), "overall"):
                 for i, value in enumerate((int((guesses[:, 0] == answer).sum()), int((guesses == answer[:, None]).any(-1).sum()), in_vocab, len(answer))):
