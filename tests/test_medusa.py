@@ -340,3 +340,83 @@ def test_heads_that_read_the_token_round_trip(tiny_model, tmp_path):
     assert loaded.reads_token
     hidden, tokens = torch.randn(4, tiny_model.config.hidden_size), torch.tensor([3, 1, 4, 1])
     torch.testing.assert_close(loaded(hidden, tokens), heads(hidden, tokens))
+
+
+def path_heads(model, num_heads=3, seed=0, vocab=None):
+    """Random heads that read their tree path (Hydra)."""
+    heads = token_heads(model, num_heads, seed, vocab)
+    reading = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab,
+                          embedding=model.get_input_embeddings(), reads_path=True)
+    reading.load_trained(heads.blocks.state_dict() | {f"mixers.{k}": v for k, v in heads.mixers.state_dict().items()})
+    scale = float(model.get_input_embeddings().weight.detach().std())
+    for mixer in reading.mixers:  # the path's columns random too (none for head 0), so the guesses depend on the path
+        torch.nn.init.normal_(mixer.linear.weight.data[:, 2 * model.config.hidden_size :], std=0.2 / scale)
+    return reading.eval()
+
+
+def test_heads_that_read_their_path_start_as_the_heads_that_read_the_token(tiny_model, tmp_path):
+    """A Hydra head started from a head that read the token alone keeps its columns and gets zero
+    ones for the path, so it guesses as that head did whatever the path; saved and loaded, it
+    reads the path again."""
+    plain = token_heads(tiny_model)
+    plain.save(tmp_path / "token")
+    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, shared_lm_head=tiny_model.get_output_embeddings(),
+                          embedding=tiny_model.get_input_embeddings(), reads_path=True)
+    from safetensors.torch import load_file
+
+    reading.load_trained({k: v for k, v in load_file(tmp_path / "token" / medusa.HEADS_FILE).items() if k != medusa.VOCAB_KEY})
+    hidden, path = torch.randn(5, tiny_model.config.hidden_size), torch.randint(0, 97, (5, 3))
+    torch.testing.assert_close(reading(hidden, path), plain(hidden, path[:, 0]))
+    heads = path_heads(tiny_model, vocab=torch.tensor([1, 5, 9, 30, 44]))
+    assert not torch.allclose(heads(hidden, path), heads(hidden, torch.cat([path[:, :1], path[:, 1:].flip(0)], dim=-1)))
+    heads.save(tmp_path / "path")
+    loaded = load_heads(tmp_path / "path", tiny_model)
+    assert loaded.reads_path and loaded.reads_token
+    torch.testing.assert_close(loaded(hidden, path), heads(hidden, path))
+    with pytest.raises(SpecDemoError, match="embeddings"):
+        MedusaHeads(8, 97, 3, reads_path=True)
+
+
+@torch.no_grad()
+def guesses_along(heads, hidden, root, path_tokens):
+    """Head d's log-probabilities [S] after the path `path_tokens` (d of them), from the heads'
+    teacher-forced forward: the reference for the tree's guesses."""
+    tokens = torch.tensor([root, *path_tokens, *[0] * (heads.num_heads - 1 - len(path_tokens))])
+    return torch.log_softmax(heads(hidden[None], tokens[None])[len(path_tokens), 0].float(), dim=-1)
+
+
+def test_a_path_reading_tree_guesses_each_node_from_its_own_path(tiny_model):
+    """Every node of the grown tree holds its head's r-th guess after its own path (r its rank
+    among its siblings) and its value is the sum of its path's log-probabilities, both checked
+    against the heads' teacher-forced forward; the static tree's tokens likewise."""
+    heads = path_heads(tiny_model, vocab=torch.arange(0, 90, 3))
+    index = {token: i for i, token in enumerate(heads.vocab.tolist())}
+    hidden, root = 30 * torch.randn(tiny_model.config.hidden_size), 7  # large: peaked guesses, so the tree goes deep
+    tree = medusa.grow(heads, hidden, root, depth=3, top_k=2, size=12)
+    token_at = medusa.paths_of(tree)
+    assert len(token_at) == 12 and max(map(len, token_at)) >= 2  # deeper nodes read their path
+    assert sum(len(path) == 1 for path in token_at) > 2  # the root may have more children than top_k
+    for node, path in enumerate(token_at):
+        above = [token_at[path[:d]] for d in range(1, len(path))]
+        log_probs = guesses_along(heads, hidden, root, above)
+        ranked = heads.token_ids(log_probs.argsort(descending=True))
+        assert ranked[path[-1]] == token_at[path] == tree.tokens[node]
+        along = [token_at[path[: d + 1]] for d in range(len(path))]  # the path's tokens
+        value = sum(float(guesses_along(heads, hidden, root, along[:d])[index[along[d]]]) for d in range(len(path)))
+        assert tree.scores[node] == pytest.approx(value, abs=1e-4)
+    static = medusa.path_tokens(heads, hidden, root, list(CHOICES))
+    for path in CHOICES:
+        above = [static[path[:d]] for d in range(1, len(path))]
+        assert heads.token_ids(guesses_along(heads, hidden, root, above).argsort(descending=True))[path[-1]] == static[path]
+
+
+@pytest.mark.parametrize("tree, tree_size, copy_length", [("dynamic", 3, 0), ("dynamic", 12, None), (CHOICES, None, 0), ("chain", None, None)])
+def test_heads_that_read_their_path_equal_ar(tiny_model, prompt_ids, tree, tree_size, copy_length):
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
+    heads = path_heads(tiny_model, vocab=torch.arange(0, 80, 2))
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, tree_size=tree_size, copy_length=copy_length, max_new_tokens=40,
+                                  eos_token_ids=()))
+    assert events[-1].tokens == expected
+    for event in events[1:-1]:
+        assert len(event.data.tree_tokens) == len(event.data.tree_parents) == len(event.data.tree_depths)
+        assert event.data.accepted_path[0] == 0

@@ -51,6 +51,11 @@ token x that h predicted, the last committed one (`--reads-token`; W_k starts as
 Medusa-1 head, and learns what x adds: Medusa-1's heads guess past x blind, and Hydra, Ankner et al. 2024,
 showed how much heads gain from reading the tokens before their own; these read only that verified one,
 so all heads still run in one call)"""
+READS_PATH_TEXT = """W_k [h; e(x); e(y_1); ...; e(y_k)]: the target's last hidden state h, the target's embedding of the
+token x that h predicted, the last committed one, and of the k tokens y_1 ... y_k the head's tree path holds
+before its own (`--reads-path`: Hydra's sequentially dependent heads, Ankner et al. 2024; teacher-forced on the
+target's own tokens in training; in decoding the tree grows a level a call, each node's children guessed from
+its own path). A head started from one that read x alone keeps its columns, the new ones zero, so it starts as that head"""
 TEACHER_TOP = 32  # soft labels keep the teacher's 32 most likely tokens (renormalised)
 MAX_RANK = 10  # ranks measured per head, and so the widest a tree may branch
 
@@ -86,7 +91,7 @@ def soft_loss(heads: MedusaHeads, states: dict, batch: torch.Tensor) -> torch.Te
     """Sum over heads of 0.8^k x the cross-entropy of head k at position t against the teacher's
     distribution at position t + k + 1 (that of token t + k + 2); positions whose sequence ends
     sooner do not count. Later heads weigh less, as their targets are harder (Medusa-1)."""
-    logits = heads(states["hidden"][batch].float(), states["next"][batch])  # [K, B, S]
+    logits = heads(states["hidden"][batch].float(), head_tokens(heads, states, batch))  # [K, B, S]
     loss = 0.0
     for k in range(heads.num_heads):
         valid = states["rest"][batch] >= k + 1
@@ -94,6 +99,17 @@ def soft_loss(heads: MedusaHeads, states: dict, batch: torch.Tensor) -> torch.Te
         log_probs = torch.log_softmax(logits[k][valid], dim=-1).gather(-1, states["teacher_ids"][source].long())
         loss = loss + 0.8**k * -(states["teacher_probs"][source].float() * log_probs).sum(-1).mean()
     return loss
+
+
+def head_tokens(heads: MedusaHeads, states: dict, batch: torch.Tensor) -> torch.Tensor:
+    """The tokens the heads read at positions `batch`: the token each hidden state predicted [B];
+    for heads that read their path, the K tokens after it [B, K], the target's own (teacher
+    forcing: a path is accepted only while its tokens are the target's). Past a sequence's end they
+    are the next sequence's, read only by heads whose target is past the end too (`rest`)."""
+    if not heads.reads_path:
+        return states["next"][batch]
+    ahead = (batch[:, None] + torch.arange(heads.num_heads)).clamp(max=len(states["next"]) - 1)
+    return states["next"][ahead]
 
 
 @torch.no_grad()
@@ -107,7 +123,7 @@ def rank_paths(heads: MedusaHeads, states: dict, proposal_vocab: torch.Tensor) -
     ranks = []
     for first in range(0, len(states["next"]), 2048):
         batch = torch.arange(first, min(first + 2048, len(states["next"])))
-        top = heads(states["hidden"][batch].float(), states["next"][batch]).topk(MAX_RANK, dim=-1).indices  # [K, b, R]
+        top = heads(states["hidden"][batch].float(), head_tokens(heads, states, batch)).topk(MAX_RANK, dim=-1).indices  # [K, b, R]
         row = torch.full((len(batch), num_heads), MAX_RANK)  # MAX_RANK: not among the top
         for k in range(num_heads):
             valid = states["rest"][batch] >= k + 1
@@ -158,8 +174,9 @@ def train(args) -> dict:
     eval_states = answer_states(target, data, held_out, proposal_weight)
     states_minutes = (time.time() - start) / 60
     lm_head.float()  # the heads train in float32 on the bfloat16 hidden states
-    embedding = target.model.get_input_embeddings() if args.reads_token else None  # tied to the LM head: float32 now too
-    heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, args.layers, lm_head, proposal_vocab, embedding)
+    embedding = target.model.get_input_embeddings() if args.reads_token or args.reads_path else None  # tied to the LM head: float32 now too
+    heads = MedusaHeads(target.model.config.hidden_size, target.model.config.vocab_size, args.heads, args.layers, lm_head, proposal_vocab, embedding,
+                        args.reads_path)
     if args.start_from:  # fine-tune trained heads (their blocks, and their mixers if both read the token; the proposal vocabulary is this run's)
         heads.load_trained({name: tensor.float() for name, tensor in load_file(args.start_from / HEADS_FILE).items() if name != VOCAB_KEY})
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)  # blocks and mixers: the shared head is a buffer
@@ -241,7 +258,7 @@ train; the greedy answers to {args.held_out} held-out prompts ({report['held_out
     (args.out / "MANIFEST.md").write_text(f"""# Medusa heads for the embedded SmolLM2-135M-Instruct
 
 **What it is.** {args.heads} Medusa heads (Cai et al. 2024, Medusa-1): head k is {args.layers} residual
-block(s) x + SiLU(W x + b) on {READS_TOKEN_TEXT if args.reads_token else "the target's last hidden state"}, followed by the target's own LM head
+block(s) x + SiLU(W x + b) on {READS_PATH_TEXT if args.reads_path else READS_TOKEN_TEXT if args.reads_token else "the target's last hidden state"}, followed by the target's own LM head
 (not stored here) restricted to the {args.vocab_size:,} tokens our answers use most (their ids are
 stored with the heads: proposals come only from them; the target verifies with its full head).
 Head k predicts the token k + 2 places ahead. `medusa_config.json` lists the {args.tree_nodes}
@@ -297,6 +314,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1, help="residual blocks per head")
     parser.add_argument("--reads-token", action="store_true",
                         help="each head also reads the token its hidden state predicted (the last committed one), through a mixer in front of its blocks")
+    parser.add_argument("--reads-path", action="store_true",
+                        help="head k also reads the k tokens its tree path holds before its own (Hydra); implies --reads-token")
     parser.add_argument("--vocab-size", type=int, default=8192, help="tokens the heads propose from")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)

@@ -105,30 +105,47 @@ def grow(
     size: int,
     eos: tuple[int, ...] = (),
 ) -> DraftTree:
-    """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank). The draft's cache
-    ends holding the prefix only: the branches it fed are dropped."""
+    """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank, `expand`). The draft's
+    cache ends holding the prefix only: the branches it fed are dropped."""
     logits, state = first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
-    tree = DraftTree([], [], [], [], [], draft_passes=1)
-    states = []  # per node, the predicted feature its children's pairs read (feature drafts)
-    frontier = add_children(tree, states, draft, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=top_k)
     fed = []  # nodes in the draft's cache after the prefix, in cache order
+
+    def level_logits(tree: DraftTree, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
+        allowed = branch_visibility(tree, fed, nodes, prefix, sequence.device)
+        positions = torch.full((1, len(nodes)), prefix + level - 2, device=sequence.device)
+        fed.extend(nodes)
+        return branch_logits(draft, cache, tokens, states, allowed=allowed, position_ids=positions)
+
+    tree = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos)
+    keep_prefix(cache, prefix)
+    return tree
+
+
+def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int, size: int, eos: tuple[int, ...] = (),
+           first_k: int | None = None) -> DraftTree:
+    """EAGLE-2's expand and rerank for any drafter: `logits` [1, K] are its guesses for the root's
+    children (`state` [1, H]: what their own children's guesses read, or None); level by level,
+    `level_logits(tree, nodes, tokens, states, level)` gives its guesses [q, K] after each of the
+    `nodes` expanded at `level` (holding `tokens` [q]; `states` [q, H] the states they were
+    guessed from) and the states [q, H] their children read. `token_ids` maps indices into the
+    drafter's vocabulary to token ids. A feature draft's state is its predicted feature; a Hydra
+    head's, the path it read. `first_k`: the root's children, if not `top_k`."""
+    tree = DraftTree([], [], [], [], [], draft_passes=1)
+    states = []  # per node, the state its children's guesses read
+    frontier = add_children(tree, states, token_ids, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=first_k or top_k)
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
-        expand = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar), key=lambda n: -tree.scores[n])[:top_k]
-        if not expand:
+        nodes = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar), key=lambda n: -tree.scores[n])[:top_k]
+        if not nodes:
             break
-        allowed = branch_visibility(tree, fed, expand, prefix, sequence.device)
-        tokens = torch.tensor([tree.tokens[n] for n in expand], device=sequence.device)
-        parent_states = None if state is None else torch.stack([states[n] for n in expand])
-        positions = torch.full((1, len(expand)), prefix + level - 2, device=sequence.device)
-        logits, new_states = branch_logits(draft, cache, tokens, parent_states, allowed=allowed, position_ids=positions)
-        fed += expand
+        tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
+        parent_states = None if state is None else torch.stack([states[n] for n in nodes])
+        logits, new_states = level_logits(tree, nodes, tokens, parent_states, level)
         tree.draft_passes = level
         frontier = add_children(
-            tree, states, draft, logits, new_states, parents=expand, parent_scores=[tree.scores[n] for n in expand], depth=level, top_k=top_k
+            tree, states, token_ids, logits, new_states, parents=nodes, parent_scores=[tree.scores[n] for n in nodes], depth=level, top_k=top_k
         )
-    keep_prefix(cache, prefix)
     return best_nodes(tree, size)
 
 
@@ -154,11 +171,11 @@ def children_to_fill(size: int, depth: int, top_k: int) -> int:
     return top_k
 
 
-def add_children(tree, states, draft, logits, parent_states, *, parents, parent_scores, depth, top_k) -> list[int]:
-    """Append each parent's `top_k` best children by the draft's log-probability (`logits` [q, K],
-    one row per parent); returns the new nodes."""
+def add_children(tree, states, token_ids, logits, parent_states, *, parents, parent_scores, depth, top_k) -> list[int]:
+    """Append each parent's `top_k` best children by the drafter's log-probability (`logits` [q, K],
+    one row per parent; `token_ids` maps their indices to token ids); returns the new nodes."""
     log_probs = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
-    token_ids = draft.token_ids(log_probs.indices).tolist()
+    token_ids = token_ids(log_probs.indices).tolist()
     new = []
     for row, (parent, parent_score) in enumerate(zip(parents, parent_scores)):
         for token, log_prob in zip(token_ids[row], log_probs.values[row].tolist()):

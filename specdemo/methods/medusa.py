@@ -4,8 +4,9 @@ Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multi
 Heads". Head k (k = 0..K-1) reads the target's last hidden state h_t and predicts the token
 k + 2 places ahead (the target's own LM head predicts the next one): `num_layers` residual
 blocks x + SiLU(W x + b), then an LM head (Sec. 2.1.1). Heads may also read the token h_t
-predicted, the last committed one, which Medusa-1's heads guess past blind (`MedusaHeads`,
-after Hydra's sequentially dependent heads); ours do.
+predicted, the last committed one, which Medusa-1's heads guess past blind (`MedusaHeads`);
+ours do. Heads may further read the tokens of their tree path before their own (Hydra's
+sequentially dependent heads, `reads_path`): their tree then grows a level a call (`grow`).
 
 The candidate tree (Sec. 2.1.2) is a list of paths of top-k indices, the `medusa_choices` form:
 path (2, 0) is head 0's third-best token followed by head 1's best. One target pass feeds the
@@ -47,6 +48,7 @@ from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 from specdemo.methods.draft import ASSETS
+from specdemo.methods.draft_tree import DraftTree, expand
 from specdemo.methods.prompt_lookup import check_copy_length, copied_branch
 from specdemo.models import local_folder
 
@@ -73,19 +75,21 @@ class ResBlock(nn.Module):
 
 
 class TokenMixer(nn.Module):
-    """W [h; e(x)]: a head's input from the hidden state h and the embedding of the token x that
-    h predicted, W initialised to [I 0] so that a new mixer passes h through unchanged."""
+    """W [h; e(x_1); ...; e(x_n)]: a head's input from the hidden state h and the embeddings of the
+    `tokens` after it (the token h predicted, then for a head that reads its path the tokens its
+    tree path holds before its own), W initialised to [I 0 ... 0] so that a new mixer passes h
+    through unchanged."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, tokens: int = 1):
         super().__init__()
-        self.linear = nn.Linear(2 * hidden_size, hidden_size)
+        self.linear = nn.Linear((1 + tokens) * hidden_size, hidden_size)
         with torch.no_grad():
             self.linear.weight.zero_()
             self.linear.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
             self.linear.bias.zero_()
 
     def forward(self, joined: torch.Tensor) -> torch.Tensor:
-        """W [h; e(x)] for `joined` = [h; e(x)] [..., 2H], built once for all heads."""
+        """W [h; e(x_1); ...] for `joined` [..., (1 + tokens) H]."""
         return self.linear(joined)
 
 
@@ -97,9 +101,15 @@ class MedusaHeads(nn.Module):
 
     With `embedding` (the target's input embedding) each head also reads the token its hidden
     state predicted, the last committed one, through a `TokenMixer` in front of its blocks. That
-    token is known when the heads propose; Medusa-1's heads guess past it blind, and Hydra (Ankner
-    et al. 2024) shows that a head reading the tokens before its own guesses far better. Here the
-    heads read only that one verified token, so they still all run in one call."""
+    token is known when the heads propose; Medusa-1's heads guess past it blind. Such heads still
+    all run in one call (`forward`).
+
+    With `reads_path` as well, head k also reads the k tokens its tree path holds before its own:
+    Hydra's sequentially dependent heads (Ankner et al. 2024, "Hydra: Sequentially-Dependent Draft
+    Heads for Medusa Decoding"), head k on [h; e(x); e(y_1); ...; e(y_k)]. A head then guesses each
+    child of each node from that node's own path, so the tree grows a level a call (`head_logits`),
+    as a draft's does, for a few small products more; what it gains is the guesses of the heads
+    after the first, which Medusa-1's heads make blind."""
 
     def __init__(
         self,
@@ -110,10 +120,13 @@ class MedusaHeads(nn.Module):
         shared_lm_head: nn.Module | None = None,
         vocab: torch.Tensor | None = None,
         embedding: nn.Module | None = None,
+        reads_path: bool = False,
     ):
         super().__init__()
-        self.num_heads, self.num_layers = num_heads, num_layers
-        self.mixers = None if embedding is None else nn.ModuleList(TokenMixer(hidden_size) for _ in range(num_heads))
+        if reads_path and embedding is None:
+            raise SpecDemoError("heads that read their tree path read the tokens' embeddings: pass the target's")
+        self.num_heads, self.num_layers, self.reads_path = num_heads, num_layers, reads_path
+        self.mixers = None if embedding is None else nn.ModuleList(TokenMixer(hidden_size, 1 + k * reads_path) for k in range(num_heads))
         if embedding is not None:  # the target's, never saved with the heads
             self.register_buffer("embedding_weight", embedding.weight.detach(), persistent=False)
         self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
@@ -131,18 +144,37 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [K, ..., S] of every head for hidden states [..., H] (and, for heads that read
-        it, the token [...] each state predicted), over `vocab` (S tokens) when the heads have
-        one, else over the whole vocabulary."""
+        it, the token [...] each state predicted; for heads that read their path, the tokens
+        [..., K] after each state, teacher-forced: head k reads the first k + 1), over `vocab`
+        (S tokens) when the heads have one, else over the whole vocabulary."""
         if self.mixers is None:
             inputs = [hidden] * self.num_heads
         else:
             if tokens is None:
                 raise SpecDemoError("these Medusa heads read the token each hidden state predicted: pass it")
-            joined = torch.cat([hidden, self.embedding_weight[tokens].to(hidden.dtype)], dim=-1)
-            inputs = [mixer(joined) for mixer in self.mixers]
+            if self.reads_path:
+                joined = torch.cat([hidden, *self.embedded(tokens, hidden.dtype).unbind(-2)], dim=-1)  # [..., (1 + K) H]
+                inputs = [mixer(joined[..., : (2 + k) * hidden.shape[-1]]) for k, mixer in enumerate(self.mixers)]
+            else:
+                joined = torch.cat([hidden, self.embedded(tokens, hidden.dtype)], dim=-1)
+                inputs = [mixer(joined) for mixer in self.mixers]
         if self.lm_heads is not None:
             return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
         return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight)  # one product for all heads
+
+    def embedded(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The target's embeddings of `tokens` [...] -> [..., H], in `dtype`."""
+        return self.embedding_weight[tokens].to(dtype)
+
+    def head_logits(self, k: int, joined: torch.Tensor) -> torch.Tensor:
+        """Head k's logits [q, S] for heads that read their path: `joined` [q, (2 + k) H] is
+        [h; e(x); e(y_1); ...; e(y_k)], the hidden state and the tokens of each node's path."""
+        x = self.blocks[k](self.mixers[k](joined))
+        return self.lm_heads[k](x) if self.lm_heads is not None else linear(x, self.proposal_weight)
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the heads' proposal vocabulary."""
+        return indices if self.vocab is None else self.vocab.to(indices.device)[indices]
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None) -> list[list[int]]:
         """Head k's top_k[k] token ids, best first, for one hidden state [H] (and the token it predicted)."""
@@ -152,11 +184,12 @@ class MedusaHeads(nn.Module):
     def ranked(self, hidden: torch.Tensor, k: int, token: int | None = None) -> tuple[list[list[int]], torch.Tensor]:
         """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
         the heads' vocabulary), for one hidden state [H] (and the token it predicted)."""
+        if self.reads_path:
+            raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or `medusa.path_tokens`")
         tokens = None if token is None else torch.tensor(token, device=hidden.device)
         log_probs = torch.log_softmax(self(hidden, tokens).float(), dim=-1)  # [K, S]
         best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
-        ids = best.indices if self.vocab is None else self.vocab.to(best.indices.device)[best.indices]
-        return ids.tolist(), best.values
+        return self.token_ids(best.indices).tolist(), best.values
 
     def load_trained(self, tensors: dict[str, torch.Tensor]) -> None:
         """The blocks and, for heads that read the token, the mixers from the tensors `save` wrote
@@ -165,7 +198,12 @@ class MedusaHeads(nn.Module):
         mixers = {name.removeprefix(f"{MIXERS_KEY}."): tensor for name, tensor in tensors.items() if name.startswith(f"{MIXERS_KEY}.")}
         self.blocks.load_state_dict({name: tensor for name, tensor in tensors.items() if not name.startswith(f"{MIXERS_KEY}.")})
         if mixers and self.mixers is not None:
-            self.mixers.load_state_dict(mixers)
+            own = self.mixers.state_dict()
+            for name, tensor in mixers.items():  # a mixer that read fewer tokens: its columns first, the new ones zero
+                if tensor.shape != own[name].shape:
+                    tensor = torch.cat([tensor, tensor.new_zeros(tensor.shape[0], own[name].shape[1] - tensor.shape[1])], dim=1)
+                own[name] = tensor
+            self.mixers.load_state_dict(own)
 
     def save(self, folder: Path, **metadata) -> None:
         """Our format: the residual blocks (the LM head is the target's), the proposal vocabulary
@@ -177,7 +215,8 @@ class MedusaHeads(nn.Module):
         if self.vocab is not None:
             tensors[VOCAB_KEY] = self.vocab.cpu()
         save_file(tensors, folder / HEADS_FILE)
-        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, "reads_token": self.reads_token, **metadata}
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, "reads_token": self.reads_token,
+                  "reads_path": self.reads_path, **metadata}
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -192,7 +231,8 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
         tensors = load_file(folder / HEADS_FILE)
         proposal_vocab = tensors.pop(VOCAB_KEY, None)
         embedding = target.get_input_embeddings() if config.get("reads_token") else None
-        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab, embedding)
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab, embedding,
+                            config.get("reads_path", False))
         heads.load_trained(tensors)
         heads.choices, heads.default_tree_size = config.get("medusa_choices"), config.get("default_tree_size")
     elif (folder / PUBLISHED_FILE).exists():
@@ -314,6 +354,7 @@ def generate(
     typical_epsilon: float = 0.09,
     typical_alpha: float = 0.3,
     copy_length: int | None = None,
+    tree_top_k: int = 3,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     compiled: bool = True,
@@ -329,6 +370,9 @@ def generate(
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
     tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH.
+    Heads that read their path (Hydra) grow a dynamic tree as EAGLE-2 grows a draft's
+    (`draft_tree.expand`): level by level, the `tree_top_k` nodes of highest value each get their
+    `tree_top_k` likeliest children, then the `tree_size` best nodes stay.
     `compiled`: take the model's compiled static pass when it has one."""
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     if tree == "dynamic":
@@ -338,7 +382,8 @@ def generate(
     if static is not None and len(static.top_k) > heads.num_heads:
         raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
-    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical)
+    check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
+    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k)
     return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
                   compiled=compiled)
 
@@ -349,8 +394,10 @@ class MedusaTree(Proposer):
 
     features = True  # the heads read the target's last hidden state
 
-    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int, typical: tuple[float, float] | None):
+    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int, typical: tuple[float, float] | None,
+                 top_k: int = 3):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
+        self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
         self.tree: Tree | None = None  # this pass's tree
 
@@ -363,6 +410,16 @@ class MedusaTree(Proposer):
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
         copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
+        root = int(sequence[0, -1])
+        if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
+            if self.static is None:
+                size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
+                depth = min(self.heads.num_heads, depth_limit)
+                token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size, eos=context.eos))
+            else:
+                token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
+            self.tree = cached_tree(tuple(sorted(token_at)), len(copied))
+            return proposal(self.tree, [root, *(token_at[path] for path in self.tree.paths), *copied])
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
@@ -371,7 +428,7 @@ class MedusaTree(Proposer):
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
         self.tree = cached_tree(paths, len(copied))
-        return proposal(self.tree, [*tree_tokens(self.tree, int(sequence[0, -1]), top), *copied])
+        return proposal(self.tree, [*tree_tokens(self.tree, root, top), *copied])
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
@@ -412,6 +469,52 @@ class MedusaTree(Proposer):
                 **verdict.details,
             ),
         )
+
+
+def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, top_k: int, size: int, eos: tuple[int, ...] = ()) -> DraftTree:
+    """The dynamic tree of heads that read their path (Hydra), after the hidden state `hidden` [H]
+    and the token it predicted: EAGLE-2's expand and rerank (`draft_tree.expand`), head k guessing
+    the children of the nodes at depth k from [h; e(x); e(y_1); ...; e(y_k)], their paths. The
+    root may get all `size` nodes as children: head 0 is right far less often than a draft's first
+    guess (it sees one hidden state, no attention), and its alternatives are most of what a tree
+    of 8 gains (26 Spec-Bench questions, bfloat16: 2.44 tokens a pass, against 2.34 with at most
+    3 children at the root as at every other level)."""
+    joined = torch.cat([hidden, heads.embedded(torch.tensor(token, device=hidden.device), hidden.dtype)])[None]  # [1, 2H]
+
+    def level_logits(tree: DraftTree, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor, level: int):
+        joined = torch.cat([states, heads.embedded(tokens, states.dtype)], dim=-1)  # [q, (1 + level) H]
+        return heads.head_logits(level - 1, joined), joined
+
+    return expand(heads.token_ids, heads.head_logits(0, joined), joined, level_logits, depth=depth, top_k=top_k, size=size, eos=eos, first_k=size)
+
+
+def paths_of(tree: DraftTree) -> dict[tuple[int, ...], int]:
+    """A grown tree as rank paths (the medusa_choices form) and their tokens. The expansion adds a
+    node's children best first and the rerank keeps a prefix of them (a child is never worth
+    more than its elder sibling), so a node's rank is its place among its kept siblings."""
+    paths, token_at = [], {}
+    for node, parent in enumerate(tree.parents):
+        above = () if parent < 0 else paths[parent]
+        rank = sum(1 for earlier in range(node) if tree.parents[earlier] == parent)
+        paths.append((*above, rank))
+        token_at[paths[-1]] = tree.tokens[node]
+    return token_at
+
+
+def path_tokens(heads: MedusaHeads, hidden: torch.Tensor, token: int, paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+    """The token at each rank path of a static tree for heads that read their path: head d - 1's
+    r-th best guess after the node's parent's path, one call a level."""
+    embed = lambda t: heads.embedded(torch.tensor(t, device=hidden.device), hidden.dtype)  # noqa: E731
+    joined, token_at = {(): torch.cat([hidden, embed(token)])}, {}
+    for depth in range(1, max(map(len, paths), default=0) + 1):
+        level = [path for path in paths if len(path) == depth]
+        parents = sorted({path[:-1] for path in level})
+        logits = heads.head_logits(depth - 1, torch.stack([joined[parent] for parent in parents]))
+        top = heads.token_ids(logits.topk(1 + max(path[-1] for path in level), dim=-1).indices).tolist()
+        for path in level:
+            token_at[path] = top[parents.index(path[:-1])][path[-1]]
+            joined[path] = torch.cat([joined[path[:-1]], embed(token_at[path])])
+    return token_at
 
 
 def proposal(tree: Tree, tokens: list[int]) -> Proposal:
