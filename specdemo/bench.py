@@ -37,6 +37,7 @@ class Run:
 
     tokens: list[int]
     forward_passes: int  # target forward passes
+    target_s: float = 0.0  # seconds in the target's passes (0: not measured, transformers' own loops)
 
 
 Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
@@ -52,7 +53,7 @@ def specdemo_runner(name: str, **fixed) -> Runner:
             target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **fixed, **settings
         )
         summary = final_summary(events)
-        return Run(list(summary.tokens), summary.target_forwards)
+        return Run(list(summary.tokens), summary.target_forwards, summary.target_s)
 
     return run
 
@@ -254,6 +255,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                         "tokens": len(run.tokens),
                         "forward_passes": run.forward_passes,
                         "wall_s": wall_s,
+                        "target_s": run.target_s,
                         "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
                         "matches_base_ar": run.tokens == runs["ar"][0].tokens,
                         "divergence": asdict(parted[name]) if parted.get(name) else None,
@@ -291,10 +293,14 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
         tokens = sum(row["tokens"] for row in mine)
         passes = sum(row["forward_passes"] for row in mine)
         wall_s = sum(row["wall_s"] for row in mine)
+        target_s = sum(row.get("target_s", 0.0) for row in mine)
         totals[name] = {
             "tokens": tokens,
             "forward_passes": passes,
             "wall_s": wall_s,
+            "target_s": target_s,
+            "step_ms": 1e3 * wall_s / passes if passes else 0.0,  # a step: one target pass and what the method does around it
+            "target_pass_ms": 1e3 * target_s / passes if passes else 0.0,  # of which the target's pass (0: not measured)
             "tokens_per_s": tokens / wall_s if wall_s else 0.0,
             "tokens_per_forward": tokens / passes if passes else 0.0,
             "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
@@ -336,6 +342,7 @@ def format_table(report: dict) -> str:
     for name, s in report["methods"].items():
         if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
             lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
+    lines += step_costs(report["methods"])
     for name, s in report["methods"].items():
         if name in REFERENCES:
             own = "AR on the eager path" if name in EAGER else "AR on its own weights"
@@ -356,6 +363,22 @@ def format_table(report: dict) -> str:
         if name in METHODS and METHODS[name].other_answer:
             lines.append(f"{name}: matches_ar is reported, {METHODS[name].other_answer}")
     return "\n".join(lines)
+
+
+def step_costs(methods: dict) -> list[str]:
+    """Where each method's step goes, in milliseconds and in AR passes: the target's pass (wider
+    than AR's for a method that verifies proposals) and the rest (proposing, accepting,
+    bookkeeping). A speedup is tokens a pass over a step's cost in AR steps, so this says which
+    of the two holds a method back."""
+    ar_ms = methods["ar"]["step_ms"] if "ar" in methods else 0.0
+    lines = []
+    for name, s in methods.items():
+        if not s["target_s"] or not ar_ms:
+            continue
+        rest = s["step_ms"] - s["target_pass_ms"]
+        lines.append(f"{name}: a step {s['step_ms']:.1f} ms ({s['step_ms'] / ar_ms:.2f} AR steps) = the target's pass "
+                     f"{s['target_pass_ms']:.1f} ms ({s['target_pass_ms'] / ar_ms:.2f}) + the rest {rest:.1f} ms ({rest / ar_ms:.2f})")
+    return lines
 
 
 def compile_line(compiled: dict) -> str:

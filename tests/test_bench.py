@@ -9,9 +9,10 @@ import pytest
 from specdemo import SpecDemoError, bench
 
 TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "settings", "methods", "rows", "suspect_margin"}
-METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
+METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
+               "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin"}
-ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "matches_ar", "matches_base_ar", "divergence"}
+ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "target_s", "matches_ar", "matches_base_ar", "divergence"}
 
 
 def test_bench_json_schema(embedded, tmp_path):
@@ -35,6 +36,17 @@ def test_bench_json_schema(embedded, tmp_path):
     assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
     assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2
     assert report["methods"]["ar"]["tokens_per_forward_by_category"] == {"writing": 1.0}  # the first two prompts are writing
+    ar = report["methods"]["ar"]  # our loop times the target's passes; transformers' own loop is not ours to time
+    assert 0 < ar["target_s"] < ar["wall_s"] and 0 < ar["target_pass_ms"] < ar["step_ms"]
+    assert report["methods"]["hf_generate"]["target_s"] == 0.0
+
+
+def test_step_costs_split_each_step_into_the_target_pass_and_the_rest():
+    methods = {"ar": {"step_ms": 20.0, "target_pass_ms": 19.0, "target_s": 1.9},
+               "medusa": {"step_ms": 27.0, "target_pass_ms": 24.0, "target_s": 2.4},
+               "hf_generate": {"step_ms": 21.0, "target_pass_ms": 0.0, "target_s": 0.0}}
+    lines = bench.step_costs(methods)
+    assert len(lines) == 2 and lines[1] == "medusa: a step 27.0 ms (1.35 AR steps) = the target's pass 24.0 ms (1.20) + the rest 3.0 ms (0.15)"
 
 
 def test_tokens_per_pass_by_category():

@@ -22,6 +22,8 @@ StepEvent fields
     target_forwards  target forward passes so far, this one included
     draft_forwards   draft-model forward passes so far (0 for methods without a draft)
     elapsed_s        seconds since the method started (prompt ready) until this event
+    target_s         seconds of this step spent in the target's pass (until its logits were
+                     ready); the rest of the step is proposing, accepting and bookkeeping
     data             what the method tells about this pass, a typed payload of `specdemo.core.steps`
                      (a TreeStep, a JacobiStep, a LookaheadStep, the p / q numbers of a
                      SamplingCheck...); None for AR
@@ -31,7 +33,8 @@ correction or bonus token, or simply its next token in AR).
 
 Summary fields: method, tokens (the whole answer), finish_reason ("eos": an end-of-sequence
 token was committed; "length": max_new_tokens reached; "stopped": the caller's stop signal),
-steps, target_forwards, draft_forwards, proposed and accepted (totals), elapsed_s, extra.
+steps, target_forwards, draft_forwards, proposed and accepted (totals), elapsed_s, target_s (the
+target's passes, in total), extra.
 
 A new kind of pass adds a payload class to `specdemo.core.steps`; these classes never fork.
 """
@@ -59,6 +62,7 @@ class StepEvent:
     draft_forwards: int = 0
     elapsed_s: float = 0.0
     data: Payload | None = None
+    target_s: float = 0.0
 
 
     def as_dict(self) -> dict:
@@ -80,6 +84,7 @@ class Summary:
     accepted: int = 0
     elapsed_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    target_s: float = 0.0
 
     @property
     def tokens_per_forward(self) -> float:

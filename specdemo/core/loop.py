@@ -11,6 +11,7 @@ decoding keep loops of their own: they optimise other objectives than the target
 """
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -112,7 +113,9 @@ def decode(
         # 1. Propose: the tokens the target checks this pass (none for AR).
         proposal = proposer.propose(context, sequence, recorder.room)
         # 2. Verify: one target pass over the committed tokens it has not seen and every proposed node.
+        started = time.perf_counter()
         verified = target_pass(model, cache, sequence, proposal, features=proposer.features)
+        target_s = seconds_since(started, verified.logits.device)
         # 3. Accept: the path the target agrees with, and its own token after it.
         verdict = proposer.accept(context, sequence, proposal, verified)
         # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
@@ -130,6 +133,15 @@ def decode(
             rejected=learned.rejected,
             draft_forwards=learned.draft_passes,
             data=learned.data,
+            target_s=target_s,
         ))
         yield events[-1]
     yield recorder.summary(extra=proposer.summary(events))
+
+
+def seconds_since(start: float, device: torch.device) -> float:
+    """Seconds since `start` (`time.perf_counter`) once `device` has done the work queued on it:
+    a CUDA pass returns before it runs."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start

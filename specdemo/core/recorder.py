@@ -32,6 +32,7 @@ class StepRecorder:
         self.draft_forwards = 0
         self.proposed = 0
         self.accepted = 0
+        self.target_s = 0.0  # the target's passes
         self.start = time.perf_counter()
 
     @property
@@ -54,9 +55,11 @@ class StepRecorder:
         rejected: Sequence[int] = (),
         draft_forwards: int = 0,
         data: Payload | None = None,
+        target_s: float = 0.0,
     ) -> StepEvent:
-        """Record one target pass that commits `committed` (accepted proposals first)."""
+        """Record one target pass that commits `committed` (accepted proposals first); the pass took `target_s`."""
         committed = self._apply_stop_rules(list(committed))
+        self.target_s += target_s
         accepted = tuple(accepted)[: len(committed)]
         self.tokens += committed
         self.target_forwards += 1
@@ -74,6 +77,7 @@ class StepRecorder:
             draft_forwards=self.draft_forwards,
             elapsed_s=time.perf_counter() - self.start,
             data=data,
+            target_s=target_s,
         )
 
     def kept(self, committed: Sequence[int]) -> list[int]:
@@ -103,6 +107,7 @@ class StepRecorder:
             accepted=self.accepted,
             elapsed_s=time.perf_counter() - self.start,
             extra=extra or {},
+            target_s=self.target_s,
         )
 
 
