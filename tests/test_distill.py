@@ -228,6 +228,28 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     assert sorted(train_ids + held) == list(range(40))
 
 
+def test_a_start_whose_shard_folder_grew_since_is_redrawn_over_the_answers_it_saw(tmp_path):
+    """The start trained on the 30 answers its folder held; the folder then grew to 60 (a larger
+    `--limit` of the same plan appends). Its split is redrawn over the first 30, as its report's
+    counts say, not over all 60 (another split, which would let its training prompts be held out)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    texts = [f"prompt {i}" for i in range(60)]
+
+    def save(number, chunk):
+        torch.save({"prompts": chunk, "sources": ["s"] * len(chunk), "sequences": [[1, 2]] * len(chunk), "answer_starts": [1] * len(chunk),
+                    "features": [torch.zeros(1, 4)] * len(chunk)}, distill.shard_path(folder, number))
+
+    save(0, texts[:30])
+    trained = distill.trained_on(folder, 5, seed=0)
+    (tmp_path / "asset").mkdir()
+    report = {"args": {"distill_out": str(folder), "held_out": "5", "seed": "0"}, "train_sequences": 25, "held_out_sequences": 5}
+    (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
+    save(1, texts[30:])
+    assert distill.trained_by(tmp_path / "asset") == trained
+    assert distill.trained_on(folder, 5, seed=0) != trained  # the grown folder's own split differs
+
+
 def test_a_fine_tune_of_a_fine_tune_holds_out_nothing_any_earlier_link_trained_on(tmp_path):
     """A trains on its shards; B fine-tunes A on the same shards, holding out none of what A trained on;
     C fine-tunes B. B's report names what A and B trained on (`chain_digests`), so C's held-out

@@ -244,9 +244,11 @@ def held_out_ids(prompts: list[str], held_out: int, seed: int, trained: frozense
     return sorted([i for i in ids if prompts[i] not in trained][:held_out])
 
 
-def trained_on(out: Path, held_out: int, seed: int) -> frozenset[str]:
-    """The prompts a trainer run on the shards under `out` trained on: all but its held-out ones."""
-    prompts = load_shards(out, features=False)["prompts"]
+def trained_on(out: Path, held_out: int, seed: int, answers: int | None = None) -> frozenset[str]:
+    """The prompts a trainer run on the shards under `out` trained on: all but its held-out ones.
+    `answers`: how many answers the shards held when it ran, where the folder has grown since (a
+    later run of the same plan with a larger `--limit` appends, so they are the first ones)."""
+    prompts = load_shards(out, features=False)["prompts"][:answers]
     held = set(held_out_ids(prompts, held_out, seed))
     return frozenset(text for i, text in enumerate(prompts) if i not in held)
 
@@ -267,8 +269,9 @@ def trained_by(folder: Path, data: dict | None = None) -> frozenset[str]:
         return frozenset(text for text in data["prompts"] if prompt_digest(text) in chain)
     recorded = report["args"]
     shards = Path(recorded["distill_out"])
-    if any(shards.glob("shard-*.pt")):
-        return trained_on(shards, int(recorded["held_out"]), int(recorded["seed"]))
+    if any(shards.glob("shard-*.pt")):  # its split redrawn over the answers it saw, however many were added since
+        answers = report.get("train_sequences", 0) + report.get("held_out_sequences", 0)
+        return trained_on(shards, int(recorded["held_out"]), int(recorded["seed"]), answers or None)
     files = [Path(path) for path in re.findall(r"PosixPath\('([^']+)'\)", recorded["prompts"])]
     caps = tuple((item.split("=")[0], int(item.split("=")[1])) for item in re.findall(r"'([^']+=\d+)'", recorded["cap"]))
     limit = None if recorded["limit"] == "None" else int(recorded["limit"])
