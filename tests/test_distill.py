@@ -248,6 +248,9 @@ def test_a_start_whose_shard_folder_grew_since_is_redrawn_over_the_answers_it_sa
     save(1, texts[30:])
     assert distill.trained_by(tmp_path / "asset") == trained
     assert distill.trained_on(folder, 5, seed=0) != trained  # the grown folder's own split differs
+    report["args"]["train_limit"] = "10"  # it trained on 10 of the 25: its counts say nothing of what it saw
+    (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
+    assert distill.trained_by(tmp_path / "asset") == distill.trained_on(folder, 5, seed=0)
 
 
 def test_a_fine_tune_of_a_fine_tune_holds_out_nothing_any_earlier_link_trained_on(tmp_path):

@@ -269,8 +269,11 @@ def trained_by(folder: Path, data: dict | None = None) -> frozenset[str]:
         return frozenset(text for text in data["prompts"] if prompt_digest(text) in chain)
     recorded = report["args"]
     shards = Path(recorded["distill_out"])
-    if any(shards.glob("shard-*.pt")):  # its split redrawn over the answers it saw, however many were added since
-        answers = report.get("train_sequences", 0) + report.get("held_out_sequences", 0)
+    if any(shards.glob("shard-*.pt")):
+        # its split redrawn over the answers it saw, however many were added since; a run that trained on only some
+        # of its split's training answers (`--train-limit`) counted fewer than it saw: all of them count as trained
+        limited = recorded.get("train_limit", "None") != "None"
+        answers = None if limited else report.get("train_sequences", 0) + report.get("held_out_sequences", 0)
         return trained_on(shards, int(recorded["held_out"]), int(recorded["seed"]), answers or None)
     files = [Path(path) for path in re.findall(r"PosixPath\('([^']+)'\)", recorded["prompts"])]
     caps = tuple((item.split("=")[0], int(item.split("=")[1])) for item in re.findall(r"'([^']+=\d+)'", recorded["cap"]))
