@@ -14,6 +14,7 @@ from specdemo.methods.eagle import (
     save_feature_draft,
 )
 from training.train_eagle import (
+    autocast,
     checksum,
     drafted_features,
     eagle_loss,
@@ -61,6 +62,31 @@ def test_training_steps_lower_the_loss_and_leave_the_target_alone():
         assert losses[-1] < 0.7 * losses[0]
     assert all(p.grad is None for p in target.parameters())
     assert checksum(target) == before
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_bfloat16_autocast_step_keeps_float32_weights_and_nearly_float32_gradients(steps):
+    """`--autocast bfloat16` makes the matrix products bfloat16, not the draft: its weights and their
+    gradients stay float32, the loss and the gradient are float32's within bfloat16 rounding, and
+    "none" is float32 exactly."""
+    target = make_tiny_model().requires_grad_(False)
+    data, features = tiny_data(target)
+    batch = pad_batch(data, features, [0, 1, 2])
+    draft = tiny_draft(target).train()
+    results = {}
+    for dtype in ("none", "bfloat16", "float32"):
+        torch.manual_seed(0)  # the same input noise
+        draft.zero_grad()
+        with autocast(dtype, batch[0].device) if dtype != "float32" else torch.autocast("cpu", enabled=False):
+            loss, _, _ = eagle_loss(draft, *batch, TO_SUBSET, w_cls=0.1, noise=0.05, steps=steps)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in draft.parameters() if p.grad is not None])
+        results[dtype] = (loss.detach(), grads)
+    assert all(p.dtype == torch.float32 for p in draft.parameters()) and results["bfloat16"][1].dtype == torch.float32
+    assert torch.equal(results["none"][0], results["float32"][0]) and torch.equal(results["none"][1], results["float32"][1])
+    torch.testing.assert_close(results["bfloat16"][0], results["float32"][0], rtol=0.05, atol=0.0)
+    assert torch.nn.functional.cosine_similarity(results["bfloat16"][1], results["float32"][1], dim=0) > 0.99
+    assert not torch.equal(results["bfloat16"][0], results["float32"][0])  # the products did run in bfloat16
 
 
 def test_loss_on_a_padded_batch_equals_the_loss_of_its_rows():

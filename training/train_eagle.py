@@ -112,6 +112,14 @@ def eagle_loss(draft: FeatureDraft, input_ids, mask, first, feats, to_subset, w_
     return regression + w_cls * classification, regression, classification
 
 
+def autocast(dtype: str, device: torch.device):
+    """The context a training step's forward runs in: `torch.autocast` to bfloat16 for `dtype`
+    "bfloat16" (matrix products in bfloat16, the loss and the float32 master weights as they were),
+    nothing for "none". On 2 cores of an AMD EPYC with AVX-512 BF16 a step of 8,192 tokens took
+    0.87 s against 1.98 in float32 (one drafting step) and 2.54 against 6.36 (three)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
 def depth_mask(width: int, depth: int) -> torch.Tensor:
     """[1, 1, width, (depth + 1) * width] bool: what step `depth` of drafting attends to. Keys are
     the blocks of steps 0..depth laid end to end, each a row of positions 0..width-1; step 0 holds the
@@ -284,7 +292,8 @@ def train(args) -> dict:
             if not schedule.begin_step(optimizer, step):
                 break
             input_ids, mask, first, feats = pad_batch(data, features, group)
-            loss, regression, classification = eagle_loss(draft, input_ids, mask, first, feats, to_subset, args.w_cls, args.noise, steps)
+            with autocast(args.autocast, draft.fc.weight.device):
+                loss, regression, classification = eagle_loss(draft, input_ids, mask, first, feats, to_subset, args.w_cls, args.noise, steps)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
@@ -405,7 +414,7 @@ Loaded by `specdemo.methods.eagle.load_feature_draft(folder, target)`, no networ
 Loss (EAGLE Sec. 4), on answer positions only: SmoothL1(f̂_(t+1), f_(t+1)) + {args.w_cls} x the cross-entropy
 of the draft's token distribution (over its vocabulary) against the target's next token x_(t+2); inputs
 are all pairs of each sequence (causal, in one pass), f_t with uniform noise U(-{args.noise}, {args.noise}) added.
-{f"The last {args.tt_epochs} epochs also train drafting steps 2..{args.tt_steps} on the draft's own features (training-time test, HASS / EAGLE-3), the loss averaged over the steps. " if args.tt_epochs and args.tt_steps > 1 else ""}Draft in float32; AdamW lr {args.lr}, 50 warm-up steps, cosine, gradient norm clipped at 0.5,
+{f"The last {args.tt_epochs} epochs also train drafting steps 2..{args.tt_steps} on the draft's own features (training-time test, HASS / EAGLE-3), the loss averaged over the steps. " if args.tt_epochs and args.tt_steps > 1 else ""}Draft in float32{" (its matrix products in bfloat16 while training: `--autocast bfloat16`)" if args.autocast == "bfloat16" else ""}; AdamW lr {args.lr}, 50 warm-up steps, cosine, gradient norm clipped at 0.5,
 {args.epochs} epochs, batches of about {args.batch_tokens} tokens. Stored in float16.
 
 **Size.**
@@ -467,6 +476,9 @@ def main() -> None:
     parser.add_argument("--gammas", type=int, nargs="+", default=[3, 4, 5, 6, 8])
     parser.add_argument("--minutes", type=float, default=None,
                         help="train for this long at most, the learning rate decaying over it (and the last tt-epochs/epochs of it training later steps)")
+    parser.add_argument("--autocast", choices=["none", "bfloat16"], default="none",
+                        help="bfloat16: the draft's matrix products in bfloat16 while it trains (weights and optimizer stay float32; "
+                             "2.3x to 2.5x faster on a CPU with AVX-512 BF16, see `autocast`)")
     parser.add_argument("--train-limit", type=int, default=None, help="train on the first N sequences only (for timing)")
     parser.add_argument("--layers", type=int, nargs="*", default=[],
                         help="the target layers whose residual stream the draft reads too (EAGLE-3: a low and a middle one, e.g. 2 15)")
