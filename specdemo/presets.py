@@ -16,6 +16,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.methods.cllm import EMBEDDED_CLLM
 from specdemo.methods.eagle import EMBEDDED_EAGLE
 from specdemo.methods.medusa import EMBEDDED_HEADS
+from specdemo.methods.retrieval import EMBEDDED_ANSWERS
 from specdemo.models import EMBEDDED
 
 
@@ -30,6 +31,7 @@ class Preset:
     medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
     medusa_tree: tuple[tuple[int, ...], ...] | None = None  # the default tree for heads that bring none (published heads)
     cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
+    datastore: str | Path | None = None  # a folder of the target's earlier answers (`retrieval`): speculative's and Medusa's guesses
     about: str = ""
 
 
@@ -50,6 +52,7 @@ EMBEDDED_PRESET = Preset(
     feature_draft=EMBEDDED_EAGLE,  # ours: one layer drafting from its features (assets/smollm2-135m-eagle)
     medusa_heads=EMBEDDED_HEADS,
     cllm=EMBEDDED_CLLM,
+    datastore=EMBEDDED_ANSWERS,
     about="Runs offline on a laptop CPU; every companion was trained on this CPU by the scripts in training/.",
 )
 

@@ -215,21 +215,29 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
         next(speculative.generate(tiny_model, prompt_ids, draft=draft, copy_length=3, sampling=SamplingConfig(do_sample=True, seed=0)))
 
 
-def test_a_copied_branch_is_drawn_and_explained():
-    """Copied nodes are squares in the tree and the sentence says how many of the accepted tokens were copies."""
+@pytest.mark.parametrize("sources, symbols, title, said, unsaid", [
+    (["draft", "draft", "copy", "copy"], ["square", "square"], "(4 nodes, 2 copied ■), 3 accepted",
+     ["a tree of 2 tokens", "2 more were copied", "2 of them copied"], []),
+    (["draft", "copy", "retrieved", "retrieved"], ["square", "diamond", "diamond"], "(4 nodes, 1 copied ■, 2 retrieved ◆), 3 accepted",
+     ["a tree of 1 tokens", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote", "2 of them retrieved"],
+     ["of them copied"]),
+])
+def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said, unsaid):
+    """Copied nodes are squares, retrieved ones (earlier answers) diamonds, and the sentence says how
+    many of each were in the tree and among the accepted tokens."""
     from specdemo.app.views import explain_step, tree_figure
 
     data = TreeStep(
         tree_tokens=[5, 7, 8, 9, 4], tree_parents=[-1, 0, 0, 1, 3], tree_depths=[0, 1, 1, 2, 3],
-        tree_sources=["draft", "draft", "copy", "copy"], accepted_path=[0, 1, 3, 4], best_candidate=[0, 1, 3, 4],
+        tree_sources=sources, accepted_path=[0, 1, 3, 4], best_candidate=[0, 1, 3, 4],
         accept_length=3, gamma=3, target_token=6,
     )
     step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), data=data)
     figure = tree_figure(step, str)
-    assert list(figure.data[-1].marker.symbol) == ["circle", "circle", "circle", "square", "square"]
-    assert "(4 nodes, 2 copied ■), 3 accepted" in figure.layout.title.text
+    assert list(figure.data[-1].marker.symbol) == ["circle"] * (5 - len(symbols)) + symbols
+    assert title in figure.layout.title.text and "copied from the text" in figure.layout.title.text and "from earlier answers" in figure.layout.title.text
     text = explain_step(step, str)
-    assert "a tree of 2 tokens" in text and "2 more were copied" in text and "for 3 token(s)" in text and "2 of them copied" in text
+    assert "for 3 token(s)" in text and all(words in text for words in said) and not any(words in text for words in unsaid), text
 
 
 def test_children_to_fill_a_tree_of_a_given_size():

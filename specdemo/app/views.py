@@ -10,6 +10,7 @@ the acceptance rule: p, q, min(1, p/q) and the uniform draw.
 """
 
 import html
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -505,18 +506,26 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
 
 
 def copied_clauses(data: TreeStep) -> tuple[str, str]:
-    """What a tree's copied branch adds to a step's sentence: how many nodes were copies, and how
-    many of the accepted tokens."""
-    sources = data.tree_sources
-    copied = sources.count("copy")
-    accepted_copies = sum(sources[node - 1] == "copy" for node in data.accepted_path[1:])
-    grown = f", and {copied} more were copied from what followed the text's last tokens where they occurred before" if copied else ""
-    return grown, (f", {accepted_copies} of them copied" if accepted_copies else "")
+    """What a tree's guessed nodes (copied from the text, or retrieved from earlier answers) add to
+    a step's sentence: how many nodes they were, and how many of the accepted tokens."""
+    grown, taken = [], []
+    for source, (done, words) in GUESSED.items():
+        nodes = data.tree_sources.count(source)
+        accepted = sum(data.tree_sources[node - 1] == source for node in data.accepted_path[1:])
+        grown += [f"{nodes} more {'was' if nodes == 1 else 'were'} {done} {words}"] if nodes else []
+        taken += [f"{accepted} of them {done}"] if accepted else []
+    return (f", and {' and '.join(grown)}" if grown else ""), (f", {', '.join(taken)}" if taken else "")
 
+
+GUESSED = {  # a tree's nodes that no model proposed, by source, in words
+    "copy": ("copied", "from what followed the text's last tokens where they occurred before"),
+    "retrieved": ("retrieved", "from what the model's earlier answers wrote after the same words"),
+}
+MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}  # symbol, key mark, meaning
 
 TREE_KEY = (  # the tree's nodes, in words under its title
     (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"), ("#9aa0a6", "○", "not on the best branch"),
-    ("#5f6368", "■", "copied from the text"),
+    *(("#5f6368", mark, meaning) for _, mark, meaning in MARKS.values()),
 )
 
 
@@ -541,13 +550,14 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
                 line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
             )
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
-    copied = [False, *(source == "copy" for source in data.tree_sources)]  # node 0 is the root
+    marks = [None, *(MARKS.get(source) for source in data.tree_sources)]  # node 0 is the root
     figure.add_scatter(
         x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
-        marker=dict(size=14, color=colour, symbol=["square" if c else "circle" for c in copied], line=dict(color="#5f6368", width=1)),
-        customdata=["copied from the text" if c else "" for c in copied], hovertemplate="%{text} %{customdata}<extra></extra>",
+        marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks], line=dict(color="#5f6368", width=1)),
+        customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
-    copies = f", {sum(copied)} copied ■" if any(copied) else ""  # short: the title must fit a half-width plot
+    counts = Counter(data.tree_sources)  # short: the title must fit a half-width plot
+    copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}" for source, (_, mark, _) in MARKS.items() if counts[source])
     key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
     figure.update_layout(
         title=f"{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted'}<br><sup>{key}</sup>",

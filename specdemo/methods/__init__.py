@@ -21,13 +21,14 @@ from specdemo.core.static import DRAFT_BUCKETS, compile_passes, compiled_pass
 from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft, load_draft
 from specdemo.methods.eagle import load_feature_draft
+from specdemo.methods.retrieval import load_datastore
 from specdemo.models import LoadedModel
 from specdemo.presets import preset_for
 
 log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
-LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "method_name", "compiled"})  # companions `method_options` loads, and internals
+LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "datastore", "method_name", "compiled"})  # companions `method_options` loads, and internals
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'path the draft finds likeliest, and the target checks every branch in one pass with tree attention, '
             'keeping the branch it agrees with. The tree also gets a branch copied from the text (prompt lookup, '
             "Saxena 2023): the tokens that followed the answer's last few tokens where they occurred before, so an "
-            'answer that quotes its prompt or repeats itself commits several tokens a pass.'
+            'answer that quotes its prompt or repeats itself commits several tokens a pass. Where the text offers no copy, '
+            "the branch is what most of the target's earlier answers wrote after the same words (REST, He et al. 2024: a "
+            "datastore of its own answers, diamonds in the tree), and a few tokens guessed that way also go below the "
+            "draft's likeliest branch."
         ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
         plain=(
             'A small, cheap draft model guesses the next few tokens; the target checks all the guesses in one pass and '
@@ -94,7 +98,8 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "they are not. A node is accepted when its token is the target's argmax after its parent; the deepest "
             "accepted node's path is kept, plus the target's own next token, and only that path's KV entries stay in "
             "the cache. Beside the heads' nodes the tree holds a chain copied from the text (prompt lookup; squares in "
-            "the tree). Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
+            "the tree), or where the text offers none, retrieved from the target's earlier answers (REST; diamonds). "
+            "Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
             '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
             'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
         ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length"),
@@ -189,13 +194,13 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
         draft = token_draft(target) if feature_draft is None else load_feature_draft(Path(feature_draft), target.model)
         if compiled_pass(target.model):  # a compiled target's draft passes take the compiled static path too
             compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft")
-        return MappingProxyType({"draft": draft})
+        return MappingProxyType({"draft": draft, **datastore_of(target)})
     if name == "medusa":
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
         preset = preset_for(target.spec)
         if heads.choices is None and preset.medusa_tree:  # published heads bring no tree: the preset's is their default
             heads.choices = [list(path) for path in preset.medusa_tree]
-        return MappingProxyType({"heads": heads})
+        return MappingProxyType({"heads": heads, **datastore_of(target)})
     if name == "cllm":
         return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
     if name == "contrastive":  # the amateur is the token draft: a small LM of its own, which a feature draft is not
@@ -208,6 +213,12 @@ def token_draft(target: LoadedModel) -> Draft:
     """The target's draft model (a small causal LM of its vocabulary), loaded once: speculative
     decoding's draft where there is no feature draft, transformers' assistant, contrastive's amateur."""
     return load_draft(companion(target, "draft"), target)
+
+
+def datastore_of(target: LoadedModel) -> dict:
+    """{"datastore": the target's earlier answers} where its preset has them (`retrieval`), else {}."""
+    folder = getattr(preset_for(target.spec), "datastore", None)
+    return {"datastore": load_datastore(folder, target.model.config.vocab_size)} if folder is not None else {}
 
 
 MISSING_COMPANION = {
@@ -235,6 +246,7 @@ def forget_companions() -> None:
     method_options.cache_clear()
     token_draft.cache_clear()
     cllm.load_cllm.cache_clear()
+    load_datastore.cache_clear()
 
 
 def decoded_model(name: str, target: LoadedModel):

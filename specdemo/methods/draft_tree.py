@@ -18,8 +18,10 @@ That is AR's answer exactly, whatever the tree holds.
 A draft is a token draft (`draft.Draft`) or a feature draft (`eagle.FeatureDraft`); both step
 through `first_logits` and `branch_logits`, which the chain of `speculative` uses too.
 
-A tree may also hold a branch that no model drafted: tokens copied from the text (`add_copy`,
-prompt lookup), which win where the answer quotes its prompt and the draft does not.
+A tree may also hold branches that no model drafted: tokens copied from the text (`add_copy`,
+prompt lookup), which win where the answer quotes its prompt and the draft does not, or
+retrieved from a datastore of earlier answers (`retrieval`, REST); and below its likeliest
+branch, what the text or an earlier answer went on with (`extend_likeliest`).
 """
 
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from specdemo.core.kvcache import keep_prefix
 from specdemo.core.verify import Proposal, path_to
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
+from specdemo.methods.retrieval import Datastore, guessed_branch
 
 
 @dataclass
@@ -41,7 +44,7 @@ class DraftTree:
     parents: list[int]
     scores: list[float]  # log of the draft's probability of the path to the node
     depths: list[int]  # 1 for the root's children
-    sources: list[str]  # per node, "draft" or "copy" (`add_copy`)
+    sources: list[str]  # per node, "draft", or "copy" or "retrieved" (`add_copy`)
     draft_passes: int = 0  # the draft's passes that grew it: one per level
 
     @property
@@ -218,12 +221,14 @@ def best_nodes(tree: DraftTree, size: int) -> DraftTree:
     )
 
 
-def add_copy(tree: DraftTree, copied: list[int]) -> DraftTree:
-    """The tree with `copied` as a branch from the root: the copy follows the draft's nodes while
-    they hold its tokens, and its remaining tokens hang below as new nodes (source "copy"). A
-    copied node has no draft probability of its own; it takes its parent's value."""
+def add_copy(tree: DraftTree, copied: list[int], below: int = -1, source: str = "copy") -> DraftTree:
+    """The tree with `copied` as a branch from node `below` (-1: the root): the copy follows the
+    draft's nodes while they hold its tokens, and its remaining tokens hang below as new nodes
+    (`source`: "copy" from the text, "retrieved" from a datastore). A copied node has no draft
+    probability of its own; it takes its parent's value."""
     grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources), tree.draft_passes)
-    node, score, depth = -1, 0.0, 0
+    node = below
+    score, depth = (tree.scores[below], tree.depths[below]) if below >= 0 else (0.0, 0)
     for token in copied:
         child = next((c for c, p in enumerate(grown.parents) if p == node and grown.tokens[c] == token), None)
         if child is None:
@@ -232,6 +237,22 @@ def add_copy(tree: DraftTree, copied: list[int]) -> DraftTree:
             grown.parents.append(node)
             grown.scores.append(score)
             grown.depths.append(depth + 1)
-            grown.sources.append("copy")
+            grown.sources.append(source)
         node, score, depth = child, grown.scores[child], depth + 1
     return grown
+
+
+def extend_likeliest(tree: DraftTree, sequence: torch.Tensor, length: int, eos: tuple[int, ...], datastore: Datastore | None,
+                     least_share: float = 0.0) -> DraftTree:
+    """The tree with up to `length` more tokens below the end of the draft's likeliest branch,
+    guessed without a model pass after the text `sequence` [n] and that branch: copied from the
+    text, else retrieved (`retrieval.guessed_branch`). The draft stops `depth` deep, where a
+    branch it is sure of often goes on as the text or an earlier answer did; the guess then
+    lets a pass commit more than the draft's depth. Nothing is added below a leaf that already
+    has children (a copied branch) or that ends the answer."""
+    branch = [node for node in tree.best_continuation(-1) if tree.sources[node] == "draft"]
+    if not branch or length <= 0 or tree.tokens[branch[-1]] in eos or branch[-1] in tree.parents:
+        return tree
+    text = torch.cat([sequence, sequence.new_tensor([tree.tokens[node] for node in branch])])
+    guessed, source = guessed_branch(text, length, eos, datastore, least_share)
+    return add_copy(tree, guessed, below=branch[-1], source=source)

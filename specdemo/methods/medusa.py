@@ -22,7 +22,9 @@ value), so a pass goes deep where the heads are sure and wide where they are not
 Beside the heads' nodes the tree may hold a chain copied from the text (`prompt_lookup`): the
 tokens that followed the text's last few tokens where they occurred before. The heads guess
 from one hidden state and drift after a few tokens; a copy is often right for many more where
-the answer quotes its prompt or repeats itself. It is verified like any other branch.
+the answer quotes its prompt or repeats itself. Where the text offers none, the chain comes
+from a datastore of the target's earlier answers (`retrieval`, REST): what most of them wrote
+after the text's last few tokens. It is verified like any other branch.
 """
 
 import functools
@@ -49,7 +51,8 @@ from specdemo.core.steps import ChainStep, TreeStep
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 from specdemo.methods.draft import ASSETS
 from specdemo.methods.draft_tree import DraftTree, expand
-from specdemo.methods.prompt_lookup import check_copy_length, copied_branch
+from specdemo.methods.prompt_lookup import check_copy_length
+from specdemo.methods.retrieval import Datastore, guessed_branch
 from specdemo.models import local_folder
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
@@ -354,6 +357,8 @@ def generate(
     typical_epsilon: float = 0.09,
     typical_alpha: float = 0.3,
     copy_length: int | None = None,
+    retrieve: bool = True,
+    datastore: Datastore | None = None,
     tree_top_k: int = 3,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
@@ -369,7 +374,9 @@ def generate(
     Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many
-    tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH.
+    tokens copied from the text (prompt lookup) to each pass's tree; None: COPY_LENGTH. Where the
+    text offers no copy, `retrieve` takes the chain from `datastore` (earlier answers of the
+    target: `retrieval`, REST).
     Heads that read their path (Hydra) grow a dynamic tree as EAGLE-2 grows a draft's
     (`draft_tree.expand`): level by level, the `tree_top_k` nodes of highest value each get their
     `tree_top_k` likeliest children, then the `tree_size` best nodes stay.
@@ -383,7 +390,7 @@ def generate(
         raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
     check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
-    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k)
+    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k, datastore if retrieve else None)
     return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
                   compiled=compiled)
 
@@ -395,8 +402,10 @@ class MedusaTree(Proposer):
     features = True  # the heads read the target's last hidden state
 
     def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int, typical: tuple[float, float] | None,
-                 top_k: int = 3):
+                 top_k: int = 3, datastore: Datastore | None = None):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
+        self.datastore = datastore
+        self.copy_source = "copy"  # where this pass's chain came from: the text ("copy") or the datastore ("retrieved")
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
         self.tree: Tree | None = None  # this pass's tree
@@ -409,7 +418,7 @@ class MedusaTree(Proposer):
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
-        copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
+        copied, self.copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
         root = int(sequence[0, -1])
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
@@ -419,7 +428,7 @@ class MedusaTree(Proposer):
             else:
                 token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
             self.tree = cached_tree(tuple(sorted(token_at)), len(copied))
-            return proposal(self.tree, [root, *(token_at[path] for path in self.tree.paths), *copied])
+            return proposal(self.tree, [root, *(token_at[path] for path in self.tree.paths), *copied], self.copy_source)
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
@@ -428,7 +437,7 @@ class MedusaTree(Proposer):
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
         self.tree = cached_tree(paths, len(copied))
-        return proposal(self.tree, [*tree_tokens(self.tree, root, top), *copied])
+        return proposal(self.tree, [*tree_tokens(self.tree, root, top), *copied], self.copy_source)
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
@@ -459,7 +468,7 @@ class MedusaTree(Proposer):
                 tree_tokens=tokens,
                 tree_parents=list(tree.parents),
                 tree_depths=list(tree.depths),
-                tree_sources=["head"] * len(tree.paths) + ["copy"] * tree.copy_depth,
+                tree_sources=["head"] * len(tree.paths) + [self.copy_source] * tree.copy_depth,
                 accepted_path=[0, *(n + 1 for n in verdict.path)],
                 best_candidate=list(best),
                 accept_length=len(verdict.path),
@@ -517,9 +526,10 @@ def path_tokens(heads: MedusaHeads, hidden: torch.Tensor, token: int, paths: Seq
     return token_at
 
 
-def proposal(tree: Tree, tokens: list[int]) -> Proposal:
-    """The proposal of a tree whose node i holds `tokens[i]` (node 0, the root, is the last committed token)."""
-    sources = ("head",) * len(tree.paths) + ("copy",) * tree.copy_depth
+def proposal(tree: Tree, tokens: list[int], copy_source: str = "copy") -> Proposal:
+    """The proposal of a tree whose node i holds `tokens[i]` (node 0, the root, is the last
+    committed token); its copied chain came from `copy_source` ("copy" or "retrieved")."""
+    sources = ("head",) * len(tree.paths) + (copy_source,) * tree.copy_depth
     return Proposal(tuple(tokens[1:]), tuple(parent - 1 for parent in tree.parents[1:]), sources)
 
 

@@ -43,6 +43,10 @@ def copied_branch(tokens: torch.Tensor | list[int], length: int, eos: tuple[int,
     """The branch a tree gets from the text `tokens`: up to `length` tokens copied after a repeat
     of at least SHORTEST_MATCH tokens, up to and including an EOS (nothing is proposed past the
     end of an answer)."""
-    copied = copy_from_text(tokens, length, shortest_match=SHORTEST_MATCH) if length > 0 else ()
-    ends = [i for i, token in enumerate(copied) if token in eos]
-    return list(copied[: ends[0] + 1] if ends else copied)
+    return until_eos(copy_from_text(tokens, length, shortest_match=SHORTEST_MATCH) if length > 0 else (), eos)
+
+
+def until_eos(tokens: tuple[int, ...] | list[int], eos: tuple[int, ...]) -> list[int]:
+    """`tokens` up to and including the first EOS."""
+    ends = [i for i, token in enumerate(tokens) if token in eos]
+    return list(tokens[: ends[0] + 1] if ends else tokens)

@@ -15,8 +15,10 @@ the pairs whose feature the target computed.
 Plain greedy decoding drafts a tree rather than a chain (`draft_tree`, EAGLE-2): one target pass
 verifies every branch with tree attention and keeps the branch it agrees with. The tree also
 gets a branch copied from the text (`prompt_lookup`) where the text's end occurred before, so
-answers that quote their prompt commit runs the draft would not guess. Sampling drafts the
-chain, whose rejection rule above keeps the target's distribution.
+answers that quote their prompt commit runs the draft would not guess; where the text offers
+none, from a datastore of the target's earlier answers (`retrieval`, REST). Below the draft's
+likeliest branch it gets a few more tokens guessed the same way (`draft_tree.extend_likeliest`).
+Sampling drafts the chain, whose rejection rule above keeps the target's distribution.
 """
 
 import threading
@@ -36,9 +38,13 @@ from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_af
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
-from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, copied_branch
+from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length
+from specdemo.methods.retrieval import Datastore, guessed_branch
 
 MAX_GAMMA = 16
+EXTEND_LENGTH = 4  # tokens guessed below the draft's likeliest branch (docs/methods/speculative.md)
+RETRIEVED_SHARE = 0.5  # a retrieved guess goes on while at least half the earlier answers that agreed so far agree on
+# the next token: past that its nodes are seldom accepted, and on a CPU each node costs a few percent of an AR pass
 
 
 def generate(
@@ -53,6 +59,8 @@ def generate(
     draft_tree_size: int | None = None,
     draft_tree_top_k: int = 3,
     copy_length: int | None = None,
+    retrieve: bool = True,
+    datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     compiled: bool = True,
@@ -63,11 +71,14 @@ def generate(
     AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
     greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
     that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree.
+    Where the text offers no copy, `retrieve` takes the branch from `datastore` (earlier answers
+    of the target: `retrieval`, REST), and below the draft's likeliest branch the tree gets up to
+    EXTEND_LENGTH (at most `copy_length`) tokens guessed the same way (`draft_tree.extend_likeliest`).
     `compiled`: take the compiled static passes (target and draft) where the models have them."""
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
-    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length)
+    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, datastore if retrieve else None)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
                   compiled=compiled)
 
@@ -80,9 +91,10 @@ class DraftProposer(Proposer):
     pass returns them (`features`), and the draft's cache keeps only the pairs whose feature the
     target computed. The first pass therefore drafts nothing."""
 
-    def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int):
+    def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int,
+                 datastore: Datastore | None = None):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
-        self.tree_size, self.top_k, self.copy_length = tree_size, top_k, copy_length
+        self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
         self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
@@ -96,12 +108,14 @@ class DraftProposer(Proposer):
         ready = self.target_features is not None or not self.features
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
-            copied = copied_branch(sequence[0], min(self.copy_length, room - 1), context.eos)
-            size = fitted_size(self.tree_size, len(copied), context.bucket, context.model.device)
+            copied, source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore, RETRIEVED_SHARE)
+            extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - self.step_gamma)  # below the likeliest branch, within the request
+            size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
             # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
             top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, self.step_gamma, self.top_k)
             tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=top_k, size=size, eos=context.eos)
-            self.tree, self.q = draft_tree.add_copy(tree, copied), None
+            tree = draft_tree.add_copy(tree, copied, source=source)
+            self.tree, self.q = draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE), None
             return self.tree.proposal()
         tokens, self.q = propose(
             self.draft, self.cache, sequence, self.target_features, self.step_gamma, context.choose, context.eos, context.model.config.vocab_size

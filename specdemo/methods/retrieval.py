@@ -1,0 +1,140 @@
+"""Retrieval (REST, He et al. 2024): guess the next tokens from what followed the text's end in a
+datastore of earlier answers.
+
+Prompt lookup (`prompt_lookup`) copies from the text itself; a datastore holds the target's own
+greedy answers to thousands of other prompts, so the phrases it keeps writing ("Here are some
+tips:", a worked step of arithmetic, the closing sentence of a letter) can be guessed in an
+answer that has not written them yet. Like a copy it costs no model pass, only a wider
+verification pass, and like every guess it is verified: the answer stays the target's.
+
+The datastore is a list of answers (token ids). Its index sorts every position by the K tokens
+from it packed into one 64-bit key (K = 64 // bits per token: 4 for a vocabulary under 65,535),
+so the positions after any k <= K tokens are one contiguous run of keys. A guess takes the
+longest suffix of the text (K down to SHORTEST_MATCH tokens) that occurs in the datastore and
+follows its occurrences, token by token, down the continuation most of them share (REST keeps a
+trie of the continuations and verifies its likeliest branches; our tree has room for one).
+"""
+
+import functools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specdemo.core.errors import SpecDemoError
+from specdemo.methods.draft import ASSETS
+from specdemo.methods.prompt_lookup import copied_branch, until_eos
+
+EMBEDDED_ANSWERS = ASSETS / "smollm2-135m-answers"  # the embedded target's greedy answers (its MANIFEST.md)
+TOKENS_FILE, CONFIG_FILE = "answers.npy", "datastore.json"
+SHORTEST_MATCH = 2  # as for prompt lookup: after a single token the guess is rarely right
+MOST_OCCURRENCES = 256  # a suffix seen more often is followed in this many of its occurrences, spread evenly
+
+
+class Datastore:
+    """The answers of `answers` (lists of token ids below `vocab_size`), indexed for `continuation`."""
+
+    def __init__(self, answers: Sequence[Sequence[int]], vocab_size: int):
+        self.vocab_size = vocab_size
+        self.end = vocab_size  # the token that ends every answer in `tokens`: no guess runs past it
+        self.bits = vocab_size.bit_length()  # enough for every token and `end`
+        self.width = 64 // self.bits  # K: tokens a key holds
+        if self.width < SHORTEST_MATCH:
+            raise SpecDemoError(f"a datastore needs at least {SHORTEST_MATCH} tokens a 64-bit key: a vocabulary of {vocab_size} is too large")
+        pieces = []
+        for answer in answers:
+            answer = np.asarray(answer, dtype=np.int64)
+            if answer.size and (answer.min() < 0 or answer.max() >= vocab_size):
+                raise SpecDemoError(f"a datastore answer holds a token outside the vocabulary of {vocab_size}")
+            pieces += [answer, np.array([self.end])]
+        self.tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)  # [n] the answers, each followed by `end`
+        self.answers = len(pieces) // 2
+        padded = np.concatenate([self.tokens, np.full(self.width, self.end)])
+        keys = np.zeros(len(self.tokens), dtype=np.uint64)
+        for offset in range(self.width):  # the first token in the highest bits
+            keys = (keys << np.uint64(self.bits)) | padded[offset : offset + len(self.tokens)].astype(np.uint64)
+        starts = np.nonzero(self.tokens != self.end)[0]
+        order = np.argsort(keys[starts], kind="stable")
+        self.keys, self.starts = keys[starts][order], starts[order]  # sorted keys; where each key's tokens start
+
+    def occurrences(self, suffix: Sequence[int]) -> np.ndarray:
+        """Where the tokens just after each occurrence of `suffix` (at most K tokens) start."""
+        k = len(suffix)
+        key = 0
+        for token in suffix:
+            key = (key << self.bits) | int(token)
+        shift = (self.width - k) * self.bits
+        low, high = key << shift, (key + 1) << shift
+        first = int(np.searchsorted(self.keys, np.uint64(low)))
+        last = len(self.keys) if high >= 1 << 64 else int(np.searchsorted(self.keys, np.uint64(high)))
+        return self.starts[first:last] + k
+
+    def continuation(self, text: Sequence[int], length: int, least_share: float = 0.0) -> tuple[int, ...]:
+        """Up to `length` tokens guessed after `text`: what most occurrences of its longest suffix
+        found here (K down to SHORTEST_MATCH tokens) continue with, one token at a time among the
+        occurrences that agreed so far, stopping where less than `least_share` of them agree on
+        the next one; () when no suffix occurs or `length` is 0."""
+        text = [int(token) for token in text[-self.width :]]
+        if length <= 0 or any(token >= self.vocab_size or token < 0 for token in text):
+            return ()
+        for k in range(min(self.width, len(text)), SHORTEST_MATCH - 1, -1):
+            follow = self.occurrences(text[len(text) - k :])
+            if len(follow):
+                break
+        else:
+            return ()
+        if len(follow) > MOST_OCCURRENCES:  # keys sort the occurrences by what follows them: take them evenly, not the first ones
+            follow = follow[np.linspace(0, len(follow) - 1, MOST_OCCURRENCES).round().astype(np.int64)]
+        guessed = []
+        for _ in range(length):
+            following = self.tokens[follow]
+            values, counts = np.unique(following, return_counts=True)
+            best = counts.argmax()
+            token = int(values[best])  # ties: the smallest token id
+            if token == self.end or counts[best] < least_share * len(follow):
+                break
+            guessed.append(token)
+            follow = follow[following == token] + 1
+        return tuple(guessed)
+
+    def save(self, folder: Path, about: dict | None = None) -> None:
+        """`folder`/answers.npy (the answers, each ended by the vocabulary size) and datastore.json."""
+        folder.mkdir(parents=True, exist_ok=True)
+        dtype = np.uint16 if self.end < 1 << 16 else np.uint32
+        np.save(folder / TOKENS_FILE, self.tokens.astype(dtype), allow_pickle=False)
+        config = {"vocab_size": self.vocab_size, "answers": self.answers, "tokens": int(len(self.tokens) - self.answers), **(about or {})}
+        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1) + "\n")
+
+
+def guessed_branch(text: Sequence[int], length: int, eos: tuple[int, ...], datastore: Datastore | None,
+                   least_share: float = 0.0) -> tuple[list[int], str]:
+    """A tree's branch of up to `length` tokens guessed without a model pass after `text`, and
+    where it came from: copied from the text where its end occurred before ("copy", prompt
+    lookup), else the datastore's continuation ("retrieved", `Datastore.continuation` with
+    `least_share`); up to and including an EOS."""
+    copied = copied_branch(text, length, eos)
+    if copied or datastore is None:
+        return copied, "copy"
+    return until_eos(datastore.continuation(text, length, least_share), eos), "retrieved"
+
+
+def answers_of(tokens: np.ndarray, end: int) -> list[np.ndarray]:
+    """The answers in a flat array where each is followed by `end` (as `Datastore.save` writes them)."""
+    cuts = np.nonzero(tokens == end)[0]
+    return [tokens[start:stop] for start, stop in zip([0, *(cuts[:-1] + 1)], cuts)]
+
+
+@functools.cache
+def load_datastore(folder: str | Path, vocab_size: int) -> Datastore:
+    """The datastore saved in `folder`, for a target of `vocab_size` tokens (the same tokenizer's),
+    loaded and indexed once per process (a second or two for two million tokens)."""
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        tokens = np.load(folder / TOKENS_FILE, allow_pickle=False).astype(np.int64)
+    except (OSError, ValueError) as error:
+        raise SpecDemoError(f"cannot read a datastore from {folder}: {error}") from error
+    if config["vocab_size"] != vocab_size:
+        raise SpecDemoError(f"the datastore in {folder} holds answers of a {config['vocab_size']}-token vocabulary, the target has {vocab_size}")
+    return Datastore(answers_of(tokens, config["vocab_size"]), vocab_size)
