@@ -46,7 +46,7 @@ def test_guesses_equal_the_brute_force_reference(vocab_size):
     rng = random.Random(vocab_size)
     small = min(vocab_size, 5)  # few distinct tokens, so suffixes repeat and ties happen
     answers = [[rng.randrange(small) for _ in range(rng.randrange(0, 30))] for _ in range(40)]
-    store = Datastore(answers, vocab_size)
+    store = Datastore.of_answers(answers, vocab_size)
     assert store.width == 64 // vocab_size.bit_length()
     for _ in range(300):
         text = [rng.randrange(small) for _ in range(rng.randrange(1, 8))]
@@ -55,7 +55,7 @@ def test_guesses_equal_the_brute_force_reference(vocab_size):
 
 
 def test_a_guess_never_runs_past_an_answer_and_needs_a_repeat_of_two():
-    store = Datastore([[1, 2, 3, 4], [7, 1, 2, 3, 9, 9], [1, 2, 3, 4, 5]], vocab_size=10)
+    store = Datastore.of_answers([[1, 2, 3, 4], [7, 1, 2, 3, 9, 9], [1, 2, 3, 4, 5]], vocab_size=10)
     assert store.continuation([0, 1, 2], 8) == (3, 4, 5)  # "1 2": 3 in all three, then 4 in two of them, then 5 (the answer without it ended)
     assert store.continuation([7, 1], 2) == (2, 3)
     assert store.continuation([8, 2], 5) == ()  # "8 2" never occurs, and one token is too short a match to trust
@@ -69,12 +69,12 @@ def test_a_frequent_suffix_is_followed_in_a_spread_of_its_occurrences():
     """Keys sort a suffix's occurrences by what follows them, so taking the first MOST_OCCURRENCES
     would see only the smallest continuations: the majority must still win."""
     answers = [[1, 2, 3]] * MOST_OCCURRENCES + [[1, 2, 8]] * (3 * MOST_OCCURRENCES)
-    assert Datastore(answers, vocab_size=10).continuation([1, 2], 1) == (8,)
+    assert Datastore.of_answers(answers, vocab_size=10).continuation([1, 2], 1) == (8,)
 
 
 def test_the_datastore_file_round_trips_and_belongs_to_one_vocabulary(tmp_path):
     answers = [[5, 6, 7], [], [9, 0, 1, 2]]
-    Datastore(answers, vocab_size=11).save(tmp_path / "store", {"made_by": "a test"})
+    Datastore.of_answers(answers, vocab_size=11).save(tmp_path / "store", {"made_by": "a test"})
     loaded = load_datastore(tmp_path / "store", 11)
     assert [a.tolist() for a in answers_of(loaded.tokens, loaded.end)] == answers and loaded.answers == 3
     assert np.load(tmp_path / "store" / "answers.npy").dtype == np.uint16
@@ -83,11 +83,11 @@ def test_the_datastore_file_round_trips_and_belongs_to_one_vocabulary(tmp_path):
     with pytest.raises(SpecDemoError, match="cannot read"):
         load_datastore(tmp_path / "nowhere", 11)
     with pytest.raises(SpecDemoError, match="outside the vocabulary"):
-        Datastore([[3, 11]], vocab_size=11)
+        Datastore.of_answers([[3, 11]], vocab_size=11)
 
 
 def test_the_text_comes_first_then_the_datastore():
-    store = Datastore([[4, 5, 6, 7, 2, 8]], vocab_size=10)
+    store = Datastore.of_answers([[4, 5, 6, 7, 2, 8]], vocab_size=10)
     assert guessed_branch([1, 2, 3, 9, 1, 2], 3, (), store) == ([3, 9, 1], "copy")  # the text repeats "1 2"
     assert guessed_branch([0, 4, 5], 3, (), store) == ([6, 7, 2], "retrieved")
     assert guessed_branch([0, 4, 5], 3, (7,), store) == ([6, 7], "retrieved")  # up to and including an EOS
@@ -98,7 +98,7 @@ def test_a_guess_below_the_likeliest_branch():
     """`extend_likeliest` hangs the guess below the draft's best leaf, reading the text and that
     branch; nothing below a leaf with children or an EOS."""
     tree = draft_tree.DraftTree(tokens=[4, 6, 5], parents=[-1, -1, 0], scores=[-0.1, -2.0, -0.3], depths=[1, 1, 2], sources=["draft"] * 3)
-    store = Datastore([[3, 4, 5, 1, 1, 9]], vocab_size=10)
+    store = Datastore.of_answers([[3, 4, 5, 1, 1, 9]], vocab_size=10)
     grown = draft_tree.extend_likeliest(tree, torch.tensor([7, 3]), 2, (), store)  # the branch "4 5" after "3": "1 1"
     assert grown.tokens[3:] == [1, 1] and grown.parents[3:] == [2, 3] and grown.depths[3:] == [3, 4]
     assert grown.sources[3:] == ["retrieved"] * 2 and grown.scores[3:] == [-0.3, -0.3]
@@ -116,7 +116,7 @@ def answered(tiny_model):
     """The tiny model's own greedy answers to a few prompts as a datastore, and one more prompt."""
     prompts = [torch.tensor([[seed % 97, (seed * 7) % 97, (seed * 13) % 97]]) for seed in range(3, 40, 3)]
     answers = [final_summary(ar.generate(tiny_model, p, max_new_tokens=40, eos_token_ids=())).tokens for p in prompts]
-    return Datastore(answers, tiny_model.config.vocab_size), prompts
+    return Datastore.of_answers(answers, tiny_model.config.vocab_size), prompts
 
 
 def test_speculative_decoding_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered):

@@ -40,7 +40,7 @@ def main() -> None:
         found += more
         about["sources"].append(source)
     vocab_size = load_model(args.model, "float32").model.config.vocab_size
-    store = Datastore(found, vocab_size)
+    store = Datastore.of_answers(found, vocab_size)
     store.save(args.out, about)
     digest = hashlib.sha256((args.out / "answers.npy").read_bytes()).hexdigest()[:16]
     print(f"{store.answers} answers, {len(store.tokens) - store.answers} tokens, vocabulary {vocab_size}: {args.out} (answers.npy sha256 {digest}...)")

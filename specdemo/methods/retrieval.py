@@ -33,23 +33,20 @@ MOST_OCCURRENCES = 256  # a suffix seen more often is followed in this many of i
 
 
 class Datastore:
-    """The answers of `answers` (lists of token ids below `vocab_size`), indexed for `continuation`."""
+    """The answers in `tokens` (token ids below `vocab_size`, each answer followed by `vocab_size`,
+    as `save` writes them; `of_answers` makes them from lists), indexed for `continuation`."""
 
-    def __init__(self, answers: Sequence[Sequence[int]], vocab_size: int):
+    def __init__(self, tokens: np.ndarray, vocab_size: int):
         self.vocab_size = vocab_size
         self.end = vocab_size  # the token that ends every answer in `tokens`: no guess runs past it
         self.bits = vocab_size.bit_length()  # enough for every token and `end`
         self.width = 64 // self.bits  # K: tokens a key holds
         if self.width < SHORTEST_MATCH:
             raise SpecDemoError(f"a datastore needs at least {SHORTEST_MATCH} tokens a 64-bit key: a vocabulary of {vocab_size} is too large")
-        pieces = []
-        for answer in answers:
-            answer = np.asarray(answer, dtype=np.int64)
-            if answer.size and (answer.min() < 0 or answer.max() >= vocab_size):
-                raise SpecDemoError(f"a datastore answer holds a token outside the vocabulary of {vocab_size}")
-            pieces += [answer, np.array([self.end])]
-        self.tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)  # [n] the answers, each followed by `end`
-        self.answers = len(pieces) // 2
+        self.tokens = np.asarray(tokens, dtype=np.int64)  # [n]
+        if len(self.tokens) and (self.tokens.min() < 0 or self.tokens.max() > self.end or self.tokens[-1] != self.end):
+            raise SpecDemoError(f"a datastore holds a token outside the vocabulary of {vocab_size}, or does not end an answer")
+        self.answers = int((self.tokens == self.end).sum())
         padded = np.concatenate([self.tokens, np.full(self.width, self.end)])
         keys = np.zeros(len(self.tokens), dtype=np.uint64)
         for offset in range(self.width):  # the first token in the highest bits
@@ -57,6 +54,17 @@ class Datastore:
         starts = np.nonzero(self.tokens != self.end)[0]
         order = np.argsort(keys[starts], kind="stable")
         self.keys, self.starts = keys[starts][order], starts[order]  # sorted keys; where each key's tokens start
+
+    @classmethod
+    def of_answers(cls, answers: Sequence[Sequence[int]], vocab_size: int) -> "Datastore":
+        """The datastore of `answers`, lists of token ids below `vocab_size`."""
+        pieces = []
+        for answer in answers:
+            answer = np.asarray(answer, dtype=np.int64)
+            if answer.size and (answer.min() < 0 or answer.max() >= vocab_size):
+                raise SpecDemoError(f"a datastore answer holds a token outside the vocabulary of {vocab_size}")
+            pieces += [answer, np.array([vocab_size])]
+        return cls(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64), vocab_size)
 
     def occurrences(self, suffix: Sequence[int]) -> np.ndarray:
         """Where the tokens just after each occurrence of `suffix` (at most K tokens) start."""
@@ -128,7 +136,7 @@ def answers_of(tokens: np.ndarray, end: int) -> list[np.ndarray]:
 @functools.cache
 def load_datastore(folder: str | Path, vocab_size: int) -> Datastore:
     """The datastore saved in `folder`, for a target of `vocab_size` tokens (the same tokenizer's),
-    loaded and indexed once per process (a second or two for two million tokens)."""
+    loaded and indexed once per process (under a second for two million tokens)."""
     folder = Path(folder)
     try:
         config = json.loads((folder / CONFIG_FILE).read_text())
@@ -137,4 +145,4 @@ def load_datastore(folder: str | Path, vocab_size: int) -> Datastore:
         raise SpecDemoError(f"cannot read a datastore from {folder}: {error}") from error
     if config["vocab_size"] != vocab_size:
         raise SpecDemoError(f"the datastore in {folder} holds answers of a {config['vocab_size']}-token vocabulary, the target has {vocab_size}")
-    return Datastore(answers_of(tokens, config["vocab_size"]), vocab_size)
+    return Datastore(tokens, vocab_size)
