@@ -1,5 +1,5 @@
 """The datastore of earlier answers (`retrieval`, REST): its guesses against a brute-force
-reference, its file, and speculative decoding and Medusa with it: AR's answer, fewer passes."""
+reference, its file, and speculative decoding, Medusa and lookahead with it: AR's answer, fewer passes."""
 
 import random
 from collections import Counter
@@ -11,8 +11,8 @@ from test_draft_tree import RunnerUpDraft
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
-from specdemo.core.steps import TreeStep
-from specdemo.methods import ar, draft_tree, medusa, speculative
+from specdemo.core.steps import LookaheadStep, TreeStep
+from specdemo.methods import ar, draft_tree, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
 from specdemo.methods.retrieval import MOST_OCCURRENCES, SHORTEST_MATCH, Datastore, answers_of, guessed_branch, load_datastore
 
@@ -147,6 +147,31 @@ def test_medusa_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, ans
         assert events[-1].target_forwards < without.target_forwards
         steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep)]
         assert any(e.data.tree_sources[node - 1] == "retrieved" for e in steps for node in e.data.accepted_path[1:])
+
+
+def test_lookahead_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered):
+    """The datastore's guess is lookahead's candidate after the copy: accepted, and still AR's answer."""
+    store, prompts = answered
+    for prompt in prompts[:3]:
+        expected = final_summary(ar.generate(tiny_model, prompt, max_new_tokens=40, eos_token_ids=())).tokens
+        settings = dict(max_new_tokens=40, eos_token_ids=(), datastore=store)
+        without = final_summary(lookahead.generate(tiny_model, prompt, retrieve=False, **settings))
+        events = list(lookahead.generate(tiny_model, prompt, **settings))
+        assert without.tokens == events[-1].tokens == expected
+        assert events[-1].target_forwards < without.target_forwards
+        steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, LookaheadStep) and e.data.best_candidate is not None]
+        assert any(e.data.candidate_sources[e.data.best_candidate] == "retrieved" and e.data.accept_length for e in steps)
+
+
+def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
+    store = Datastore.of_answers([[4, 8, 3, 3, 9], [4, 8, 3, 5]], vocab_size=16)
+    pool = lookahead.NgramPool(n=3, per_key=3)
+    pool.insert_text([8, 1, 1, 8, 2, 2])
+    tokens = [6, 8, 7, 0, 4, 8]  # "8" occurred: the copy is "7 0"; "4 8" occurred in both answers: "3", then "3" or "5"
+    candidates, sources = lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store)
+    assert candidates == [(7, 0), (3, 3), (2, 2)] and sources == ["copy", "retrieved", "pool"]  # ties: the smaller token
+    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store, eos=(3,))[0][1] == (3,)  # up to an EOS
+    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2)[1] == ["copy", "pool", "pool"]  # no datastore
 
 
 def test_a_token_draft_tree_with_a_datastore_keeps_ar_answer(tiny_model, answered, prompt_ids):

@@ -105,15 +105,16 @@ def test_jacobi_trajectory_colours():
 
 def test_lookahead_view_lists_window_and_candidates():
     event = StepEvent(
-        "lookahead", step=4, committed=(2, 3, 8), proposed=(2, 3, 5, 4, 7), accepted=(2, 3), rejected=(5,),
-        data=LookaheadStep(window=[[1, 2], [3, 5]], new_level=[5, 6], candidates=[[2, 3, 5], [4, 7]],
-                           candidate_sources=["copy", "pool"], candidate_accept_lengths=[2, 0], best_candidate=0,
+        "lookahead", step=4, committed=(2, 3, 8), proposed=(2, 3, 5, 4, 7, 6), accepted=(2, 3), rejected=(5,),
+        data=LookaheadStep(window=[[1, 2], [3, 5]], new_level=[5, 6], candidates=[[2, 3, 5], [4, 7], [6]],
+                           candidate_sources=["copy", "pool", "retrieved"], candidate_accept_lengths=[2, 0, 0], best_candidate=0,
                            accept_length=2, pool_size=17),
     )
     page = lookahead_html(event, decode)
     assert page.count("<tr>") == 3 and "pool size 17" in page
-    assert "copy:" in page and "2 matched (committed)" in page and "pool:" in page and "0 matched" in page
-    assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == ["accepted", "accepted", "rejected", "rejected", "rejected"]
+    assert "copied from the text:" in page and "2 matched (committed)" in page and "from the pool:" in page and "0 matched" in page
+    assert "from earlier answers:" in page
+    assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == ["accepted", "accepted", "rejected", "rejected", "rejected", "rejected"]
 
 
 def test_pool_figure():

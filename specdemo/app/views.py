@@ -230,6 +230,9 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
 
 
+CANDIDATE_SOURCES = {"copy": "copied from the text", "retrieved": "from earlier answers", "pool": "from the pool"}  # a lookahead candidate's origin, in words
+
+
 def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     """One lookahead pass: the window (levels x columns), the candidates tried and what each matched."""
     data = event.data
@@ -239,7 +242,7 @@ def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     )
     tried = []
     for index, (candidate, length) in enumerate(zip(data.candidates, data.candidate_accept_lengths)):
-        source = data.candidate_sources[index]
+        source = CANDIDATE_SOURCES.get(data.candidate_sources[index], data.candidate_sources[index])
         spans = "".join(
             f'<span class="tok" data-origin="{"accepted" if i < length else "rejected"}">{html.escape(decode(t))}</span>'
             for i, t in enumerate(candidate)

@@ -59,7 +59,7 @@ class LookaheadStep:
     window: list[list[int]]  # N - 1 levels of W tokens, oldest first
     new_level: list[int]
     candidates: list[list[int]]
-    candidate_sources: list[str]  # "copy" or "pool"
+    candidate_sources: list[str]  # "copy" (from the text), "retrieved" (from earlier answers) or "pool"
     candidate_accept_lengths: list[int]
     best_candidate: int | None  # the committed candidate, None when none was tried
     accept_length: int

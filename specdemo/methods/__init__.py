@@ -202,7 +202,9 @@ def method_options(name: str, target: LoadedModel) -> MappingProxyType:
             heads.choices = [list(path) for path in preset.medusa_tree]
         return MappingProxyType({"heads": heads, **datastore_of(target)})
     if name == "cllm":
-        return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target)})
+        return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target), **datastore_of(target)})
+    if name == "lookahead":
+        return MappingProxyType(datastore_of(target))
     if name == "contrastive":  # the amateur is the token draft: a small LM of its own, which a feature draft is not
         return MappingProxyType({"amateur": token_draft(target).model})
     return MappingProxyType({})

@@ -36,6 +36,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.methods import jacobi, lookahead
+from specdemo.methods.retrieval import Datastore
 from specdemo.models import LoadedModel, load_model
 
 EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-cllm"
@@ -64,12 +65,14 @@ def generate(
     ngram: int = lookahead.NGRAM,
     candidates: int = lookahead.CANDIDATES,
     copy_length: int = lookahead.COPY_LENGTH,
+    retrieve: bool = True,
+    datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` with `cllm_model` by `decoder`: "jacobi" over blocks of
-    `block_size`, or "lookahead" with its `window`, `ngram`, `candidates` and `copy_length`
-    (`specdemo.methods.lookahead`). `model`, the target, only has to share its vocabulary (the
+    `block_size`, or "lookahead" with its `window`, `ngram`, `candidates`, `copy_length` and
+    `retrieve` from `datastore` (`specdemo.methods.lookahead`). `model`, the target, only has to share its vocabulary (the
     prompt was tokenized for it)."""
     if cllm_model.config.vocab_size != model.config.vocab_size:
         raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
@@ -77,7 +80,8 @@ def generate(
     if decoder == "jacobi":
         return jacobi.generate(cllm_model, input_ids, block_size=block_size, **common)
     if decoder == "lookahead":
-        return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates, copy_length=copy_length, **common)
+        return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates, copy_length=copy_length,
+                                  retrieve=retrieve, datastore=datastore, **common)
     raise SpecDemoError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
 
 

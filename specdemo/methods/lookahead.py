@@ -18,7 +18,9 @@ With `text_ngrams` the pool also holds the n-grams of the prompt and of the answ
 the first candidate is copied from the text itself: the tokens that followed the latest earlier
 occurrence of the text's last few tokens, up to `copy_length` of them (prompt lookup decoding,
 Saxena 2023). Answers that quote their input (summaries, answers from a passage, code edits)
-then commit several tokens a pass.
+then commit several tokens a pass. With a `datastore` of the target's earlier answers the second
+candidate is what most of them wrote after the text's last few tokens (`retrieval`, REST): the
+phrases the target keeps writing, before its own window has produced them.
 """
 
 import threading
@@ -35,7 +37,8 @@ from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.steps import LookaheadStep
 from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
-from specdemo.methods.prompt_lookup import copy_from_text
+from specdemo.methods.prompt_lookup import copy_from_text, until_eos
+from specdemo.methods.retrieval import Datastore
 
 # W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
 # cllm, decoded by lookahead, takes the same ones (docs/methods/cllm.md)
@@ -83,18 +86,21 @@ def generate(
     candidates: int = CANDIDATES,
     text_ngrams: bool = True,
     copy_length: int = COPY_LENGTH,
+    retrieve: bool = True,
+    datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     method_name: str = "lookahead",
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
-    them copied from the text, up to `copy_length` tokens long). The defaults are the fastest we measured
+    them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next one
+    guessed as long from `datastore`, the target's earlier answers). The defaults are the fastest we measured
     on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
     check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         check_whole(name, value, low, high)
-    proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0)
+    proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0, datastore if retrieve else None)
     # A pass's root (the last committed token) is at least 1 before the request's last position,
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     reach = max(window + ngram - 3, 0)
@@ -103,11 +109,11 @@ def generate(
 
 
 class Lookahead(Proposer):
-    """Proposes the pool's n-grams (and a copy) as chains from the root, with the Jacobi window
-    as work nodes; learns a new window level and the n-grams down its columns."""
+    """Proposes the pool's n-grams (and a copy, and a guess from earlier answers) as chains from the
+    root, with the Jacobi window as work nodes; learns a new window level and the n-grams down its columns."""
 
-    def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int):
-        self.window, self.ngram, self.limit, self.copy_length = window, ngram, candidates, copy_length
+    def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int, datastore: Datastore | None = None):
+        self.window, self.ngram, self.limit, self.copy_length, self.datastore = window, ngram, candidates, copy_length, datastore
         self.pool = NgramPool(ngram, per_key=max(candidates, 1))
         if copy_length:  # text n-grams: the prompt's go into the pool too
             self.pool.insert_text(input_ids[0].tolist())
@@ -116,7 +122,7 @@ class Lookahead(Proposer):
         self.sources: list[str] = []
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        self.tried, self.sources = choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1)
+        self.tried, self.sources = choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1, self.datastore, context.eos)
         return proposal(self.tried, self.sources, self.levels)
 
     def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
@@ -182,13 +188,18 @@ def proposal(tried: list[tuple[int, ...]], sources: list[str], levels: list[list
 
 
 def choose_candidates(
-    pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None
+    pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None,
+    datastore: Datastore | None = None, eos: tuple[int, ...] = (),
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """Up to `limit` continuations of the text's last token to verify, and where each came from:
-    first a copy from the text (when `copy_length` > 0), then the pool's n-grams, newest first,
-    leaving out any that a longer candidate already starts with. Each is cut to `max_length`
-    tokens (None: uncut): near the end of the answer, what could no longer be committed is not fed."""
+    first a copy from the text (when `copy_length` > 0), then what `datastore` guesses as long
+    (the continuation most earlier answers share, up to an EOS: `retrieval.Datastore.continuation`),
+    then the pool's n-grams, newest first, leaving out any that a longer candidate already starts
+    with. Each is cut to `max_length` tokens (None: uncut): near the end of the answer, what could
+    no longer be committed is not fed."""
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
+    if copy_length and datastore is not None:
+        found.append((tuple(until_eos(datastore.continuation(tokens, copy_length), eos)), "retrieved"))
     found += [(ngram, "pool") for ngram in pool.lookup(int(tokens[-1]))]
     found = [(candidate[:max_length], source) for candidate, source in found]
     chosen: list[tuple[tuple[int, ...], str]] = []
