@@ -232,3 +232,13 @@ def test_an_autoplay_tick_never_turns_the_timer_back_on():
     step, timer = Handlers.on_tick(2, history)
     assert step == 3 and isinstance(timer, gr.Timer) and timer.active is False
     assert Handlers.on_tick(3, history)[1].active is False
+
+
+def test_the_retrieve_box_reaches_every_method_that_guesses_from_earlier_answers():
+    """Unchecked, speculative decoding, Medusa, lookahead and CLLM run without the datastore; other methods get no such setting."""
+    from specdemo.app.handlers import GENERATE_INPUTS, request_from
+
+    for method in ("speculative", "medusa", "lookahead", "cllm"):
+        assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8, retrieve=False)))).settings["retrieve"] is False
+        assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8)))).settings["retrieve"] is True
+    assert "retrieve" not in request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", "jacobi", 8, retrieve=False)))).settings

@@ -64,7 +64,7 @@ UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with dec
 
 PLOTS = ("timeline", "detail", "trajectory", "tree", "best")
 KNOBS = (  # in the order of the page's inputs
-    "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "tree", "tree_size", "typical_acceptance", "decoder", "block_size", "window", "ngram", "candidates",
+    "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve", "tree", "tree_size", "typical_acceptance", "decoder", "block_size", "window", "ngram", "candidates",
     "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
 )
 
@@ -81,8 +81,8 @@ def request_from(named: dict) -> Request:
     values = {name: named[name] for name in KNOBS}
     # the draft tree and copy boxes: checked, speculative chooses (a tree, with a copy, when greedy); unchecked, none
     chooses = lambda checked: None if checked else 0  # noqa: E731
-    convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "tree": str, "decoder": str, "typical_acceptance": bool, "early_stopping": bool,
-               "length_penalty": float, "alpha": float, "amateur_temperature": float}
+    convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "retrieve": bool, "tree": str, "decoder": str,
+               "typical_acceptance": bool, "early_stopping": bool, "length_penalty": float, "alpha": float, "amateur_temperature": float}
     for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecDemoError(f"{name} must be a number, got {value!r}")

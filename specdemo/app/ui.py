@@ -147,6 +147,10 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                             copy_length = gr.Checkbox(
                                 True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
                             )
+                            retrieve = gr.Checkbox(
+                                True, label="speculative, medusa, lookahead, cllm: also guess what the model's earlier answers wrote after the same words "
+                                "(REST: a datastore of its own answers)",
+                            )
                         with gr.Column(min_width=SETTING_WIDTH):
                             tree = gr.Dropdown(
                                 ["dynamic", "static", "chain"], value="dynamic",
@@ -206,7 +210,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         controls = dict(
             model=model, precision=precision, prompt=prompt, method=method, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
             top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, no_repeat_ngram_size=no_repeat_ngram_size, gamma=gamma,
-            adaptive_gamma=adaptive_gamma, draft_tree_size=draft_tree_size, copy_length=copy_length, tree=tree, tree_size=tree_size,
+            adaptive_gamma=adaptive_gamma, draft_tree_size=draft_tree_size, copy_length=copy_length, retrieve=retrieve, tree=tree, tree_size=tree_size,
             typical_acceptance=typical_acceptance, decoder=decoder, block_size=block_size, window=window, ngram=ngram, candidates=candidates, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
         )

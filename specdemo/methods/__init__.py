@@ -82,7 +82,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "the branch is what most of the target's earlier answers wrote after the same words (REST, He et al. 2024: a "
             "datastore of its own answers, diamonds in the tree), and a few tokens guessed that way also go below the "
             "draft's likeliest branch."
-        ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length"),
+        ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve"),
         plain=(
             'A small, cheap draft model guesses the next few tokens; the target checks all the guesses in one pass and '
             'keeps those it would have written itself, plus one token of its own: the same answer in fewer passes.'
@@ -102,7 +102,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
             '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
             'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
-        ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length"),
+        ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length", "retrieve"),
         plain=(
             'Extra heads on the target guess the tokens two, three and four places ahead from its last pass; the next pass '
             'checks a small tree of those guesses at once and keeps the longest branch the target agrees with.'
@@ -113,12 +113,14 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
         (
             '**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 '
             'levels), collects the n-grams each column produces into a pool, and verifies pool n-grams that start with '
-            'the last token. Here the pool is also fed from the prompt, and one candidate is copied from the text '
-            '(prompt lookup decoding).'
-        ), controls=("window", "ngram", "candidates"),
+            'the last token. Here the pool is also fed from the prompt, one candidate is copied from the text '
+            "(prompt lookup decoding), and another is what most of the target's earlier answers wrote after the same words "
+            '(REST, He et al. 2024).'
+        ), controls=("window", "ngram", "candidates", "retrieve"),
         plain=(
             'No draft model: in the same pass that checks its guesses, the target also guesses a few tokens further ahead, '
-            'collects the short phrases (n-grams) it saw, and tries them whenever the answer starts one again.'
+            'collects the short phrases (n-grams) it saw, and tries them whenever the answer starts one again, beside phrases the '
+            'model wrote in its earlier answers.'
         ),
     ),
     "jacobi": MethodSpec(
@@ -145,7 +147,7 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "and also checks the n-grams it produced: on our CLLM that commits more tokens a pass. It is a changed "
             "model: its greedy answer equals AR's on the CLLM's own weights and may differ from the base model's. "
             'Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).'
-        ), controls=("decoder", "block_size", "window", "ngram", "candidates"),
+        ), controls=("decoder", "block_size", "window", "ngram", "candidates", "retrieve"),
         plain=(
             "A copy of the target trained (a CLLM) to get a guessed block's later tokens right sooner, so each pass fixes "
             "more of them; being a changed copy, its answer can differ from the original's."
