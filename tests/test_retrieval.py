@@ -119,48 +119,37 @@ def answered(tiny_model):
     return Datastore.of_answers(answers, tiny_model.config.vocab_size), prompts
 
 
-def test_speculative_decoding_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered):
-    """A draft that is never right alone commits nothing; with the datastore of the model's own
-    answers, retrieved guesses are accepted and the answer is still AR's, token for token."""
+GUESSERS = {  # each method that takes the datastore: its generator and what it needs beyond it on the tiny model
+    # a draft that is never right alone commits nothing by itself: what speculative decoding gains is the datastore's
+    "speculative": lambda model: (speculative.generate, dict(draft=RunnerUpDraft("runner-up", model), gamma=1, draft_tree_size=1, draft_tree_top_k=1)),
+    "medusa": lambda model: (medusa.generate, dict(heads=medusa.MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2).eval())),
+    "lookahead": lambda model: (lookahead.generate, {}),  # the guess is its candidate after the copy
+}
+
+
+def accepted_sources(data) -> list[str]:
+    """Where a step's accepted proposal tokens came from: a tree's nodes, or lookahead's committed candidate."""
+    if isinstance(data, TreeStep):
+        return [data.tree_sources[node - 1] for node in data.accepted_path[1:]]
+    if isinstance(data, LookaheadStep) and data.best_candidate is not None and data.accept_length:
+        return [data.candidate_sources[data.best_candidate]]
+    return []
+
+
+@pytest.mark.parametrize("method", list(GUESSERS))
+def test_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered, method):
+    """With the datastore of the model's own answers, retrieved guesses are accepted, fewer passes
+    commit the answer, and it is still AR's, token for token."""
     store, prompts = answered
-    draft = RunnerUpDraft("runner-up", tiny_model)
-    settings = dict(draft=draft, max_new_tokens=40, gamma=1, draft_tree_size=1, draft_tree_top_k=1, eos_token_ids=())
+    generate, own = GUESSERS[method](tiny_model)
+    settings = dict(max_new_tokens=40, eos_token_ids=(), datastore=store, **own)
     for prompt in prompts[:3]:
         expected = final_summary(ar.generate(tiny_model, prompt, max_new_tokens=40, eos_token_ids=())).tokens
-        without = final_summary(speculative.generate(tiny_model, prompt, datastore=store, retrieve=False, **settings))
-        events = list(speculative.generate(tiny_model, prompt, datastore=store, **settings))
+        without = final_summary(generate(tiny_model, prompt, retrieve=False, **settings))
+        events = list(generate(tiny_model, prompt, **settings))
         assert without.tokens == events[-1].tokens == expected
         assert events[-1].target_forwards < without.target_forwards
-        steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep)]
-        assert any(e.data.tree_sources[node - 1] == "retrieved" for e in steps for node in e.data.accepted_path[1:])
-
-
-def test_medusa_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered):
-    store, prompts = answered
-    heads = medusa.MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 2).eval()
-    for prompt in prompts[:3]:
-        expected = final_summary(ar.generate(tiny_model, prompt, max_new_tokens=40, eos_token_ids=())).tokens
-        settings = dict(heads=heads, max_new_tokens=40, eos_token_ids=(), datastore=store)
-        without = final_summary(medusa.generate(tiny_model, prompt, retrieve=False, **settings))
-        events = list(medusa.generate(tiny_model, prompt, **settings))
-        assert without.tokens == events[-1].tokens == expected
-        assert events[-1].target_forwards < without.target_forwards
-        steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep)]
-        assert any(e.data.tree_sources[node - 1] == "retrieved" for e in steps for node in e.data.accepted_path[1:])
-
-
-def test_lookahead_with_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered):
-    """The datastore's guess is lookahead's candidate after the copy: accepted, and still AR's answer."""
-    store, prompts = answered
-    for prompt in prompts[:3]:
-        expected = final_summary(ar.generate(tiny_model, prompt, max_new_tokens=40, eos_token_ids=())).tokens
-        settings = dict(max_new_tokens=40, eos_token_ids=(), datastore=store)
-        without = final_summary(lookahead.generate(tiny_model, prompt, retrieve=False, **settings))
-        events = list(lookahead.generate(tiny_model, prompt, **settings))
-        assert without.tokens == events[-1].tokens == expected
-        assert events[-1].target_forwards < without.target_forwards
-        steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, LookaheadStep) and e.data.best_candidate is not None]
-        assert any(e.data.candidate_sources[e.data.best_candidate] == "retrieved" and e.data.accept_length for e in steps)
+        assert "retrieved" in [source for e in events if isinstance(e, StepEvent) for source in accepted_sources(e.data)]
 
 
 def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
