@@ -31,7 +31,7 @@ class Preset:
     medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
     medusa_tree: tuple[tuple[int, ...], ...] | None = None  # the default tree for heads that bring none (published heads)
     cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
-    datastore: str | Path | None = None  # a folder of the target's earlier answers (`retrieval`): speculative's and Medusa's guesses
+    datastore: str | Path | None = None  # a folder of the target's earlier answers (`retrieval`): the guesses of speculative decoding, Medusa, lookahead and CLLM
     about: str = ""
 
 

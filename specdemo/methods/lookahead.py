@@ -18,7 +18,7 @@ With `text_ngrams` the pool also holds the n-grams of the prompt and of the answ
 the first candidate is copied from the text itself: the tokens that followed the latest earlier
 occurrence of the text's last few tokens, up to `copy_length` of them (prompt lookup decoding,
 Saxena 2023). Answers that quote their input (summaries, answers from a passage, code edits)
-then commit several tokens a pass. With a `datastore` of the target's earlier answers the second
+then commit several tokens a pass. With a `datastore` of the target's earlier answers the next
 candidate is what most of them wrote after the text's last few tokens (`retrieval`, REST): the
 phrases the target keeps writing, before its own window has produced them.
 """
