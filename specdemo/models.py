@@ -20,6 +20,7 @@ from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
 from specdemo.core.recorder import eos_token_ids_of
 from specdemo.core.static import compile_passes, compiled_pass
@@ -211,6 +212,7 @@ def _load(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust
         ) from error
     model.to(torch_device).eval()
     prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32, and bfloat16 where native)
+    use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
     return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
@@ -112,6 +113,7 @@ def load_shared_draft(folder: Path, target: LoadedModel) -> Draft:
     vocab = torch.tensor(json.loads((folder / "draft_vocab.json").read_text()))
     draft.to(device=target.device, dtype=target.dtype).eval()
     prepack(draft)
+    use_grouped_attention(draft)
     return Draft(str(folder), draft, vocab)
 
 
@@ -131,6 +133,7 @@ def load_draft(spec: str, target: LoadedModel, trust_remote_code: bool = False) 
     check_same_vocabulary(tokenizer, target)
     model.to(target.device).eval()
     prepack(model)
+    use_grouped_attention(model)
     return Draft(spec, model)
 
 

@@ -32,6 +32,7 @@ from transformers import Cache, LlamaConfig, LlamaModel, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.methods.draft import ASSETS, spread
@@ -132,4 +133,5 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
     except RuntimeError as error:
         raise SpecDemoError(f"the feature draft in {folder} was trained for another model: {error}") from error
     prepack(draft)
+    use_grouped_attention(draft)
     return draft.eval()

@@ -1,0 +1,96 @@
+"""Grouped attention (`core.grouped_attention`): the query heads that share a key/value head read
+the cache as rows of one head, with the values of transformers' SDPA path."""
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specdemo.core import grouped_attention
+from specdemo.core.attention import additive_mask, sees_from_parents
+from specdemo.core.verify import Proposal, target_pass
+from tests.conftest import make_tiny_model
+
+
+class Attention(torch.nn.Module):
+    """What transformers' attention functions read of their module."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal, self.training = groups, True, False
+
+
+def inputs(dtype, batch: int, heads: int, kv_heads: int, queries: int, cached: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, queries, 16, generator=generator).to(dtype)
+    key, value = (torch.randn(batch, kv_heads, cached + queries, 16, generator=generator).to(dtype) for _ in range(2))
+    return query, key, value
+
+
+def tree_mask(queries: int, cached: int, dtype, batch: int = 1, boolean: bool = False) -> torch.Tensor:
+    """A draft tree's mask after `cached` positions (each node its parent the one two before it), or
+    for a batch a left-padded one: row b cannot see its first b positions."""
+    sees = sees_from_parents([i - 2 if i >= 2 else -1 for i in range(queries)])
+    mask = additive_mask(sees, cached, torch.float32).repeat(batch, 1, 1, 1)
+    for row in range(batch):
+        mask[row, :, :, :row] = torch.finfo(torch.float32).min
+    return (mask == 0) if boolean else mask.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads", [(6, 2), (4, 4)])
+@pytest.mark.parametrize("queries, batch, boolean", [(1, 1, False), (5, 1, False), (13, 1, False), (13, 2, False), (5, 2, True), (1, 2, True)])
+def test_grouped_rows_give_sdpa_values(dtype, heads, kv_heads, queries, batch, boolean):
+    query, key, value = inputs(dtype, batch, heads, kv_heads, queries, cached=40)
+    mask = tree_mask(queries, 40, dtype, batch, boolean)
+    module = Attention(heads // kv_heads)
+    # one token in float32 keeps transformers' kernel (faster there); the same call then runs it
+    assert grouped_attention.takes_grouped_path(query, key, mask, 0.0, {}) == (queries > 1 or dtype != torch.float32)
+    got, _ = grouped_attention.grouped_attention_forward(module, query, key, value, mask)
+    want, _ = sdpa_attention_forward(module, query, key, value, mask)
+    assert got.shape == want.shape == (batch, queries, heads, 16)
+    torch.testing.assert_close(got, want)
+
+
+def test_one_token_without_a_mask_sees_the_whole_cache():
+    query, key, value = inputs(torch.bfloat16, 1, 6, 2, 1, cached=40)
+    module = Attention(3)
+    got, _ = grouped_attention.grouped_attention_forward(module, query, key, value, None)
+    reference = torch.softmax(query.float() @ key.float().repeat_interleave(3, dim=1).transpose(-1, -2) / 4, dim=-1) @ value.float().repeat_interleave(3, dim=1)
+    torch.testing.assert_close(got.float(), reference.transpose(1, 2), atol=2e-2, rtol=2e-2)
+
+
+def test_what_keeps_transformers_path():
+    small = inputs(torch.bfloat16, 1, 6, 2, 4, cached=40)
+    mask = tree_mask(4, 40, torch.bfloat16)
+    assert grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.0, {})
+    one_float32 = inputs(torch.float32, 1, 6, 2, 1, cached=40)
+    assert not grouped_attention.takes_grouped_path(one_float32[0], one_float32[1], None, 0.0, {})  # transformers' kernel is faster there
+    prompt = inputs(torch.bfloat16, 1, 6, 2, grouped_attention.MAX_QUERIES + 1, cached=0)
+    assert not grouped_attention.takes_grouped_path(prompt[0], prompt[1], None, 0.0, {})
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], None, 0.0, {})  # several tokens need their causal mask
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], mask.repeat(1, 6, 1, 1), 0.0, {})  # a mask per head
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.1, {})
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.0, {"sinks": torch.zeros(6)})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_verifies_a_tree_with_the_same_logits_either_way(dtype):
+    """The tiny model (4 query heads, 2 key/value heads) through `verify.target_pass`: a tree's
+    pass and an AR pass give the logits of transformers' SDPA."""
+    plain = make_tiny_model().to(dtype)
+    grouped = copy.deepcopy(plain)
+    assert grouped_attention.use_grouped_attention(grouped) == 1
+    assert grouped.config._attn_implementation == grouped_attention.NAME and plain.config._attn_implementation == "sdpa"
+    assert grouped_attention.use_grouped_attention(grouped) == 0  # already switched
+    sequence = torch.tensor([[5, 17, 42, 8, 63, 21, 9, 30]])
+    tree = Proposal((3, 4, 5, 6, 7), (-1, -1, 0, 0, 2), ("draft",) * 5)
+    with torch.inference_mode():
+        for proposal in (tree, Proposal((), (), ())):
+            caches = DynamicCache(config=plain.config), DynamicCache(config=grouped.config)
+            for model, cache in zip((plain, grouped), caches):
+                model(sequence[:, :-1], past_key_values=cache, use_cache=True)
+            want, got = (target_pass(model, cache, sequence, proposal) for model, cache in zip((plain, grouped), caches))
+            torch.testing.assert_close(got.logits, want.logits)
