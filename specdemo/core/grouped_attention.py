@@ -16,8 +16,8 @@ as transformers' eager attention does, was faster still for a tree's 13 tokens, 
 rounded to bfloat16 cost speculative decoding a tenth of its accepted tokens.)
 Everything else goes to transformers' SDPA unchanged: one token in float32 (its `enable_gqa`
 kernel is faster there), CUDA, a graph being compiled, a prompt's pass, a dropout, another
-attention's extras. `use_grouped_attention(model)` selects it
-through transformers' attention registry: nothing else of the model changes.
+attention's extras. `use_grouped_attention(model)` selects it through transformers' attention
+registry: nothing else of the model changes.
 """
 
 import torch
