@@ -8,9 +8,12 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specdemo import final_summary
 from specdemo.core import grouped_attention
 from specdemo.core.attention import additive_mask, sees_from_parents
+from specdemo.core.static import compile_passes
 from specdemo.core.verify import Proposal, target_pass
+from specdemo.methods import ar
 from tests.conftest import make_tiny_model
 
 
@@ -94,3 +97,15 @@ def test_a_model_verifies_a_tree_with_the_same_logits_either_way(dtype):
                 model(sequence[:, :-1], past_key_values=cache, use_cache=True)
             want, got = (target_pass(model, cache, sequence, proposal) for model, cache in zip((plain, grouped), caches))
             torch.testing.assert_close(got.logits, want.logits)
+
+
+def test_a_grouped_model_compiles_and_keeps_ars_answer(prompt_ids):
+    """`--compile` on a CPU compiles the loaded model, which runs grouped attention eagerly: inside
+    a graph the attention is transformers' SDPA, and the answer is the eager one."""
+    model = make_tiny_model()
+    grouped_attention.use_grouped_attention(model)
+    eager = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
+    passes = compile_passes(model, buckets=(1, 8))
+    assert passes.failed is None
+    assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens == eager
+    assert passes.runs[1] == 11 and passes.runs[8] == 1  # the prompt's pass and every step ran a graph
