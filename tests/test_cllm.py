@@ -11,7 +11,7 @@ from specdemo import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.steps import JacobiStep, LookaheadStep
 from specdemo.methods import ar, cllm, jacobi
-from training.jacobi_trajectories import trajectories
+from training.jacobi_trajectories import collect, trajectories
 from training.train_cllm import adapter_tensors, add_adapters, remove_adapters, train_adapters
 
 from conftest import make_tiny_model
@@ -159,3 +159,16 @@ def test_pick_states_never_picks_the_fixed_point():
 
     record = {"answer_start": 3, "block_starts": [0, 4], "states": [[[1, 1], [5, 6]], [[7]]]}
     assert pick_states(record, random.Random(0)) == [(3, [1, 1])]
+
+
+def test_trajectories_collected_in_parts_are_those_of_one_run(tiny_model, prompt_ids):
+    """`jacobi_trajectories --part K/N` splits the answers between processes side by side and
+    `--merge` joins them: the records are those one process collects, and a time budget keeps the
+    answers done when it is spent."""
+    answers = {i: prompt_ids[0].tolist() + greedy(tiny_model, prompt_ids[:, : 3 + i], 20) for i in range(4)}
+    data = {"sequences": {i: seq for i, seq in answers.items()}, "answer_starts": {i: prompt_ids.shape[1] for i in answers}}
+    work = [(i, i % 8) for i in answers]
+    whole = collect(tiny_model, data, work, 8, None)
+    parts = collect(tiny_model, data, work[0::2], 8, None) + collect(tiny_model, data, work[1::2], 8, None)
+    assert sorted(parts, key=lambda r: r["id"]) == whole
+    assert [r["id"] for r in collect(tiny_model, data, work, 8, 1e-9)] == [0]

@@ -73,7 +73,7 @@ def check_quality(args, cllm: Path, count: int, max_new_tokens: int = 128, dtype
     """`measure` on `count` prompts of `args`' files and plan (`distill.add_arguments`) that the
     plan does not hold, for the CLLM in `cllm`; written to its QUALITY_FILE too."""
     prompts = unseen(read_prompts(args.prompts), distill.sampling_plan(args), bench_prompts(), count)
-    target = load_model("embedded", dtype, "cpu")
+    target = load_model("embedded", dtype)
     cllm_target = dataclasses.replace(target, model=load_cllm(cllm, target))
     result = measure(target, cllm_target, [p.text for p in prompts], max_new_tokens)
     (cllm / QUALITY_FILE).write_text(json.dumps(result, indent=2) + "\n")

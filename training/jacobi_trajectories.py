@@ -108,7 +108,11 @@ def main() -> None:
     parser.add_argument("--answers", type=int, default=360, help="only the first N training answers, shuffled (360: about 17 min here)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default=None, help="as the answers were written (the shards' plan.json says; our templates' in bfloat16)")
+    parser.add_argument("--minutes", type=float, default=None, help="stop collecting after this long and keep the answers done")
+    parser.add_argument("--part", default=None, metavar="K/N", help="only every N-th answer from the K-th (0-based): N processes side by side")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="join these parts' files (same other flags) into --out")
     args = parser.parse_args()
+    distill.on_default_device()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     if args.prompts:  # the same split as the draft's and the heads' trained on these shards
@@ -118,22 +122,19 @@ def main() -> None:
     train_ids = [i for i in train_ids if len(data["sequences"][i]) - data["answer_starts"][i] >= args.min_answer]
     rng.shuffle(train_ids)
     train_ids = train_ids[: args.answers]
+    offsets = [rng.randrange(args.block_size) for _ in train_ids]  # where each answer's blocks fall, drawn for all parts alike
+    if args.merge:
+        records = [record for path in args.merge for record in torch.load(path)["records"]]
+    else:
+        part, parts = map(int, args.part.split("/")) if args.part else (0, 1)
+        dtype = args.dtype or (json.loads((args.distill_out / "plan.json").read_text())["dtype"] if args.prompts else "bfloat16")
+        records = collect(load_model("embedded", dtype).model, data, list(zip(train_ids, offsets))[part::parts], args.block_size, args.minutes)
     if args.prompts:
-        origin = {"data_text": distill.describe(args.distill_out, data, train_ids), "distill_command": distill.command(args.distill_out, data)}
+        collected = [record["id"] for record in records]
+        origin = {"data_text": distill.describe(args.distill_out, data, collected), "distill_command": distill.command(args.distill_out, data)}
     else:
         origin = {"data_text": ("Self-distillation on our templates: the target's own greedy answers to the prompts "
                                 "`training/prompts.py` builds from our templates and word lists (`build/selfdistill.pt`).")}
-    dtype = args.dtype or (json.loads((args.distill_out / "plan.json").read_text())["dtype"] if args.prompts else "bfloat16")
-    model = load_model("embedded", dtype, "cpu").model
-    records, start, passes = [], time.time(), 0
-    for count, i in enumerate(train_ids):
-        sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
-        starts = block_starts(len(sequence) - answer_start, args.block_size, rng.randrange(args.block_size))
-        states = trajectories(model, sequence, answer_start, starts, args.block_size)
-        passes += max(len(s) for s in states)
-        records.append({"sequence": sequence, "answer_start": answer_start, "block_starts": starts, "states": states})
-        if count % 50 == 0:
-            print(f"  {count + 1}/{len(train_ids)} answers, {time.time() - start:.0f}s", flush=True)
     converged = sum(r["states"][j][-1] == r["sequence"][r["answer_start"] + s : r["answer_start"] + s + len(r["states"][j][-1])]
                     for r in records for j, s in enumerate(r["block_starts"]))
     blocks = sum(len(r["block_starts"]) for r in records)
@@ -143,6 +144,23 @@ def main() -> None:
                 "min_answer": args.min_answer, **origin}, args.out)
     print(f"wrote {args.out}: {len(records)} answers, {blocks} blocks, {converged / blocks:.3f} of them converged to the "
           f"greedy answer, {sum(len(s) - 1 for r in records for s in r['states']) / blocks:.2f} Jacobi passes a block")
+
+
+def collect(model, data: dict, answers: list[tuple[int, int]], block_size: int, minutes: float | None) -> list[dict]:
+    """The trajectory records of `answers` ((answer id, block offset) pairs, in order), stopping
+    once `minutes` are spent (the answers done by then)."""
+    records, start = [], time.time()
+    for count, (i, offset) in enumerate(answers):
+        sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
+        starts = block_starts(len(sequence) - answer_start, block_size, offset)
+        states = trajectories(model, sequence, answer_start, starts, block_size)
+        records.append({"id": i, "sequence": sequence, "answer_start": answer_start, "block_starts": starts, "states": states})
+        if count % 50 == 0:
+            print(f"  {count + 1}/{len(answers)} answers, {time.time() - start:.0f}s", flush=True)
+        if minutes and time.time() - start > 60 * minutes:
+            print(f"  the {minutes:g} minutes are spent: {count + 1} answers", flush=True)
+            break
+    return records
 
 
 if __name__ == "__main__":

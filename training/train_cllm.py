@@ -48,6 +48,7 @@ from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, QUAL
 from specdemo.models import load_model
 
 from . import distill
+from .schedule import Schedule
 from .cllm_quality import check_quality, distinct_bigrams
 from .jacobi_trajectories import block_positions, block_states_mask
 
@@ -172,8 +173,10 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
 
 
 def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumulate: int, rank: int, scale: float,
-                   seed: int, ar_weight: float = AR_WEIGHT, ar_loss: str = "answer", log_every: int = 50) -> tuple[dict, list[dict]]:
-    """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay);
+                   seed: int, ar_weight: float = AR_WEIGHT, ar_loss: str = "answer", log_every: int = 50,
+                   minutes: float | None = None) -> tuple[dict, list[dict]]:
+    """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay over the
+    epochs or, with `minutes`, over that much training time: `training.schedule`);
     `ar_loss`: "answer" (the authors') or "base" (the module docstring).
     Returns the adapters (still wrapped into `model`) and the loss history."""
     rng = random.Random(seed)
@@ -182,13 +185,14 @@ def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumu
     parameters = [p for adapter in adapters.values() for p in (adapter.lora_A, adapter.lora_B)]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
     total_steps = math.ceil(len(records) / accumulate) * epochs
+    schedule = Schedule(lr, 20, total_steps, minutes)
     history, window, step, start = [], [], 0, time.time()
     for epoch in range(epochs):
         order = list(range(len(records)))
         rng.shuffle(order)
         for first in range(0, len(order), accumulate):
-            for group in optimizer.param_groups:
-                group["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+            if not schedule.begin_step(optimizer, step):
+                break
             optimizer.zero_grad()
             batch = order[first : first + accumulate]
             for index in batch:
@@ -197,8 +201,9 @@ def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumu
                 (loss / len(batch)).backward()
                 window.append(parts)
             optimizer.step()
+            schedule.end_step()
             step += 1
-            if step % log_every == 0 or step == total_steps:
+            if step % log_every == 0 or step == total_steps or schedule.done(step):
                 history.append({
                     "step": step, "epoch": epoch + 1, "minutes": (time.time() - start) / 60,
                     "consistency_kl": sum(p["consistency_kl"] for p in window) / len(window),
@@ -206,6 +211,8 @@ def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumu
                 })
                 window = []
                 print(json.dumps(history[-1]), flush=True)
+        if schedule.done(step):
+            break
     return adapters, history
 
 
@@ -259,20 +266,22 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=4, help="answers per optimizer step")
     parser.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts measured before and after")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--minutes", type=float, default=None, help="train for this long at most, the learning rate decaying over it")
     args = parser.parse_args()
+    distill.on_default_device()
     trajectories = load_trajectories(args)
-    target = load_model("embedded", "bfloat16", "cpu")
+    target = load_model("embedded", "bfloat16")
     eval_prompts = trajectories["held_out_prompts"][: args.eval_prompts]
     eval_ids = [target.encode_chat(prompt) for prompt in eval_prompts]
     block_size = trajectories["block_size"]
     before, base_answers = jacobi_passes(target.model, eval_ids, args.max_new_tokens, block_size, target.eos_token_ids)
     print(f"base: {before:.3f} tokens per Jacobi pass on {len(eval_ids)} held-out prompts", flush=True)
 
-    model = load_model("embedded", "bfloat16", "cpu").model  # the cached target: trained in place, restored below
+    model = load_model("embedded", "bfloat16").model  # the cached target: trained in place, restored below
     start = time.time()
     adapters, history = train_adapters(model, trajectories["records"], epochs=args.epochs, lr=args.lr,
                                        accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight,
-                                       ar_loss=args.ar_loss, log_every=10)
+                                       ar_loss=args.ar_loss, log_every=10, minutes=args.minutes)
     train_minutes = (time.time() - start) / 60
     tensors = adapter_tensors(adapters)
     remove_adapters(model, adapters)
