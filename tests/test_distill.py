@@ -173,6 +173,10 @@ def test_template_prompts_mix_into_every_shard_and_the_command_says_so(tmp_path)
     data = distill.load_shards(tmp_path)
     assert "--templates" in distill.command(tmp_path, data).split()
     assert "our template prompts" in distill.describe(tmp_path, data, [0, 1])
+    plan_json = distill.json.loads((tmp_path / "plan.json").read_text())  # a plan of its own limit, answered whole
+    (tmp_path / "plan.json").write_text(distill.json.dumps({**plan_json, "plan": {**plan_json["plan"], "limit": 1}}))
+    words = distill.command(tmp_path, data).split()
+    assert words[words.index("--limit") + 1] == "1"
 
 
 def test_prompt_reader_and_sampling_plan(tmp_path):

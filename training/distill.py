@@ -345,8 +345,9 @@ def describe(out: Path, data: dict, train_ids: list[int]) -> str:
 
 
 def command(out: Path, data: dict) -> str:
-    """The `training.distill` command that makes the shards `data` came from (with `--limit` when a
-    run was stopped after fewer shards than its plan: the plan's first prompts are the same)."""
+    """The `training.distill` command that makes the shards `data` came from (with the plan's own
+    `--limit`, or one when a run was stopped after fewer shards than its plan: the plan's first
+    prompts are the same)."""
     recorded = json.loads((out / "plan.json").read_text())
     plan_, defaults = recorded["plan"], SamplingPlan()
     words = []
@@ -360,6 +361,8 @@ def command(out: Path, data: dict) -> str:
         words += ["--plan-seed", str(plan_["seed"])]
     if len(data["prompts"]) < recorded["prompts"]:
         words += ["--limit", str(len(data["prompts"]))]
+    elif plan_["limit"] is not None:
+        words += ["--limit", str(plan_["limit"])]
     if recorded.get("templates"):
         words += ["--templates"]
     if recorded["max_new_tokens"] != 128:
