@@ -6,8 +6,8 @@
 # The same four commands run on a CPU (the asset's manifest gives their rates there); only the batch
 # sizes and the time budgets here are a GPU's. Chat prompts the target writes (`training.magpie`),
 # its greedy answers to a plan of real prompts (`training.distill`), the Jacobi trajectories of those
-# answers (`training.jacobi_trajectories --minutes`: the answers done when its time is spent; PARTS processes
-# side by side, `--part`, joined by `--merge`) and the
+# answers (`training.jacobi_trajectories --minutes`: the answers done when its time is spent; TRAJ_BATCH answers
+# a pass, PARTS processes side by side, `--part`, joined by `--merge`) and the
 # training (`training.train_cllm --minutes`, then its held-out measurement and the quality check).
 # RESULTS_DIR gets the log, the answers' tokens (`training.carry save`, to remake the shards anywhere),
 # the chat prompts and each trained folder as a tar cut in pieces of 15 MB (a lent machine sends back
@@ -22,7 +22,8 @@ LIMIT=${LIMIT:-4000}          # answers in all, the 150 held out among them
 BATCH=${BATCH:-1024}          # rows a batch, for the prompts and the answers
 MAX_NEW=${MAX_NEW:-160}
 ANSWERS=${ANSWERS:-4000}      # at most this many answers' trajectories (the time budget stops it sooner)
-PARTS=${PARTS:-3}
+PARTS=${PARTS:-2}
+TRAJ_BATCH=${TRAJ_BATCH:-32}  # answers iterated together a pass (`--batch-size`)
 AR_WEIGHTS=${AR_WEIGHTS:-10 30}  # one CLLM each, trained side by side: the AR loss's weight keeps it near the base model
 START=$(date +%s)
 mkdir -p "$RESULTS" build
@@ -44,10 +45,10 @@ $PY -m training.distill --prompts $PROMPTS $PLAN --max-new-tokens "$MAX_NEW" \
 $PY -m training.carry save build/distill-cllm "$RESULTS/tokens.pt.xz"
 
 TRAJ=$(awk "BEGIN {print ($(left) - 200) * 0.45 / 60}")
-say "trajectories for $TRAJ minutes, $PARTS processes side by side"  # one alone waits on kernel launches, not the GPU
+say "trajectories for $TRAJ minutes, $PARTS processes side by side, $TRAJ_BATCH answers a pass"  # one answer a pass waits on launches, not the GPU
 for k in $(seq 0 $((PARTS - 1))); do
     OMP_NUM_THREADS=2 $PY -m training.jacobi_trajectories --prompts $PROMPTS $PLAN --distill-out build/distill-cllm $SPLIT \
-        --part "$k/$PARTS" --out "build/jacobi-gpu.part$k.pt" --minutes "$TRAJ" > "build/jacobi-part$k.log" 2>&1 &
+        --part "$k/$PARTS" --batch-size "$TRAJ_BATCH" --out "build/jacobi-gpu.part$k.pt" --minutes "$TRAJ" > "build/jacobi-part$k.log" 2>&1 &
 done
 wait
 tail -n 2 build/jacobi-part*.log
@@ -55,7 +56,7 @@ $PY -m training.jacobi_trajectories --prompts $PROMPTS $PLAN --distill-out build
     --merge build/jacobi-gpu.part*.pt --out build/jacobi-gpu.pt || exit 1
 xz -T0 -3 -k -c build/jacobi-gpu.pt > "$RESULTS/jacobi-gpu.pt.xz"
 
-TRAIN_MIN=$(awk "BEGIN {print ($(left) - 130) / 60}")  # evaluation, the quality check and loading take the rest
+TRAIN_MIN=$(awk "BEGIN {print ($(left) - 200) / 60}")  # loading, the measurements before and after and the quality check take the rest (over 2 min on the H200 of 2026-11-27)
 say "training for $TRAIN_MIN minutes, AR weights $AR_WEIGHTS side by side"
 for w in $AR_WEIGHTS; do
     OMP_NUM_THREADS=4 timeout $(($(left) + 60)) $PY -m training.train_cllm --prompts $PROMPTS $PLAN --distill-out build/distill-cllm $SPLIT \

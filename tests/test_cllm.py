@@ -11,7 +11,7 @@ from specdemo import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.steps import JacobiStep, LookaheadStep
 from specdemo.methods import ar, cllm, jacobi
-from training.jacobi_trajectories import collect, trajectories
+from training.jacobi_trajectories import batch_trajectories, block_starts, collect, trajectories
 from training.train_cllm import adapter_tensors, add_adapters, remove_adapters, train_adapters
 
 from conftest import make_tiny_model
@@ -171,4 +171,30 @@ def test_trajectories_collected_in_parts_are_those_of_one_run(tiny_model, prompt
     whole = collect(tiny_model, data, work, 8, None)
     parts = collect(tiny_model, data, work[0::2], 8, None) + collect(tiny_model, data, work[1::2], 8, None)
     assert sorted(parts, key=lambda r: r["id"]) == whole
+    assert collect(tiny_model, data, work, 8, None, batch_size=3) == whole
     assert [r["id"] for r in collect(tiny_model, data, work, 8, 1e-9)] == [0]
+
+
+def test_trajectories_of_a_batch_are_each_answers_own(tiny_model):
+    """Answers of different lengths, left-padded into one cache and iterated together, go through
+    exactly the states each goes through alone (a padding bug would poison the data silently)."""
+    generator = torch.Generator().manual_seed(3)
+    answers = []
+    for length, n_new in ((5, 30), (9, 21), (3, 40)):
+        prompt = torch.randint(3, 97, (1, length), generator=generator)
+        sequence = prompt[0].tolist() + greedy(tiny_model, prompt, n_new)
+        answers.append((sequence, length, block_starts(n_new, 8, 3 + length % 5)))
+    alone = [trajectories(tiny_model, *answer, 8) for answer in answers]
+    assert batch_trajectories(tiny_model, answers, 8) == alone
+    assert sum(len(states) > 2 for row in alone for states in row) >= 3  # blocks did iterate
+
+
+def test_trajectories_of_a_batch_on_the_embedded_model(embedded):
+    """The same on the embedded model: two answers of different lengths, alone and together."""
+    answers = []
+    for text in ("Name three colours.", "Why is the sky blue? Answer in one sentence."):
+        prompt = embedded.encode_chat(text)
+        answer = greedy(embedded.model, prompt, 40)
+        answers.append((prompt[0].tolist() + answer, prompt.shape[1], block_starts(len(answer), 16, 5)))
+    alone = [trajectories(embedded.model, *answer, 16) for answer in answers]
+    assert batch_trajectories(embedded.model, answers, 16) == alone

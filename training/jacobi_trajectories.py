@@ -27,7 +27,7 @@ from specdemo.core.kvcache import keep_prefix
 from specdemo.models import load_model
 
 from . import distill
-from .selfdistill import load_split
+from .selfdistill import left_padded, load_split
 
 BLOCK_SIZE = 16  # specdemo.methods.jacobi's default block
 
@@ -60,39 +60,65 @@ def block_positions(context_ends: list[int], lengths: list[int]) -> torch.Tensor
     return torch.cat([torch.arange(end, end + length) for end, length in zip(context_ends, lengths)])[None]
 
 
-@torch.inference_mode()
 def trajectories(model, sequence: list[int], answer_start: int, starts: list[int], block_size: int) -> list[list[list[int]]]:
     """For each block starting at answer offset `starts[j]`: its Jacobi states, first guess to
     fixed point (the last state repeats no earlier one; at most block_size + 1 states)."""
-    tokens = torch.tensor([sequence])
+    return batch_trajectories(model, [(sequence, answer_start, starts)], block_size)[0]
+
+
+@torch.inference_mode()
+def batch_trajectories(model, answers: list[tuple[list[int], int, list[int]]], block_size: int) -> list[list[list[list[int]]]]:
+    """`trajectories` of several answers ((sequence, answer start, block starts) each) in one pass
+    an iteration: the sequences left-padded into one cache, and each row's active blocks fed after
+    it, padded to the longest row's (a padding query sees only itself, and no real one sees padding).
+    Positions are each sequence's own. A row stays in the batch until every row has converged."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    sequences = [sequence for sequence, _, _ in answers]
+    input_ids, padding = left_padded(sequences, pad=0)
+    width = input_ids.shape[1]
+    shift = [width - len(sequence) for sequence in sequences]  # where each sequence begins in the cache
     cache = DynamicCache(config=model.config)
-    logits = model(tokens, past_key_values=cache, use_cache=True).logits[0]
-    context_length = len(sequence)
-    ends = [answer_start + s for s in starts]
-    lengths = [min(block_size, context_length - end) for end in ends]
-    first_tokens = [int(logits[end - 1].argmax()) for end in ends]  # fixed: the prefix never changes
-    states = [[[sequence[end - 1]] * length] for end, length in zip(ends, lengths)]
-    active = list(range(len(ends)))
-    while active:
-        fed = [states[j][-1] for j in active]
-        allowed = block_states_mask([ends[j] for j in active], [lengths[j] for j in active], context_length)
-        logits = model(
-            torch.tensor([sum(fed, [])]),
-            attention_mask=additive(allowed, model.dtype),
-            position_ids=block_positions([ends[j] for j in active], [lengths[j] for j in active]),
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[0]
-        keep_prefix(cache, context_length)
-        choices = logits.argmax(-1).tolist()
-        still_active, row = [], 0
-        for j, state in zip(active, fed):
-            updated = [first_tokens[j], *choices[row : row + len(state) - 1]]  # Jacobi update of every position
-            row += len(state)
-            if updated != state and len(states[j]) <= block_size:
-                states[j].append(updated)
-                still_active.append(j)
-        active = still_active
+    hidden = decoder(input_ids=input_ids, attention_mask=padding, position_ids=(padding.cumsum(-1) - 1).clamp(min=0),
+                     past_key_values=cache, use_cache=True).last_hidden_state
+    ends = [[answer_start + s for s in starts] for _, answer_start, starts in answers]
+    lengths = [[min(block_size, len(sequence) - end) for end in row] for sequence, row in zip(sequences, ends)]
+    rows = torch.tensor([b for b, row in enumerate(ends) for _ in row], dtype=torch.long)
+    columns = torch.tensor([shift[b] + end - 1 for b, row in enumerate(ends) for end in row], dtype=torch.long)
+    firsts = iter(head(hidden[rows, columns]).argmax(-1).tolist())
+    first_tokens = [[next(firsts) for _ in row] for row in ends]  # fixed: the prefix never changes
+    states = [[[[sequence[end - 1]] * length] for end, length in zip(row, row_lengths)]
+              for sequence, row, row_lengths in zip(sequences, ends, lengths)]
+    active = [list(range(len(row))) for row in ends]
+    while any(active):
+        fed = [[states[b][j][-1] for j in active[b]] for b in range(len(answers))]
+        width_fed = max(sum(map(len, row)) for row in fed)
+        allowed = torch.zeros(len(answers), width_fed, width + width_fed, dtype=torch.bool)
+        allowed[:, range(width_fed), range(width, width + width_fed)] = True  # padding queries: themselves
+        tokens = torch.zeros(len(answers), width_fed, dtype=torch.long)
+        positions = torch.zeros(len(answers), width_fed, dtype=torch.long)
+        for b, row in enumerate(fed):
+            q = sum(map(len, row))
+            if not q:
+                continue
+            row_ends, row_lengths = [ends[b][j] for j in active[b]], [lengths[b][j] for j in active[b]]
+            sees = block_states_mask(row_ends, row_lengths, len(sequences[b]))  # [q, len + q]
+            allowed[b, :q, shift[b] : width] = sees[:, : len(sequences[b])]
+            allowed[b, :q, width : width + q] = sees[:, len(sequences[b]) :]
+            tokens[b, :q] = torch.tensor(sum(row, []))
+            positions[b, :q] = block_positions(row_ends, row_lengths)[0]
+        hidden = decoder(input_ids=tokens, attention_mask=additive(allowed, model.dtype)[0, 0][:, None], position_ids=positions,
+                         past_key_values=cache, use_cache=True).last_hidden_state
+        keep_prefix(cache, width)
+        choices = head(hidden).argmax(-1).tolist()  # [B][width_fed]
+        for b, row in enumerate(fed):
+            still_active, column = [], 0
+            for j, state in zip(active[b], row):
+                updated = [first_tokens[b][j], *choices[b][column : column + len(state) - 1]]  # Jacobi update of every position
+                column += len(state)
+                if updated != state and len(states[b][j]) <= block_size:
+                    states[b][j].append(updated)
+                    still_active.append(j)
+            active[b] = still_active
     return states
 
 
@@ -110,6 +136,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="as the answers were written (the shards' plan.json says; our templates' in bfloat16)")
     parser.add_argument("--minutes", type=float, default=None, help="stop collecting after this long and keep the answers done")
     parser.add_argument("--part", default=None, metavar="K/N", help="only every N-th answer from the K-th (0-based): N processes side by side")
+    parser.add_argument("--batch-size", type=int, default=1, help="answers iterated together, one pass an iteration (more on a GPU)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="join these parts' files (same other flags) into --out")
     args = parser.parse_args()
     distill.on_default_device()
@@ -128,7 +155,8 @@ def main() -> None:
     else:
         part, parts = map(int, args.part.split("/")) if args.part else (0, 1)
         dtype = args.dtype or (json.loads((args.distill_out / "plan.json").read_text())["dtype"] if args.prompts else "bfloat16")
-        records = collect(load_model("embedded", dtype).model, data, list(zip(train_ids, offsets))[part::parts], args.block_size, args.minutes)
+        records = collect(load_model("embedded", dtype).model, data, list(zip(train_ids, offsets))[part::parts], args.block_size, args.minutes,
+                          args.batch_size)
     if args.prompts:
         collected = [record["id"] for record in records]
         origin = {"data_text": distill.describe(args.distill_out, data, collected), "distill_command": distill.command(args.distill_out, data)}
@@ -146,19 +174,23 @@ def main() -> None:
           f"greedy answer, {sum(len(s) - 1 for r in records for s in r['states']) / blocks:.2f} Jacobi passes a block")
 
 
-def collect(model, data: dict, answers: list[tuple[int, int]], block_size: int, minutes: float | None) -> list[dict]:
-    """The trajectory records of `answers` ((answer id, block offset) pairs, in order), stopping
-    once `minutes` are spent (the answers done by then)."""
+def collect(model, data: dict, answers: list[tuple[int, int]], block_size: int, minutes: float | None,
+            batch_size: int = 1) -> list[dict]:
+    """The trajectory records of `answers` ((answer id, block offset) pairs, in order), `batch_size`
+    answers a pass (`batch_trajectories`), stopping once `minutes` are spent (the answers done by then)."""
     records, start = [], time.time()
-    for count, (i, offset) in enumerate(answers):
-        sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
-        starts = block_starts(len(sequence) - answer_start, block_size, offset)
-        states = trajectories(model, sequence, answer_start, starts, block_size)
-        records.append({"id": i, "sequence": sequence, "answer_start": answer_start, "block_starts": starts, "states": states})
-        if count % 50 == 0:
-            print(f"  {count + 1}/{len(answers)} answers, {time.time() - start:.0f}s", flush=True)
+    for first in range(0, len(answers), batch_size):
+        batch = []
+        for i, offset in answers[first : first + batch_size]:
+            sequence, answer_start = data["sequences"][i], data["answer_starts"][i]
+            batch.append((i, sequence, answer_start, block_starts(len(sequence) - answer_start, block_size, offset)))
+        states = batch_trajectories(model, [(sequence, answer_start, starts) for _, sequence, answer_start, starts in batch], block_size)
+        records += [{"id": i, "sequence": sequence, "answer_start": answer_start, "block_starts": starts, "states": row}
+                    for (i, sequence, answer_start, starts), row in zip(batch, states)]
+        if first // batch_size % max(1, 50 // batch_size) == 0:
+            print(f"  {len(records)}/{len(answers)} answers, {time.time() - start:.0f}s", flush=True)
         if minutes and time.time() - start > 60 * minutes:
-            print(f"  the {minutes:g} minutes are spent: {count + 1} answers", flush=True)
+            print(f"  the {minutes:g} minutes are spent: {len(records)} answers", flush=True)
             break
     return records
 
