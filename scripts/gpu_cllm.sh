@@ -8,7 +8,8 @@
 # its greedy answers to a plan of real prompts (`training.distill`), the Jacobi trajectories of those
 # answers (`training.jacobi_trajectories --minutes`: the answers done when its time is spent; TRAJ_BATCH answers
 # a pass, PARTS processes side by side, `--part`, joined by `--merge`) and the
-# training (`training.train_cllm --minutes`, then its held-out measurement and the quality check).
+# training (`training.train_cllm --minutes`, a step's 4 answers in one pass, then its held-out measurement and the
+# quality check).
 # RESULTS_DIR gets the log, the answers' tokens (`training.carry save`, to remake the shards anywhere),
 # the chat prompts and each trained folder as a tar cut in pieces of 15 MB (a lent machine sends back
 # files of at most 16 MiB): `cat cllm-ar10.tar.* | tar -x`.
@@ -60,7 +61,7 @@ TRAIN_MIN=$(awk "BEGIN {print ($(left) - 200) / 60}")  # loading, the measuremen
 say "training for $TRAIN_MIN minutes, AR weights $AR_WEIGHTS side by side"
 for w in $AR_WEIGHTS; do
     OMP_NUM_THREADS=4 timeout $(($(left) + 60)) $PY -m training.train_cllm --prompts $PROMPTS $PLAN --distill-out build/distill-cllm $SPLIT \
-        --trajectories build/jacobi-gpu.pt --ar-loss base --ar-weight "$w" --epochs 50 --minutes "$TRAIN_MIN" --out "build/cllm-gpu-ar$w" \
+        --trajectories build/jacobi-gpu.pt --ar-loss base --ar-weight "$w" --answers-a-pass 4 --epochs 50 --minutes "$TRAIN_MIN" --out "build/cllm-gpu-ar$w" \
         > "build/cllm-ar$w.log" 2>&1 &
 done
 wait

@@ -140,7 +140,7 @@ def test_the_base_anchor_is_the_model_with_its_adapters_off(tiny_model, prompt_i
     starts = [0, 6]
     record = {"sequence": sequence, "answer_start": prompt_ids.shape[1], "block_starts": starts,
               "states": trajectories(tiny_model, sequence, prompt_ids.shape[1], starts, 6)}
-    base = base_logits(model, adapters, record)
+    base = base_logits(model, adapters, [record])[0]
     with torch.no_grad():
         expected = tiny_model(torch.tensor([sequence])).logits[0, prompt_ids.shape[1] - 1 : -1]
         torch.testing.assert_close(base, expected, rtol=1e-4, atol=1e-4)
@@ -198,3 +198,50 @@ def test_trajectories_of_a_batch_on_the_embedded_model(embedded):
         answers.append((prompt[0].tolist() + answer, prompt.shape[1], block_starts(len(answer), 16, 5)))
     alone = [trajectories(embedded.model, *answer, 16) for answer in answers]
     assert batch_trajectories(embedded.model, answers, 16) == alone
+
+
+def test_answers_packed_into_one_pass_give_each_ones_loss_and_gradient(tiny_model):
+    """`cllm_losses` packs a step's answers into one pass with a block-diagonal mask (fewer kernel
+    launches on a GPU): each answer's loss, and the step's gradient, are those of one pass each."""
+    from training.train_cllm import base_logits, cllm_loss, cllm_losses
+
+    generator = torch.Generator().manual_seed(5)
+    records = []
+    for length, n_new in ((4, 18), (7, 12), (5, 24)):
+        prompt = torch.randint(3, 97, (1, length), generator=generator)
+        sequence = prompt[0].tolist() + greedy(tiny_model, prompt, n_new)
+        starts = block_starts(n_new, 6, 2)
+        records.append({"sequence": sequence, "answer_start": length, "block_starts": starts,
+                        "states": trajectories(tiny_model, sequence, length, starts, 6)})
+    model = copy.deepcopy(tiny_model)
+    adapters = add_adapters(model, rank=4, scale=2.0)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.lora_B.normal_(std=0.2)
+    parameters = [p for adapter in adapters.values() for p in (adapter.lora_A, adapter.lora_B)]
+
+    def gradient(losses):
+        for p in parameters:
+            p.grad = None
+        sum(loss for loss, _ in losses).backward()
+        return [p.grad.clone() for p in parameters]
+
+    bases = base_logits(model, adapters, records)
+    for base, record in zip(bases, records):
+        torch.testing.assert_close(base, base_logits(model, adapters, [record])[0], rtol=1e-5, atol=1e-5)
+    rng = random.Random(0)
+    alone = [cllm_loss(model, record, rng, ar_weight=2.0, base=base) for record, base in zip(records, bases)]
+    together = cllm_losses(model, records, random.Random(0), ar_weight=2.0, bases=bases)
+    assert [parts["positions"] for _, parts in together] == [parts["positions"] for _, parts in alone] and alone[0][1]["positions"]
+    for (a, _), (b, _) in zip(alone, together):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gradient(alone), gradient(together)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    trained = []
+    for answers_a_pass in (1, 3):  # the same steps whether a step's answers share a pass or not
+        model = copy.deepcopy(tiny_model)
+        adapters, _ = train_adapters(model, records, epochs=2, lr=1e-2, accumulate=3, rank=4, scale=1.0, seed=0,
+                                     ar_loss="base", log_every=1, answers_a_pass=answers_a_pass)
+        trained.append(adapter_tensors(adapters))
+    for name, tensor in trained[0].items():
+        torch.testing.assert_close(trained[1][name], tensor, rtol=1e-3, atol=1e-4)

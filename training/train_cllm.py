@@ -111,26 +111,46 @@ def pick_states(record: dict, rng: random.Random) -> list[tuple[int, list[int]]]
     return picked
 
 
+def packed(segments: list[tuple[list[int], torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Several (tokens, allowed [n, n], positions [n]) segments as one row: tokens [1, T], the
+    additive mask [1, 1, T, T] (block-diagonal: no segment sees another) and positions [1, T]."""
+    total = sum(len(tokens) for tokens, _, _ in segments)
+    allowed = torch.zeros(total, total, dtype=torch.bool)
+    offset = 0
+    for tokens, sees, _ in segments:
+        allowed[offset : offset + len(tokens), offset : offset + len(tokens)] = sees
+        offset += len(tokens)
+    tokens = torch.tensor([sum((tokens for tokens, _, _ in segments), [])])
+    positions = torch.cat([positions for _, _, positions in segments])[None]
+    return tokens, allowed, positions
+
+
 @torch.no_grad()
-def base_logits(model: nn.Module, adapters: dict[str, LowRankAdapter], record: dict) -> torch.Tensor:
-    """The base model's logits at the positions that predict `record`'s answer: `model` with its adapters off."""
+def base_logits(model: nn.Module, adapters: dict[str, LowRankAdapter], records: list[dict]) -> list[torch.Tensor]:
+    """The base model's logits at the positions that predict each record's answer: `model` with its
+    adapters off, the records packed into one pass."""
     scales = {name: adapter.scale for name, adapter in adapters.items()}
     for adapter in adapters.values():
         adapter.scale = 0.0
     try:
-        sequence, answer_start = record["sequence"], record["answer_start"]
-        return model(torch.tensor([sequence])).logits[0, answer_start - 1 : len(sequence) - 1].float()
+        sequences = [record["sequence"] for record in records]
+        tokens, allowed, positions = packed([(sequence, torch.ones(len(sequence), len(sequence), dtype=torch.bool).tril(),
+                                              torch.arange(len(sequence))) for sequence in sequences])
+        logits = model(tokens, attention_mask=additive(allowed, next(model.parameters()).dtype), position_ids=positions).logits[0].float()
+        out, offset = [], 0
+        for record, sequence in zip(records, sequences):
+            out.append(logits[offset + record["answer_start"] - 1 : offset + len(sequence) - 1])
+            offset += len(sequence)
+        return out
     finally:
         for name, adapter in adapters.items():
             adapter.scale = scales[name]
 
 
-def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: float = AR_WEIGHT,
-              base: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """The CLLM loss of one answer (the module docstring), and its parts for the log. With `base`
-    (`base_logits`), the AR loss is the cross-entropy from the base model's distribution."""
-    sequence, answer_start = record["sequence"], record["answer_start"]
-    picked = pick_states(record, rng)
+def state_inputs(record: dict, picked: list[tuple[int, list[int]]]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """One answer's sequence followed by its picked states: (tokens, allowed, positions), each state
+    seeing the answer before its block only."""
+    sequence = record["sequence"]
     context_length = len(sequence)
     ends, states = [end for end, _ in picked], [state for _, state in picked]
     lengths = [len(state) for state in states]
@@ -139,11 +159,38 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
         torch.cat([causal, torch.zeros(context_length, sum(lengths), dtype=torch.bool)], dim=-1),
         block_states_mask(ends, lengths, context_length),
     ])
-    mask = additive(allowed, next(model.parameters()).dtype)
-    positions = torch.cat([torch.arange(context_length)[None], block_positions(ends, lengths)], dim=-1)
-    tokens = torch.tensor([sequence + sum(states, [])])
-    logits = model(tokens, attention_mask=mask, position_ids=positions).logits[0].float()
+    positions = torch.cat([torch.arange(context_length), block_positions(ends, lengths)[0]])
+    return sequence + sum(states, []), allowed, positions
 
+
+def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: float = AR_WEIGHT,
+              base: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """The CLLM loss of one answer (the module docstring), and its parts for the log. With `base`
+    (`base_logits`), the AR loss is the cross-entropy from the base model's distribution."""
+    return cllm_losses(model, [record], rng, ar_weight, None if base is None else [base])[0]
+
+
+def cllm_losses(model: nn.Module, records: list[dict], rng: random.Random, ar_weight: float = AR_WEIGHT,
+                bases: list[torch.Tensor] | None = None) -> list[tuple[torch.Tensor, dict]]:
+    """`cllm_loss` of each record, the records packed into one pass (`packed`): the same losses as
+    one pass each, in far fewer kernel launches (a GPU waits on those for one answer a pass)."""
+    picks = [pick_states(record, rng) for record in records]
+    segments = [state_inputs(record, picked) for record, picked in zip(records, picks)]
+    tokens, allowed, positions = packed(segments)
+    logits = model(tokens, attention_mask=additive(allowed, next(model.parameters()).dtype), position_ids=positions).logits[0].float()
+    results, offset = [], 0
+    for k, (record, picked) in enumerate(zip(records, picks)):
+        results.append(answer_loss(logits[offset : offset + len(segments[k][0])], record, picked, ar_weight,
+                                   None if bases is None else bases[k]))
+        offset += len(segments[k][0])
+    return results
+
+
+def answer_loss(logits: torch.Tensor, record: dict, picked: list[tuple[int, list[int]]], ar_weight: float,
+                base: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+    """The loss of one answer from its logits over `state_inputs`."""
+    sequence, answer_start = record["sequence"], record["answer_start"]
+    context_length = len(sequence)
     answer = torch.tensor(sequence[answer_start:])
     if base is None:
         ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], answer, label_smoothing=LABEL_SMOOTHING)
@@ -151,7 +198,7 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
         ar_loss = nn.functional.cross_entropy(logits[answer_start - 1 : context_length - 1], torch.softmax(base, dim=-1))
 
     student_rows, teacher_rows, row = [], [], context_length
-    for end, state in zip(ends, states):
+    for end, state in picked:
         fixed_point = sequence[end : end + len(state)]
         first_wrong = next((i for i, (s, f) in enumerate(zip(state, fixed_point)) if s != f), len(state))
         # state token i predicts block token i + 1; before the first wrong token it sees what the
@@ -174,9 +221,11 @@ def cllm_loss(model: nn.Module, record: dict, rng: random.Random, ar_weight: flo
 
 def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumulate: int, rank: int, scale: float,
                    seed: int, ar_weight: float = AR_WEIGHT, ar_loss: str = "answer", log_every: int = 50,
-                   minutes: float | None = None) -> tuple[dict, list[dict]]:
+                   minutes: float | None = None, answers_a_pass: int = 1) -> tuple[dict, list[dict]]:
     """Train LoRA adapters on `records` with the CLLM loss (AdamW, warm-up then cosine decay over the
-    epochs or, with `minutes`, over that much training time: `training.schedule`);
+    epochs or, with `minutes`, over that much training time: `training.schedule`), `answers_a_pass`
+    of each step's answers packed into one pass (`cllm_losses`: more on a GPU; on a CPU the packed
+    pass's attention over all of them costs more than it saves);
     `ar_loss`: "answer" (the authors') or "base" (the module docstring).
     Returns the adapters (still wrapped into `model`) and the loss history."""
     rng = random.Random(seed)
@@ -195,11 +244,12 @@ def train_adapters(model, records: list[dict], *, epochs: int, lr: float, accumu
                 break
             optimizer.zero_grad()
             batch = order[first : first + accumulate]
-            for index in batch:
-                base = base_logits(model, adapters, records[index]) if ar_loss == "base" else None
-                loss, parts = cllm_loss(model, records[index], rng, ar_weight, base)
-                (loss / len(batch)).backward()
-                window.append(parts)
+            for pack in range(0, len(batch), answers_a_pass):
+                group = [records[index] for index in batch[pack : pack + answers_a_pass]]
+                bases = base_logits(model, adapters, group) if ar_loss == "base" else None
+                losses = cllm_losses(model, group, rng, ar_weight, bases)
+                (sum(loss for loss, _ in losses) / len(batch)).backward()
+                window += [parts for _, parts in losses]
             optimizer.step()
             schedule.end_step()
             step += 1
@@ -267,6 +317,7 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts measured before and after")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--minutes", type=float, default=None, help="train for this long at most, the learning rate decaying over it")
+    parser.add_argument("--answers-a-pass", type=int, default=1, help="answers packed into one pass (at most --accumulate; more on a GPU)")
     args = parser.parse_args()
     distill.on_default_device()
     trajectories = load_trajectories(args)
@@ -281,7 +332,7 @@ def main() -> None:
     start = time.time()
     adapters, history = train_adapters(model, trajectories["records"], epochs=args.epochs, lr=args.lr,
                                        accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight,
-                                       ar_loss=args.ar_loss, log_every=10, minutes=args.minutes)
+                                       ar_loss=args.ar_loss, log_every=10, minutes=args.minutes, answers_a_pass=args.answers_a_pass)
     train_minutes = (time.time() - start) / 60
     tensors = adapter_tensors(adapters)
     remove_adapters(model, adapters)
