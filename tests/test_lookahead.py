@@ -169,3 +169,14 @@ def test_lookahead_equals_ar_on_embedded_model(embedded, prompt):
     expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
     summary = final_summary(lookahead.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
+
+
+def test_the_first_window_is_drawn_on_the_cpu_whatever_the_default_device():
+    """The trainers set a default device (CUDA when present); the window's seeded draw stays on the
+    CPU, where its generator is, and gives the same tokens."""
+    from specdemo.methods.lookahead import initial_window
+
+    input_ids = torch.tensor([[5, 6, 7, 8, 9]])
+    expected = initial_window(input_ids, 3, 2)
+    with torch.device("meta"):  # any other device: CUDA, where the GPU run met it
+        assert initial_window(input_ids, 3, 2) == expected

@@ -158,7 +158,7 @@ def initial_window(input_ids: torch.Tensor, window: int, levels: int) -> list[li
     from the prompt too; any start converges, this one is reproducible)."""
     generator = torch.Generator().manual_seed(0)
     prompt = input_ids[0].cpu()
-    picks = torch.randint(len(prompt), (levels, window), generator=generator)
+    picks = torch.randint(len(prompt), (levels, window), generator=generator, device="cpu")  # CPU whatever the default device
     return prompt[picks].tolist()
 
 
