@@ -48,9 +48,9 @@ from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, QUAL
 from specdemo.models import load_model
 
 from . import distill
-from .schedule import Schedule
 from .cllm_quality import check_quality, distinct_bigrams
 from .jacobi_trajectories import block_positions, block_states_mask
+from .schedule import Schedule
 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AR_WEIGHT = 10.0  # the authors' code: loss_ar *= 10
