@@ -10,7 +10,9 @@ from the first guess `specdemo.methods.jacobi` makes (the last committed token r
 point, and each state on the way is stored (Kou et al. 2024, "CLLMs", Sec. 3.1: the
 trajectory collection; Algorithm 1). All blocks of one answer iterate together in one pass
 each: a block's tokens see the prompt, the answer before the block, and the block's earlier
-tokens (`block_states_mask`), which is exactly what a Jacobi pass over that block alone sees.
+tokens (`block_states_mask`), which is exactly what a Jacobi pass over that block alone sees;
+`--batch-size` iterates several answers together, left-padded into one cache (`batch_trajectories`:
+a GPU waits on kernel launches when it gets one answer a pass).
 """
 
 import argparse
