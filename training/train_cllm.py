@@ -114,13 +114,8 @@ def pick_states(record: dict, rng: random.Random) -> list[tuple[int, list[int]]]
 def packed(segments: list[tuple[list[int], torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Several (tokens, allowed [n, n], positions [n]) segments as one row: tokens [1, T], the
     additive mask [1, 1, T, T] (block-diagonal: no segment sees another) and positions [1, T]."""
-    total = sum(len(tokens) for tokens, _, _ in segments)
-    allowed = torch.zeros(total, total, dtype=torch.bool)
-    offset = 0
-    for tokens, sees, _ in segments:
-        allowed[offset : offset + len(tokens), offset : offset + len(tokens)] = sees
-        offset += len(tokens)
     tokens = torch.tensor([sum((tokens for tokens, _, _ in segments), [])])
+    allowed = torch.block_diag(*(sees for _, sees, _ in segments))
     positions = torch.cat([positions for _, _, positions in segments])[None]
     return tokens, allowed, positions
 
@@ -179,10 +174,9 @@ def cllm_losses(model: nn.Module, records: list[dict], rng: random.Random, ar_we
     tokens, allowed, positions = packed(segments)
     logits = model(tokens, attention_mask=additive(allowed, next(model.parameters()).dtype), position_ids=positions).logits[0].float()
     results, offset = [], 0
-    for k, (record, picked) in enumerate(zip(records, picks)):
-        results.append(answer_loss(logits[offset : offset + len(segments[k][0])], record, picked, ar_weight,
-                                   None if bases is None else bases[k]))
-        offset += len(segments[k][0])
+    for record, picked, (segment, _, _), base in zip(records, picks, segments, bases or [None] * len(records)):
+        results.append(answer_loss(logits[offset : offset + len(segment)], record, picked, ar_weight, base))
+        offset += len(segment)
     return results
 
 
