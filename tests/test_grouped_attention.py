@@ -109,3 +109,20 @@ def test_a_grouped_model_compiles_and_keeps_ars_answer(prompt_ids):
     assert passes.failed is None
     assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens == eager
     assert passes.runs[1] == 11 and passes.runs[8] == 1  # the prompt's pass and every step ran a graph
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_a_pass_tiles_its_mask_once(inference):
+    """Every layer of a pass gets the same mask: it is tiled for the grouped rows once, and again
+    only for another mask, another grouping, or (where a version counter tracks it) a change in place."""
+    with torch.inference_mode(inference):
+        mask = tree_mask(5, 40, torch.bfloat16)
+        first = grouped_attention.tiled_mask(mask, 3)
+        assert grouped_attention.tiled_mask(mask, 3) is first
+        torch.testing.assert_close(first, mask.repeat(1, 1, 3, 1), rtol=0, atol=0)
+        assert grouped_attention.tiled_mask(mask, 2).shape == (1, 1, 10, 45)
+        other = tree_mask(5, 40, torch.bfloat16)
+        assert grouped_attention.tiled_mask(other, 3) is not first
+    if not inference:
+        mask[..., 0] = torch.finfo(torch.bfloat16).min
+        torch.testing.assert_close(grouped_attention.tiled_mask(mask, 3), mask.repeat(1, 1, 3, 1), rtol=0, atol=0)
