@@ -14,14 +14,14 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.events import final_summary
+from specdemo.core.events import final_summary, guesses_by_source
 from specdemo.core.static import compile_passes, compiled_pass, default_compile
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded_model, get_method, method_options, settings_of, speculative, token_draft
@@ -38,6 +38,7 @@ class Run:
     tokens: list[int]
     forward_passes: int  # target forward passes
     target_s: float = 0.0  # seconds in the target's passes (0: not measured, transformers' own loops)
+    guesses: dict = field(default_factory=dict)  # `events.guesses_by_source`: guessed tokens fed and accepted, by source and depth
 
 
 Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
@@ -52,8 +53,9 @@ def specdemo_runner(name: str, **fixed) -> Runner:
         events = method(
             target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **fixed, **settings
         )
+        events = list(events)
         summary = final_summary(events)
-        return Run(list(summary.tokens), summary.target_forwards, summary.target_s)
+        return Run(list(summary.tokens), summary.target_forwards, summary.target_s, guesses_by_source(events))
 
     return run
 
@@ -259,6 +261,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                         "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
                         "matches_base_ar": run.tokens == runs["ar"][0].tokens,
                         "divergence": asdict(parted[name]) if parted.get(name) else None,
+                        "guesses_by_source": run.guesses,
                     }
                 )
             if rounding:
@@ -308,6 +311,7 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             "differs": sum(not row["matches_ar"] for row in mine) / len(mine),
             "divergences": [{"question_id": row["question_id"], **row["divergence"]} for row in mine if row.get("divergence")],
         }
+        totals[name]["guesses_per_pass"] = guesses_per_pass(mine, passes)
         margins = [d["margin"] for d in totals[name]["divergences"]]
         totals[name]["max_divergence_margin"] = max(margins) if margins else None
     for name, stats in totals.items():
@@ -316,6 +320,20 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             stats["speedup_vs_own_ar"] = stats["tokens_per_s"] / totals[REFERENCES[name]]["tokens_per_s"]
             mine = [row for row in rows if row["method"] == name]
             stats["differs_from_base_ar"] = sum(not row["matches_base_ar"] for row in mine) / len(mine)
+    return totals
+
+
+def guesses_per_pass(rows: list[dict], passes: int) -> dict[str, dict[str, list[float]]]:
+    """The rows' `guesses_by_source` summed, per target pass: for each source, the tokens fed and
+    accepted a pass at each depth."""
+    totals: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        for source, counts in row.get("guesses_by_source", {}).items():
+            mine = totals.setdefault(source, {"fed": [], "accepted": []})
+            for kind in ("fed", "accepted"):
+                mine[kind] += [0.0] * (len(counts[kind]) - len(mine[kind]))
+                for depth, n in enumerate(counts[kind]):
+                    mine[kind][depth] += n / max(passes, 1)
     return totals
 
 
@@ -343,6 +361,7 @@ def format_table(report: dict) -> str:
         if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
             lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
     lines += step_costs(report["methods"])
+    lines += guess_lines(report["methods"])
     for name, s in report["methods"].items():
         if name in REFERENCES:
             own = "AR on the eager path" if name in EAGER else "AR on its own weights"
@@ -378,6 +397,19 @@ def step_costs(methods: dict) -> list[str]:
         rest = s["step_ms"] - s["target_pass_ms"]
         lines.append(f"{name}: a step {s['step_ms']:.1f} ms ({s['step_ms'] / ar_ms:.2f} AR steps) = the target's pass "
                      f"{s['target_pass_ms']:.1f} ms ({s['target_pass_ms'] / ar_ms:.2f}) + the rest {rest:.1f} ms ({rest / ar_ms:.2f})")
+    return lines
+
+
+def guess_lines(methods: dict) -> list[str]:
+    """What a method's pass fed besides the root, by source, and how much of it was accepted: a
+    fed token widens the pass (on a CPU, every one costs time) whether it is accepted or not."""
+    lines = []
+    for name, s in methods.items():
+        sources = s.get("guesses_per_pass", {})
+        if sources:
+            parts = [f"{sum(c['fed']):.2f} {source} ({sum(c['accepted']):.2f} accepted; "
+                     f"by depth {' '.join(f'{a:.2f}/{f:.2f}' for a, f in zip(c['accepted'], c['fed']))})" for source, c in sources.items()]
+            lines.append(f"{name}: a pass fed " + ", ".join(parts))
     return lines
 
 

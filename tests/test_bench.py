@@ -11,8 +11,9 @@ from specdemo import SpecDemoError, bench
 TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "settings", "methods", "rows", "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
                "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
-               "differs", "divergences", "max_divergence_margin"}
-ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "target_s", "matches_ar", "matches_base_ar", "divergence"}
+               "differs", "divergences", "max_divergence_margin", "guesses_per_pass"}
+ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "target_s", "matches_ar", "matches_base_ar", "divergence",
+            "guesses_by_source"}
 
 
 def test_bench_json_schema(embedded, tmp_path):
@@ -47,6 +48,16 @@ def test_step_costs_split_each_step_into_the_target_pass_and_the_rest():
                "hf_generate": {"step_ms": 21.0, "target_pass_ms": 0.0, "target_s": 0.0}}
     lines = bench.step_costs(methods)
     assert len(lines) == 2 and lines[1] == "medusa: a step 27.0 ms (1.35 AR steps) = the target's pass 24.0 ms (1.20) + the rest 3.0 ms (0.15)"
+
+
+def test_guesses_are_reported_per_pass_by_source_and_depth():
+    rows = [{"guesses_by_source": {"head": {"fed": [4, 2], "accepted": [2, 1]}, "copy": {"fed": [1], "accepted": [1]}}},
+            {"guesses_by_source": {"head": {"fed": [4], "accepted": [1]}}},
+            {"guesses_by_source": {}}]
+    per_pass = bench.guesses_per_pass(rows, passes=4)
+    assert per_pass == {"head": {"fed": [2.0, 0.5], "accepted": [0.75, 0.25]}, "copy": {"fed": [0.25], "accepted": [0.25]}}
+    lines = bench.guess_lines({"ar": {"guesses_per_pass": {}}, "medusa": {"guesses_per_pass": per_pass}})
+    assert lines == ["medusa: a pass fed 2.50 head (1.00 accepted; by depth 0.75/2.00 0.25/0.50), 0.25 copy (0.25 accepted; by depth 0.25/0.25)"]
 
 
 def test_tokens_per_pass_by_category():

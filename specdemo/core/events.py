@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from specdemo.core.steps import Payload, TreeStep
+from specdemo.core.steps import LookaheadStep, Payload, TreeStep
 
 FinishReason = Literal["eos", "length", "stopped"]
 
@@ -121,3 +121,35 @@ def acceptance_by_position(events: list[StepEvent]) -> list[float]:
             proposed[i] += 1
             accepted[i] += i < len(event.accepted)
     return [a / p for a, p in zip(accepted, proposed)]
+
+
+def guesses_by_source(events: Iterable[StepEvent | Summary]) -> dict[str, dict[str, list[int]]]:
+    """Where the guessed tokens a method fed came from, and which of them the target accepted:
+    per source ("draft", "head", "copy", "retrieved"; lookahead's "copy", "retrieved", "pool" and
+    its Jacobi "window"), `fed` and `accepted` counts by depth (index 0: a token right after the
+    root). A token fed costs a wider pass whether it is accepted or not, so this says which guesses
+    pay for their width. Trees (speculative's, Medusa's) and lookahead's passes; others add nothing."""
+    counts: dict[str, dict[str, list[int]]] = {}
+
+    def count(source: str, depth: int, accepted: bool) -> None:
+        row = counts.setdefault(source, {"fed": [], "accepted": []})
+        while len(row["fed"]) < depth:
+            row["fed"].append(0)
+            row["accepted"].append(0)
+        row["fed"][depth - 1] += 1
+        row["accepted"][depth - 1] += accepted
+
+    for event in events:
+        data = event.data if isinstance(event, StepEvent) else None
+        if isinstance(data, TreeStep):
+            on_path = set(data.accepted_path)
+            for node in range(1, len(data.tree_tokens)):
+                count(data.tree_sources[node - 1], data.tree_depths[node], node in on_path)
+        elif isinstance(data, LookaheadStep):
+            for age, level in enumerate(data.window):  # column c of level l sits c + l + 1 after the last committed token
+                for column in range(len(level)):
+                    count("window", column + age + 1, False)
+            for index, (candidate, source) in enumerate(zip(data.candidates, data.candidate_sources)):
+                for depth in range(1, len(candidate) + 1):
+                    count(source, depth, index == data.best_candidate and depth <= data.accept_length)
+    return counts
