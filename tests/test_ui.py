@@ -242,3 +242,17 @@ def test_the_retrieve_box_reaches_every_method_that_guesses_from_earlier_answers
         assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8, retrieve=False)))).settings["retrieve"] is False
         assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8)))).settings["retrieve"] is True
     assert "retrieve" not in request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", "jacobi", 8, retrieve=False)))).settings
+
+
+def test_the_window_slider_at_0_leaves_each_method_its_own_window():
+    """Lookahead's window is 2 columns, the CLLM's 1 (`cllm.WINDOW`): the shared slider's 0 sends none, so each keeps
+    its own; any other value reaches both."""
+    import inspect
+
+    from specdemo.app.handlers import GENERATE_INPUTS, request_from
+    from specdemo.methods import cllm, lookahead
+
+    assert inspect.signature(cllm.generate).parameters["window"].default == cllm.WINDOW != lookahead.WINDOW
+    for method in ("lookahead", "cllm"):
+        assert "window" not in request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8)))).settings
+        assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8, window=3)))).settings["window"] == 3

@@ -86,8 +86,9 @@ def request_from(named: dict) -> Request:
     for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecDemoError(f"{name} must be a number, got {value!r}")
-    if not values["tree_size"]:
-        values["tree_size"] = None  # 0 on the slider: the tree's own size
+    for name in ("tree_size", "window"):  # 0 on the slider: the method's own (the tree's size; lookahead's or the CLLM's window)
+        if not values[name]:
+            values[name] = None
     method = named["method"]
     own = METHODS[method].controls if method in METHODS else ()  # an unknown method gets its sentence from Request
     settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}

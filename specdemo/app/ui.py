@@ -167,7 +167,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                                 label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, drawn as a trajectory)",
                             )
                             block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n")
-                            window = gr.Slider(1, 16, value=2, step=1, label="lookahead, cllm by lookahead: window W")
+                            window = gr.Slider(0, 16, value=0, step=1, label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for lookahead, 1 for cllm)")
                             ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N")
                             candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G")
                         with gr.Column(min_width=SETTING_WIDTH):

@@ -41,7 +41,7 @@ from specdemo.methods.prompt_lookup import copy_from_text, until_eos
 from specdemo.methods.retrieval import Datastore
 
 # W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
-# cllm, decoded by lookahead, takes the same ones (docs/methods/cllm.md)
+# cllm, decoded by lookahead, takes the same but a window of 1 (`cllm.WINDOW`, docs/methods/cllm.md)
 WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
 
 
