@@ -38,7 +38,7 @@ class Run:
     tokens: list[int]
     forward_passes: int  # target forward passes
     target_s: float = 0.0  # seconds in the target's passes (0: not measured, transformers' own loops)
-    guesses: dict = field(default_factory=dict)  # `events.guesses_by_source`: guessed tokens fed and accepted, by source and depth
+    events: list = field(default_factory=list)  # our methods' step events (counted after the timing: `events.guesses_by_source`)
 
 
 Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
@@ -53,11 +53,16 @@ def specdemo_runner(name: str, **fixed) -> Runner:
         events = method(
             target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **fixed, **settings
         )
-        events = list(events)
-        summary = final_summary(events)
-        return Run(list(summary.tokens), summary.target_forwards, summary.target_s, guesses_by_source(events))
+        return run_of(events)
 
     return run
+
+
+def run_of(events) -> Run:
+    """The Run of one of our methods' event streams, run to its end: its Summary gives tokens, passes and the target's time."""
+    events = list(events)
+    summary = final_summary(events)
+    return Run(list(summary.tokens), summary.target_forwards, summary.target_s, events)
 
 
 def hf_generate(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **generate_options) -> Run:
@@ -99,19 +104,15 @@ def hf_assisted(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: in
 def speculative_token(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
     """Our speculative loop with the token draft (the one `hf_assisted` uses) where `speculative`
     takes the preset's feature draft: how much of the gain is the loop, how much the draft."""
-    events = speculative.generate(
+    return run_of(speculative.generate(
         target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, draft=token_draft(target), **settings
-    )
-    summary = final_summary(events)
-    return Run(list(summary.tokens), summary.target_forwards)
+    ))
 
 
 def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
     """AR on the CLLM's weights: the answer `cllm` must equal (the CLLM is a changed model, so
     the base model's AR is not its reference), and the speed of the CLLM without parallel decoding."""
-    events = ar.generate(decoded_model("cllm", target), input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **settings)
-    summary = final_summary(events)
-    return Run(list(summary.tokens), summary.target_forwards)
+    return run_of(ar.generate(decoded_model("cllm", target), input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **settings))
 
 
 # eager twins: the method with compilation off (transformers' eager passes over DynamicCaches),
@@ -261,7 +262,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                         "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
                         "matches_base_ar": run.tokens == runs["ar"][0].tokens,
                         "divergence": asdict(parted[name]) if parted.get(name) else None,
-                        "guesses_by_source": run.guesses,
+                        "guesses_by_source": guesses_by_source(run.events),
                     }
                 )
             if rounding:
