@@ -78,10 +78,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` in oneDNN's blocked layout, packed again when it changed in place."""
+    """`weight` in oneDNN's blocked layout, packed again when it changed in place. No batch-size
+    hint: a hint of 1 picks a layout for one-row products that makes float32 products of 2 to 32
+    rows 1.3x to 1.9x slower (the module's docstring); bfloat16's layout is the same either way."""
     stamp = (weight.data_ptr(), weight._version)
     cached = _PACKED.get(weight)
     if cached is None or cached[0] != stamp:
-        cached = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+        cached = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
         _PACKED[weight] = cached
     return cached[1]
