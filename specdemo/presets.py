@@ -53,7 +53,8 @@ EMBEDDED_PRESET = Preset(
     medusa_heads=EMBEDDED_HEADS,
     cllm=EMBEDDED_CLLM,
     datastore=EMBEDDED_ANSWERS,
-    about="Runs offline on a laptop CPU; every companion was trained on this CPU by the scripts in training/.",
+    about=("Runs offline on a laptop CPU. Its companions learned from the model's own answers to real prompts, by the scripts in "
+           "training/: most answers were written and the feature draft trained on a lent GPU, the rest trained on 2 CPU cores (assets/README.md)."),
 )
 
 GPU_PRESETS = (
