@@ -14,7 +14,9 @@ its graph (`static.compile_passes`); here the eager path gets it with no compile
 On 2 cores of an AMD EPYC with AVX-512 BF16, 26 Spec-Bench questions (docs/benchmarks.md): in
 bfloat16 every method ran 1.25x to 1.32x faster with the same answers; in float32 AR 1.52x,
 speculative 1.58x and Medusa 1.68x, every answer still AR's and every run the same tokens in the
-same passes.
+same passes. Packed without a batch-size hint (`packed_weight`): with a hint of 1, as until
+2026-11-27, a float32 pass of 13 tokens cost 39.4 ms against 33.4 now, and 55.9 against 41.8 where only AVX2
+runs (docs/benchmarks.md, 2026-11-27 midday: float32 speculative decoding from 1.51x AR to 1.67x here).
 
 CUDA, other dtypes, training (gradients on) and a graph being compiled go through
 `torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
@@ -79,8 +81,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` in oneDNN's blocked layout, packed again when it changed in place. No batch-size
-    hint: a hint of 1 picks a layout for one-row products that makes float32 products of 2 to 32
-    rows 1.3x to 1.9x slower (the module's docstring); bfloat16's layout is the same either way."""
+    hint: a hint of 1 picks a layout for one-row products that makes float32 products of 4 to 32
+    rows 1.3x to 2.3x slower (the module's docstring); bfloat16 products are the same either way."""
     stamp = (weight.data_ptr(), weight._version)
     cached = _PACKED.get(weight)
     if cached is None or cached[0] != stamp:
