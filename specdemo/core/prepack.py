@@ -82,7 +82,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` in oneDNN's blocked layout, packed again when it changed in place. No batch-size
     hint: a hint of 1 picks a layout for one-row products that makes float32 products of 4 to 32
-    rows 1.3x to 2.3x slower (the module's docstring); bfloat16 products are the same either way."""
+    rows 1.3x to 2.3x slower (docs/benchmarks.md, 2026-11-27 midday); bfloat16 products are the same either way."""
     stamp = (weight.data_ptr(), weight._version)
     cached = _PACKED.get(weight)
     if cached is None or cached[0] != stamp:
