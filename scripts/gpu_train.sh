@@ -10,6 +10,15 @@
 # shard, so what it leaves is a valid prefix of its plan, and the two trainers, run side by side,
 # by `--minutes`. RESULTS_DIR gets the two trained folders, the prompts the target wrote, the
 # answers' tokens (no features: `training.carry`) and the log.
+#
+# START=assets fine-tunes the shipped feature draft and Medusa heads instead of training afresh
+# (the draft reading the target's layers LAYERS too, default "2 15": EAGLE-3's low and middle
+# features, docs/training.md), so one call of a lent GPU makes the answers again and improves both:
+#
+#     START=assets bash scripts/gpu_train.sh RESULTS 540
+#
+# The two trainers share the machine's cores half and half (each with all of them, side by side,
+# an epoch took 8 times as long on an H200's 16 cores, 2026-11-26).
 set -u
 RESULTS=${1:?results folder}
 BUDGET=${2:-480}
@@ -18,10 +27,13 @@ MAGPIE=${MAGPIE:-24000}
 BATCH=${BATCH:-2048}           # rows a batch, for the prompts and the answers
 HELD_OUT=${HELD_OUT:-150}
 EXTRA=${EXTRA:-}               # more flags for training.distill (a smoke test: "--limit 40 --max-new-tokens 16")
-START=$(date +%s)
+START=${START:-}               # "assets": fine-tune the shipped draft and heads
+LAYERS=${LAYERS-2 15}          # with START=assets, the target layers the draft also reads ("" for none)
+THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+BEGAN=$(date +%s)
 mkdir -p "$RESULTS" build
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-say() { echo "[$(($(date +%s) - START))s] $*"; }
+left() { echo $((BUDGET - ($(date +%s) - BEGAN))); }
+say() { echo "[$(($(date +%s) - BEGAN))s] $*"; }
 
 PLAN="--cap-per-source 20 --cap gsm8k=3000 self_instruct=2500 written_by_target=$MAGPIE --templates"
 PROMPTS="../shared/train/gsm8k_train.jsonl ../shared/train/self_instruct.jsonl ../shared/train/t0_prompts.jsonl build/magpie.jsonl"
@@ -36,11 +48,18 @@ timeout $(($(left) - BUDGET * 45 / 100)) $PY -m training.distill --prompts $PROM
 say "$(ls build/distill-gpu/shard-*.pt | wc -l) shards"
 
 TRAIN=$(awk "BEGIN {print ($(left) - 100) / 60}")  # minutes each trainer may train: loading, evaluation and writing take the rest
-say "training for $TRAIN minutes"
-$PY -m training.train_eagle --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" --epochs 6 \
-    --tt-epochs 3 --tt-steps 3 --batch-tokens 16384 --minutes "$TRAIN" --out build/eagle-gpu > "$RESULTS/eagle.log" 2>&1 &
-$PY -m training.train_medusa --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" --epochs 4 \
-    --batch 8192 --minutes "$TRAIN" --out build/medusa-gpu > "$RESULTS/medusa.log" 2>&1 &
+if [ "$START" = assets ]; then  # fine-tunes: as many epochs as the minutes allow, the learning rate decaying over them
+    EAGLE="--start-from assets/smollm2-135m-eagle ${LAYERS:+--layers $LAYERS} --epochs 40 --tt-epochs 40 --tt-steps 3 --lr 0.001"
+    MEDUSA="--start-from assets/smollm2-135m-medusa --reads-token --epochs 40"
+else
+    EAGLE="--epochs 6 --tt-epochs 3 --tt-steps 3"
+    MEDUSA="--epochs 4"
+fi
+say "training for $TRAIN minutes, $THREADS threads each"
+OMP_NUM_THREADS=$THREADS $PY -m training.train_eagle --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" \
+    $EAGLE --batch-tokens 16384 --minutes "$TRAIN" --out build/eagle-gpu > "$RESULTS/eagle.log" 2>&1 &
+OMP_NUM_THREADS=$THREADS $PY -m training.train_medusa --prompts $PROMPTS $PLAN --distill-out build/distill-gpu --held-out "$HELD_OUT" \
+    $MEDUSA --batch 8192 --minutes "$TRAIN" --out build/medusa-gpu > "$RESULTS/medusa.log" 2>&1 &
 $PY -m training.carry save build/distill-gpu "$RESULTS/tokens.pt.xz"
 cp build/magpie.jsonl "$RESULTS/"
 wait
