@@ -198,7 +198,8 @@ def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
     assert fitted_size(12, 0, bucket, cpu) == 7  # 12 nodes run as 8, not 16
     assert fitted_size(6, 0, bucket, cpu) == 7 and fitted_size(6, 3, bucket, cpu) == 4  # the copy takes the least likely nodes' room
     assert fitted_size(6, 8, bucket, cpu) == 7  # a copy that needs 16 leaves room for more nodes than asked, at no cost
-    assert fitted_size(12, 15, bucket, cpu) == 16  # at least half the tree stays: 22 run as 32
+    assert fitted_size(12, 15, bucket, cpu) == 16  # a copy that takes 32 anyway: the tree fills it
+    assert fitted_size(7, 12, bucket, cpu) == 3 and fitted_size(7, 11, bucket, cpu) == 4  # half the tree, unless that takes a pass 32 wide
     # with CUDA graphs a pass costs about the same at any width: the bucket holding everything, filled
     assert fitted_size(12, 0, bucket, cuda) == 15 and fitted_size(12, 8, bucket, cuda) == 23 and fitted_size(6, 0, bucket, cuda) == 7
 

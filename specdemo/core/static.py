@@ -92,11 +92,12 @@ class CompiledPass:
 
 def default_compile(device: torch.device) -> bool:
     """Compile by default with CUDA (a small model's pass is launch-bound there). On a CPU
-    (bfloat16, 2 cores) the compiled path is faster once compiled (AR 1.56x eager AR, speculative
-    1.59x and Medusa 1.72x their eager twins in one bench run, each method's speedup over its own
-    AR at least its eager twin's), but compiling the target's widths and the draft's takes about
-    5 minutes before the first answer, which a laptop's first try should not wait for: eager,
-    `--compile` to choose (docs/benchmarks.md)."""
+    (bfloat16, 2 cores of an AMD EPYC, 2026-11-27) a compiled one-token pass costs what an eager
+    one does (AR 56.5 against 55.9 tokens/s in one bench run) and a wide one less (16 tokens: 21.5
+    ms against 27.2), so Medusa ran 1.88x compiled AR and speculative decoding 1.77x, against
+    about 1.7x eager; but compiling the target's widths and the draft's takes about 5 minutes
+    before the first answer, which a laptop's first try should not wait for: eager, `--compile`
+    to choose (docs/benchmarks.md)."""
     return device.type == "cuda"
 
 
@@ -188,13 +189,22 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
     - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
       the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). On 26
       Spec-Bench questions (bfloat16, 2 cores) compiled Medusa went from 1.05x compiled AR to
-      1.20x, above its eager twin's 1.11x (docs/benchmarks.md).
-    At least half of `size` stay."""
+      1.20x, above its eager twin's 1.11x (docs/benchmarks.md). Past CPU_WIDEST the tree gives
+      way to the copy, down to one node, rather than take a bucket twice as wide: a compiled
+      bfloat16 pass after 400 cached positions on 2 cores of an AMD EPYC costs 18.9 ms for 1
+      token, 18.1 for 8, 21.5 for 16 and 30.3 for 32, so a speculative step whose copy and
+      extension (12) left no room for half its 7 nodes ran 32 wide for 19 nodes.
+    At least half of `size` stay (on a CPU, within CPU_WIDEST)."""
     if bucket is None:
         return size
     least = (size + 1) // 2
+    if device.type != "cuda":
+        least = max(min(least, CPU_WIDEST - 1 - copied), 1)
     width = bucket(1 + (size if device.type == "cuda" else least) + copied)
     return max(width - 1 - copied, least)
+
+
+CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
 
 
 def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
