@@ -37,6 +37,7 @@ BUCKETS = (1, 8, 16, 32, 64)  # pass widths a graph is compiled for (vLLM and SG
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
 WINDOW_STEP = 64  # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
+CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
 ATTRIBUTE = "compiled_pass"  # where `compile_passes` leaves its `CompiledPass` on the model
 
 
@@ -198,13 +199,12 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
     if bucket is None:
         return size
     least = (size + 1) // 2
-    if device.type != "cuda":
+    if device.type == "cuda":
+        width = bucket(1 + size + copied)
+    else:
         least = max(min(least, CPU_WIDEST - 1 - copied), 1)
-    width = bucket(1 + (size if device.type == "cuda" else least) + copied)
+        width = bucket(1 + least + copied)
     return max(width - 1 - copied, least)
-
-
-CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
 
 
 def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
