@@ -29,6 +29,7 @@ HELD_OUT=${HELD_OUT:-150}
 EXTRA=${EXTRA:-}               # more flags for training.distill (a smoke test: "--limit 40 --max-new-tokens 16")
 START=${START:-}               # "assets": fine-tune the shipped draft and heads
 LAYERS=${LAYERS-2 15}          # with START=assets, the target layers the draft also reads ("" for none)
+SLACK=${SLACK:-100}            # seconds left to the trainers' loading, evaluation and writing (their --minutes counts steps only)
 THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 BEGAN=$(date +%s)
 mkdir -p "$RESULTS" build
@@ -47,7 +48,7 @@ timeout $(($(left) - BUDGET * 45 / 100)) $PY -m training.distill --prompts $PROM
     --shard-size "$BATCH" --batch-size "$BATCH" --batch-tokens $((BATCH * 400)) --out build/distill-gpu $EXTRA
 say "$(ls build/distill-gpu/shard-*.pt | wc -l) shards"
 
-TRAIN=$(awk "BEGIN {print ($(left) - 100) / 60}")  # minutes each trainer may train: loading, evaluation and writing take the rest
+TRAIN=$(awk "BEGIN {print ($(left) - $SLACK) / 60}")  # minutes each trainer may train: loading, evaluation and writing take the rest
 if [ "$START" = assets ]; then  # fine-tunes: as many epochs as the minutes allow, the learning rate decaying over them
     EAGLE="--start-from assets/smollm2-135m-eagle ${LAYERS:+--layers $LAYERS} --epochs 40 --tt-epochs 40 --tt-steps 3 --lr 0.001"
     MEDUSA="--start-from assets/smollm2-135m-medusa --reads-token --epochs 40"
