@@ -95,10 +95,10 @@ def default_compile(device: torch.device) -> bool:
     """Compile by default with CUDA (a small model's pass is launch-bound there). On a CPU
     (bfloat16, 2 cores of an AMD EPYC, 2026-11-27) a compiled one-token pass costs what an eager
     one does (AR 56.5 against 55.9 tokens/s in one bench run) and a wide one less (16 tokens: 21.5
-    ms against 27.2), so Medusa ran 1.88x compiled AR and speculative decoding 1.77x, against
-    about 1.7x eager; but compiling the target's widths and the draft's takes about 5 minutes
-    before the first answer, which a laptop's first try should not wait for: eager, `--compile`
-    to choose (docs/benchmarks.md)."""
+    ms against 27.2), yet over the runs measured Medusa ran 1.67x to 1.88x compiled AR and
+    speculative decoding 1.66x to 1.77x, against about 1.7x eager: no reliable gain, and compiling
+    the target's widths and the draft's takes about 5 minutes before the first answer, which a
+    laptop's first try should not wait for: eager, `--compile` to choose (docs/benchmarks.md)."""
     return device.type == "cuda"
 
 
