@@ -418,7 +418,8 @@ def compile_line(compiled: dict) -> str:
     if not compiled["on"]:
         return "target passes: eager" + (f" (compiling failed: {compiled['failed']})" if compiled.get("failed") else "")
     ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}" for width, count in compiled["passes_by_bucket"].items())
-    return f"target passes: compiled (torch.compile, mode {compiled['mode']}), buckets {compiled['buckets']}; passes run by width: {ran} ({', '.join(EAGER)} and hf_* stay eager)"
+    how = "CUDA graphs" if compiled["mode"] == "cuda-graphs" else f"torch.compile, mode {compiled['mode']}"
+    return f"target passes: compiled ({how}), buckets {compiled['buckets']}; passes run by width: {ran} ({', '.join(EAGER)} and hf_* stay eager)"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

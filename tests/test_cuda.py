@@ -1,5 +1,5 @@
-"""The CUDA path is the CPU path's code: on a GPU, every method's greedy output equals AR's there
-and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
+"""The CUDA path is the CPU path's code: on a GPU, every method's greedy output equals AR's there,
+eager and through the CUDA graphs (`specdemo.core.graphs`), and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
 `python -m pytest tests/test_cuda.py`."""
 
 import pytest
@@ -55,12 +55,13 @@ def test_sampling_runs_on_cuda(models, cuda_prompt):
 
 @pytest.fixture(scope="module")
 def compiled_models():
-    """Fresh tiny models on the GPU with the compiled pass (CUDA graphs, mode reduce-overhead)."""
+    """Fresh tiny models on the GPU with the compiled pass: hand-captured CUDA graphs, one a bucket."""
     from specdemo.core.static import compile_passes
 
     model, other = make_tiny_model().cuda(), make_tiny_model(seed=1).cuda()
     passes = compile_passes(model, buckets=(1, 8, 16, 32))
-    assert passes.mode == "reduce-overhead" and not passes.failed
+    assert passes.mode == "cuda-graphs" and not passes.failed
+    assert sorted(key[0] for key in passes.graphs.graphs) == [1, 8, 16, 32]
     return model, other
 
 
@@ -78,6 +79,8 @@ def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cud
     finally:
         setattr(model, ATTRIBUTE, passes)
     before = sum(passes.runs.values())
+    replayed = sum(passes.runs[width] for width in passes.buckets)
     summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), **options))
     assert summary.tokens == expected
     assert sum(passes.runs.values()) - before == summary.target_forwards and not passes.failed
+    assert sum(passes.runs[width] for width in passes.buckets) - replayed >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph

@@ -112,5 +112,13 @@ class StaticKV(Cache):
         self.windows[length].length = self.length
         return self.windows[length]
 
+    def shared(self) -> "StaticKV":
+        """A second handle on the same buffers and `start`, with a valid length of its own (0):
+        what a request gets of a buffer that outlives it (`graphs.CudaGraphs.lease`)."""
+        view = StaticKV.__new__(StaticKV)
+        Cache.__init__(view, layers=[copy.copy(layer) for layer in self.layers])
+        view.start, view.capacity, view.windows, view.length = self.start, self.capacity, {}, 0
+        return view
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length

@@ -1,23 +1,23 @@
-"""The compiled static pass (issue 27): gpt-fast's recipe inside the engine's one target pass,
-and the drafts' passes.
+"""The static pass: gpt-fast's recipe inside the engine's one target pass, and the drafts' passes.
 
 A request's target cache is a `kvcache.StaticKV`, allocated once for its maximum length: a pass
 writes its tokens' keys and values at the valid length and on, and rollback only moves that
 length. Every pass is padded to the smallest of a few widths (`BUCKETS`), its padded nodes
-masked out, so one `torch.compile`d graph serves every pass of that width whatever the cache
-holds: the mask is built inside the graph from the cache's `start` tensor, and the buffers'
-length is a dynamic dimension, so requests of every length share the graphs. On CUDA the graphs
-run as CUDA graphs (mode "reduce-overhead"), which is what makes a small model's pass cost one
-launch instead of hundreds. A pass wider than the largest bucket (a prompt) runs the same
-function eagerly.
+masked out, so one graph serves every pass of that width whatever the cache holds: the mask is
+built inside the graph from the cache's `start` tensor. A pass wider than the largest bucket (a
+prompt) runs the same function eagerly.
 
-`compile_passes(model)` compiles and warms up every bucket once per process and attaches the
-result to the model as `model.compiled_pass`; `verify.target_pass` takes this path whenever the
-loop gave it a `StaticKV`, which `request_cache` does for a model that has one. A draft (the
-token draft, the feature draft's decoder layer) is compiled the same way for its own widths
-(`DRAFT_BUCKETS`), and its passes go through `decoder_pass`.
+`compile_passes(model)` builds the graphs once per process and attaches them to the model as
+`model.compiled_pass`: with CUDA, hand-captured CUDA graphs over a buffer they own
+(`specdemo.core.graphs`: a pass costs one launch instead of hundreds); on a CPU, `torch.compile`
+with inductor (the buffers' length a dynamic dimension, so requests of every length share the
+graphs). `verify.target_pass` takes this path whenever the loop gave it a `StaticKV`, which
+`request_cache` does for a model that has graphs. A draft (the token draft, the feature draft's
+decoder layer) gets graphs the same way for its own widths (`DRAFT_BUCKETS`), and its passes go
+through `decoder_pass`.
 """
 
+import functools
 import logging
 import math
 from collections import Counter
@@ -29,6 +29,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs
 from specdemo.core.kvcache import StaticKV
 
 log = logging.getLogger(__name__)
@@ -81,14 +82,20 @@ def fed(inputs: torch.Tensor) -> dict:
 class CompiledPass:
     """The compiled static pass of one model: its graphs' widths and how often each ran."""
 
-    forward: Callable  # torch.compile(static_forward)
+    forward: Callable  # torch.compile(static_forward) on a CPU; static_forward itself with CUDA graphs
     buckets: tuple[int, ...]
-    mode: str | None  # torch.compile's mode: "reduce-overhead" (CUDA graphs) on CUDA
+    mode: str | None  # "cuda-graphs" with CUDA (`graphs.CudaGraphs`); None: torch.compile's default (a CPU)
     runs: Counter = field(default_factory=Counter)  # bucket width -> passes run (0: eager, wider than every bucket)
     failed: str | None = None  # why compiling failed: every pass then runs eagerly
+    graphs: CudaGraphs | None = None  # with CUDA: the captured graphs and the KV buffer they own
 
     def bucket(self, width: int) -> int | None:
         return next((bucket for bucket in self.buckets if bucket >= width), None)
+
+    def serves(self, cache: Cache) -> bool:
+        """Whether a pass over `cache` runs a graph: any `StaticKV` when compiled, with CUDA graphs
+        only a view of the graphs' own buffer (`graphs.CudaGraphs.lease`)."""
+        return isinstance(cache, StaticKV) and not self.failed and (self.graphs is None or self.graphs.serves(cache))
 
 
 def default_compile(device: torch.device) -> bool:
@@ -117,7 +124,13 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
     weights are final (a CLLM after its adapters are merged)."""
     if compiled := compiled_pass(model):
         return compiled
-    mode = "reduce-overhead" if model.device.type == "cuda" else None
+    if model.device.type == "cuda":  # hand-captured CUDA graphs: no compiler, captured in milliseconds
+        compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
+                                graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY)))
+        setattr(model, ATTRIBUTE, compiled)
+        warm_up(model, compiled, progress, role)
+        return compiled
+    mode = None
     for limit in ("cache_size_limit", "recompile_limit"):  # a graph per bucket and model (a target, a CLLM...)
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
@@ -127,20 +140,26 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
         torch._inductor.config.freezing = True
     compiled = CompiledPass(torch.compile(static_forward, dynamic=False, mode=mode), tuple(sorted(buckets)), mode)
     setattr(model, ATTRIBUTE, compiled)
+    warm_up(model, compiled, progress, role)
+    return compiled
+
+
+def warm_up(model: PreTrainedModel, compiled: CompiledPass, progress: Callable[[str], None] | None, role: str) -> None:
+    """Run one pass of every bucket, so that compiling (or capturing a CUDA graph) happens now,
+    not in a user's first answer."""
+    verb = "capturing a CUDA graph of" if compiled.graphs else "compiling"
     with torch.inference_mode():
-        cache = StaticKV(model, capacity(model, 1 + max(buckets)))
+        cache = request_cache(model, 1 + max(compiled.buckets))
         for number, width in enumerate(compiled.buckets, 1):
             if progress:
-                progress(f"compiling the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
-            for _ in range(2 if mode else 1):  # CUDA graphs are recorded on the second call
-                static_pass(model, cache, warm_inputs(model, width),
-                            torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
-                            rows=range(width) if role == "target" else None)
-                cache.length = 0
+                progress(f"{verb} the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
+            static_pass(model, cache, warm_inputs(model, width),
+                        torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
+                        rows=range(width) if role == "target" else None)
+            cache.length = 0
             if compiled.failed:
                 break
     compiled.runs.clear()
-    return compiled
 
 
 def warm_inputs(model: PreTrainedModel, width: int) -> torch.Tensor:
@@ -164,6 +183,8 @@ def request_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> C
     passes = compiled_pass(model)
     if not compiled or passes is None or passes.failed:
         return DynamicCache(config=model.config)
+    if passes.graphs and (lent := passes.graphs.lease(need + max(passes.buckets))):
+        return lent
     # the last pass's padded nodes are written too, and a window past them stays a view shorter than the
     # buffers: a graph compiled on views recompiled (a minute on a CPU) for the whole buffer
     return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP))
@@ -174,7 +195,7 @@ def padded_width(model: PreTrainedModel, cache: Cache) -> Callable[[int], int] |
     runs at: its bucket (n where none fits). A proposer may fill the padded slots with nodes that
     cost nothing more. None on the eager path, where a pass costs what it feeds."""
     passes = compiled_pass(model)
-    if not isinstance(cache, StaticKV) or passes is None or passes.failed:
+    if passes is None or not passes.serves(cache):
         return None
     return lambda width: width if passes.failed else passes.bucket(width) or width
 
@@ -234,7 +255,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
     width = inputs.shape[1]
     passes = compiled_pass(model)
-    bucket = passes.bucket(width) if passes and not passes.failed and sees.shape[1] == width else None
+    bucket = passes.bucket(width) if passes and passes.serves(cache) and sees.shape[1] == width else None
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
     cache.start.fill_(cache.length)
@@ -243,9 +264,10 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     out = None
     if bucket is not None:
         try:
-            out = passes.forward(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head, layers)
+            run = passes.forward if passes.graphs is None else functools.partial(passes.graphs, passes.forward)
+            out = run(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head, layers)
             hidden = (out if rows is None else out[0])[:, :width]
-            if passes.mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
+            if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
             out = hidden if rows is None else (hidden, out[1][0, list(rows)])  # indexing by a list copies
             passes.runs[bucket] += 1

