@@ -10,7 +10,7 @@ import torch
 from test_draft_tree import RunnerUpDraft
 
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.events import StepEvent, final_summary
+from specdemo.core.events import StepEvent, committed_by_origin, final_summary
 from specdemo.core.steps import LookaheadStep, TreeStep
 from specdemo.methods import ar, draft_tree, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
@@ -185,3 +185,26 @@ def test_the_datastore_keeps_the_answers_of_greedy_shards_and_no_prompt(tmp_path
     (tmp_path / "plan.json").write_text(json.dumps({"temperature": 0.7}))
     with pytest.raises(SystemExit, match="sampled"):
         answers(tmp_path)
+
+
+@pytest.mark.parametrize("method", list(GUESSERS))
+def test_committed_tokens_by_origin_tell_recall_from_prediction(tiny_model, answered, method):
+    """The statistics' shares: with the datastore of the model's own answers some committed tokens
+    are recalled from it; without it none is; every committed token is counted once."""
+    store, prompts = answered
+    generate, own = GUESSERS[method](tiny_model)
+    settings = dict(max_new_tokens=40, eos_token_ids=(), datastore=store, **own)
+    recalled = committed_by_origin(generate(tiny_model, prompts[0], **settings))
+    alone = committed_by_origin(generate(tiny_model, prompts[0], retrieve=False, **settings))
+    assert sum(recalled.values()) == sum(alone.values()) == 40
+    assert recalled["datastore"] > 0 and alone["datastore"] == 0
+    assert recalled["target"] < alone["target"]
+
+
+def test_ar_commits_the_targets_tokens_and_jacobi_predicts(tiny_model, prompt_ids):
+    assert committed_by_origin(ar.generate(tiny_model, prompt_ids, max_new_tokens=20, eos_token_ids=())) == \
+        {"datastore": 0, "text": 0, "prediction": 0, "target": 20}
+    from specdemo.methods import jacobi
+
+    origins = committed_by_origin(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=20, eos_token_ids=(), block_size=4))
+    assert origins["datastore"] == origins["text"] == 0 and origins["prediction"] + origins["target"] == 20

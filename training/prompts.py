@@ -1,8 +1,8 @@
 """The prompts we write for self-distillation: templates x topics over the bench's categories.
 
-None of them is a benchmark prompt (ours in specdemo/prompts.jsonl, or Spec-Bench's): they
-are built here from our own word lists, and `training_prompts` drops any exact repeat of a
-bench prompt to be sure. Summarization and question-answering prompts are built in a second
+None of them is a benchmark prompt (ours in specdemo/prompts.jsonl, or Spec-Bench's) or a
+prompt the page shows: they are built here from our own word lists, and `without_bench_prompts`
+drops any near-copy of those to be sure. Summarization and question-answering prompts are built in a second
 stage around passages the target itself wrote (`passage_prompts`).
 """
 
@@ -109,5 +109,9 @@ def passage_prompts(passages: dict[str, str], seed: int) -> list[str]:
     return prompts
 
 
-def without_bench_prompts(prompts: list[str], bench_prompts: set[str]) -> list[str]:
-    return [prompt for prompt in prompts if prompt not in bench_prompts]
+def without_bench_prompts(prompts: list[str], held_out: list[str]) -> list[str]:
+    """`prompts` less every one that near-copies a held-out prompt (`real_prompts.HeldOut`)."""
+    from .real_prompts import HeldOut
+
+    held = HeldOut(held_out)
+    return [prompt for prompt in prompts if not held.copied_by(prompt)]

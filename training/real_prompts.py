@@ -5,14 +5,16 @@ GSM8K's training split and Self-Instruct's instructions, one `{"prompt", "source
 the public sources and their terms are in docs/training.md). Nothing here copies them: a trainer
 reads them with `--prompts PATH...` and `plan` picks a reproducible sample: at most `cap_per_source`
 prompts of each source (T0's templates are uneven in size), none longer than `max_chars`, none that
-repeats a run of `NEAR_COPY_WORDS` words of a benchmark prompt, shuffled by `seed`.
+near-copies a benchmark prompt or a prompt the page shows (`HeldOut`), shuffled by `seed`.
 """
 
 import json
 import random
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specdemo.app.lesson import shown_prompts
 from specdemo.bench import DEFAULT_PROMPTS
 
 SHARED_TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "train"
@@ -57,29 +59,50 @@ def read_prompts(paths: list[Path]) -> list[Prompt]:
     return prompts
 
 
+def words_of(text: str) -> list[str]:
+    """The words of `text`, lower case, without punctuation ("blue?" and "blue," are one word)."""
+    return re.findall(r"[\w']+", text.lower())
+
+
 def word_runs(text: str, length: int = NEAR_COPY_WORDS) -> set[tuple[str, ...]]:
-    words = text.lower().split()
+    words = words_of(text)
     return {tuple(words[i : i + length]) for i in range(len(words) - length + 1)}
 
 
+class HeldOut:
+    """Texts no training prompt may copy: a prompt near-copies one when it shares a run of
+    NEAR_COPY_WORDS words with it, or holds all of its words in a row where it is shorter."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = {text.strip() for text in texts}
+        self.runs: dict[int, set[tuple[str, ...]]] = {}
+        for text in texts:
+            length = min(NEAR_COPY_WORDS, len(words_of(text)))
+            if length:
+                self.runs.setdefault(length, set()).update(word_runs(text, length))
+
+    def copied_by(self, prompt: str) -> bool:
+        return prompt.strip() in self.texts or any(word_runs(prompt, length) & runs for length, runs in self.runs.items())
+
+
 def bench_prompts(spec_bench: Path | None = SHARED_BENCH) -> list[str]:
-    """Our own bench prompts and, where the file exists, Spec-Bench's questions (every turn)."""
+    """The prompts no training plan may hold: our own bench prompts, the prompts the page and the
+    docs show (`lesson.shown_prompts`: a gain shown on them must be prediction, not recall) and,
+    where the file exists, Spec-Bench's questions (every turn)."""
     texts = [json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()]
+    texts += shown_prompts()
     if spec_bench is not None and spec_bench.exists():
         texts += [turn for line in spec_bench.read_text().split("\n") if line.strip() for turn in json.loads(line)["turns"]]
     return texts
 
 
 def plan(prompts: list[Prompt], sampling: SamplingPlan, bench: list[str]) -> list[Prompt]:
-    """The sample `sampling` describes, with every prompt that is or nearly copies a bench prompt
-    (shares a run of NEAR_COPY_WORDS words with it, or equals it) left out."""
-    bench_texts = {text.strip() for text in bench}
-    bench_runs = set().union(*(word_runs(text) for text in bench)) if bench else set()
+    """The sample `sampling` describes, with every prompt that is or nearly copies a held-out
+    prompt of `bench` (`HeldOut`) left out."""
+    held = HeldOut(bench)
     by_source: dict[str, list[Prompt]] = {}
     for prompt in prompts:
-        if len(prompt.text) > sampling.max_chars or not prompt.text.strip() or prompt.text.strip() in bench_texts:
-            continue
-        if word_runs(prompt.text) & bench_runs:
+        if len(prompt.text) > sampling.max_chars or not prompt.text.strip() or held.copied_by(prompt.text):
             continue
         by_source.setdefault(prompt.source, []).append(prompt)
     rng = random.Random(sampling.seed)

@@ -8,7 +8,6 @@ cross-entropy on them estimates the cross-entropy to that whole distribution.
 """
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -18,11 +17,11 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from specdemo.bench import DEFAULT_PROMPTS
 from specdemo.models import LoadedModel, load_model
 
 from .prompts import first_stage_prompts, passage_prompts, passage_requests, without_bench_prompts
 from .prompts_varied import varied_first_stage, varied_passage_prompts, varied_passage_requests
+from .real_prompts import bench_prompts
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +104,7 @@ def family_prompts(target: LoadedModel, seed: int, batch_size: int, family: str 
     """A family of our prompts ("templates": prompts.py, "varied": prompts_varied.py):
     (the passage requests, the target's greedy passages, the other prompts with the summaries and
     passage questions built around those passages), no bench prompt among them."""
-    bench = {json.loads(line)["turns"][0] for line in DEFAULT_PROMPTS.read_text().splitlines() if line.strip()}
+    bench = bench_prompts()
     requests = varied_passage_requests() if family == "varied" else passage_requests()
     passages = target_answers(target, requests, 200, batch_size)
     passage_text = [target.decode(tokens) for tokens in passages]

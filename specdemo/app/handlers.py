@@ -400,7 +400,8 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
     else:
         gain = f"{speedup(run_stats, baseline_stats)}x"
     if method == "ar":
-        return f"| {method} | {run_stats['tokens_per_s']:.1f} | {run_stats['tokens_per_forward']} | {gain} | the baseline: its range is the timing's noise |"
+        return (f"| {method} | {run_stats['tokens_per_s']:.1f} | {run_stats['tokens_per_forward']} | {gain} | "
+                f"{views.memory_cell(run_stats.get('origins'))} | the baseline: its range is the timing's noise |")
     same = same_tokens(differs if reference is None else own_differs, summary, decode)
     if why:
         same = f"{same}. " + why.replace("|", "\\|")  # a | would end the table's cell
@@ -409,7 +410,7 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
     if reference is not None:
         same = f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned copy may answer differently)"
     speed = f"{run_stats['tokens_per_s']:.1f}" if isinstance(run_stats["tokens_per_s"], float) else run_stats["tokens_per_s"]
-    return f"| {method} | {speed} | {run_stats['tokens_per_forward']} | {gain} | {same} |"
+    return f"| {method} | {speed} | {run_stats['tokens_per_forward']} | {gain} | {views.memory_cell(run_stats.get('origins'))} | {same} |"
 
 
 def same_tokens(differs: int | None, summary, decode) -> str:

@@ -23,12 +23,11 @@ GLOSSARY = (
 )
 
 # Prompts on which each method's gain shows, chosen by tokens per target pass with the embedded
-# model, 64 tokens, bfloat16 (docs/lesson.md): the prime function gives speculative about 2.7 and
-# Medusa 2.6; the week gives CLLM 2.5 (Jacobi 1.0); the repeated sentence gives lookahead 2.5
-# (the prime function: 1.3).
-CODE = "Write a Python function that checks whether a number is prime, with a docstring."
+# model, 64 tokens (docs/lesson.md), among prompts whose answers the model never wrote before:
+# none of them is in a datastore or a training plan (tests/test_lesson_prompts.py).
+CODE = "Write a Python function that counts how many times a letter appears in a word, with a docstring."
 LIST = "List the days of the week, one per line."
-REPEAT = "Repeat this sentence three times: The quick brown fox jumps over the lazy dog."
+REUSE = "Write a Python function that returns the largest of three numbers, with a docstring."
 
 LESSON = (
     Step("1. One token a pass (AR)", "ar", CODE, 64,
@@ -43,14 +42,35 @@ LESSON = (
          "The grid shows one block being fixed pass by pass. Plain Jacobi rarely fixes more than one token a pass, so it is slower than "
          "AR: then try cllm, a copy of the model trained to fix several at once (Method settings: decode by jacobi to see its grid; "
          "by lookahead, the default, it also tries phrases it has seen, and is faster)."),
-    Step("5. Reuse phrases seen before (lookahead)", "lookahead", REPEAT, 64,
-         "No draft at all: the target's own earlier guesses become the phrases it tries. It gains most on repetitive text."),
+    Step("5. Reuse phrases seen before (lookahead)", "lookahead", REUSE, 64,
+         "No draft at all: the target's own earlier guesses, and phrases of the text so far, become the phrases it tries. It gains "
+         "most where the answer repeats itself, as code repeats its names."),
     Step("6. The race", "", CODE, 64,
          "Open the Race tab and press Race: every method is timed the same way, replayed side by side, and ends in a bar chart. "
          "Which wins, and is its bar clear of AR's range?"),
 )
 
 TITLES = [step.title for step in LESSON]
+
+EXAMPLES = (  # the page's examples: the lesson's prompts first, those on which the methods' gains show
+    CODE,
+    LIST,
+    REUSE,
+    "Write a haiku about autumn leaves.",
+    "Explain in two sentences why the sky is blue.",
+    "Write a Python class for a bank account with deposit and withdraw methods.",
+    "Translate to French: The library opens at nine in the morning.",
+    "What is 17 times 23? Show your steps.",
+    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
+)
+DOCS_PROMPTS = ("Why is the sky blue?", "Write a haiku about the sea.")  # the prompts the README and docs quote
+
+
+def shown_prompts() -> tuple[str, ...]:
+    """Every prompt the page or the docs show. Each must be new to the model: its answer barely
+    overlaps the shipped datastores (tests/test_lesson_prompts.py), and every training plan leaves
+    out near-copies of it (`training.real_prompts.bench_prompts`)."""
+    return tuple(dict.fromkeys([*(step.prompt for step in LESSON), *EXAMPLES, *DOCS_PROMPTS]))
 
 
 def step_named(title: str) -> Step:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from specdemo.app.limits import LIMITS, budget, time_left
 from specdemo.core.errors import SpecDemoError, check_whole
-from specdemo.core.events import StepEvent, Summary, final_summary
+from specdemo.core.events import StepEvent, Summary, committed_by_origin, final_summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from specdemo.methods import METHODS, ar, cllm, companion, decoded_model, get_method, method_options
@@ -262,6 +262,7 @@ def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
         "accepted": accepted,
         "acceptance_rate": round(accepted / proposed, 3) if proposed else None,
         "finish_reason": summary.finish_reason if summary else None,
+        "origins": committed_by_origin(events),
     }
 
 

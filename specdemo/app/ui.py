@@ -12,17 +12,7 @@ from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
 from specdemo.presets import Preset, available_presets
 
-EXAMPLES = [  # the lesson's prompts first: those on which the methods' gains show
-    lesson.CODE,
-    lesson.LIST,
-    lesson.REPEAT,
-    "Write a haiku about autumn leaves.",
-    "Explain in two sentences why the sky is blue.",
-    "Write a Python function that reverses a string.",
-    "Translate to French: The library opens at nine in the morning.",
-    "What is 17 times 23? Show your steps.",
-    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
-]
+EXAMPLES = list(lesson.EXAMPLES)
 
 
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",

@@ -615,7 +615,24 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
     return compact(figure)
 
 
-RACE_HEADER = "| method | tokens/s | tokens/pass | speedup vs ar | same tokens as ar |\n|---|---|---|---|---|\n"
+RACE_HEADER = ("| method | tokens/s | tokens/pass | speedup vs ar | from memory (datastore + text) | same tokens as ar |\n"
+               "|---|---|---|---|---|---|\n")
+ORIGIN_LABELS = {"datastore": "recalled from the datastore of earlier answers", "text": "copied from the text",
+                 "prediction": "predicted (draft, heads or window)", "target": "the target's own token of each pass"}
+
+
+def origins_text(origins: dict | None) -> str:
+    """Where the committed tokens came from, as shares (`events.committed_by_origin`)."""
+    total = sum(origins.values()) if origins else 0
+    return ", ".join(f"{ORIGIN_LABELS[origin]} {count / total:.0%}" for origin, count in origins.items() if count) if total else ""
+
+
+def memory_cell(origins: dict | None) -> str:
+    """The race's share of committed tokens recalled (datastore) or copied (text): a gain that is memory, not prediction."""
+    total = sum(origins.values()) if origins else 0
+    if not total:
+        return ""
+    return f"{(origins['datastore'] + origins['text']) / total:.0%} ({origins['datastore'] / total:.0%} datastore)"
 
 
 def race_table(rows: list[str]) -> str:
@@ -625,7 +642,7 @@ def race_table(rows: list[str]) -> str:
 
 def race_note(method: str, note: str) -> str:
     """A race row with no numbers yet: the method is running, or did not run."""
-    return f"| {method} | | | | {note} |"
+    return f"| {method} | | | | | {note} |"
 
 
 def race_grid(columns: list[tuple[str, str]]) -> str:
@@ -688,6 +705,10 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
             ("Accepted per pass", f"{accepted / passes:.2f}" if passes else "0", "each pass commits its accepted guesses and one token of the target's own: "
              "tokens per pass ≈ 1 + this"),
         ]
+    if origins_text(run_stats.get("origins")):
+        rows.append(("Where the tokens came from", html.escape(origins_text(run_stats["origins"])),
+                     "a token recalled from earlier answers or copied from the text is memory, not prediction: a gain made of it "
+                     "shows what the model wrote before"))
     if run_stats.get("draft_forwards"):
         rows.append(("Draft passes", run_stats["draft_forwards"], "runs of the small draft model, much cheaper than the target's"))
     if speed is not None:

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from specdemo.core.steps import LookaheadStep, Payload, TreeStep
+from specdemo.core.steps import JacobiStep, LookaheadStep, Payload, TreeStep
 
 FinishReason = Literal["eos", "length", "stopped"]
 
@@ -153,3 +153,36 @@ def guesses_by_source(events: Iterable[StepEvent | Summary]) -> dict[str, dict[s
                 for depth in range(1, len(candidate) + 1):
                     count(source, depth, index == data.best_candidate and depth <= data.accept_length)
     return counts
+
+
+# where a committed token came from, as the page groups them: memory (the datastore of earlier
+# answers, the text itself) apart from prediction (a draft, heads, a Jacobi window or pool)
+ORIGINS = {"retrieved": "datastore", "copy": "text", "draft": "prediction", "head": "prediction", "pool": "prediction",
+           "window": "prediction", "jacobi": "prediction"}
+
+
+def committed_by_origin(events: Iterable[StepEvent | Summary]) -> dict[str, int]:
+    """How many committed tokens came from each origin: "datastore" (retrieved from earlier
+    answers), "text" (copied from the prompt or the answer so far), "prediction" (a draft, heads,
+    a Jacobi block or lookahead's pool) and "target" (the token each pass adds of its own). The
+    counts add up to the committed tokens; a guess is counted where its proposer says it came from
+    (a tree node's source, a lookahead candidate's), a chain's or a Jacobi block's as prediction."""
+    counts = {"datastore": 0, "text": 0, "prediction": 0, "target": 0}
+    for event in events:
+        if not isinstance(event, StepEvent):
+            continue
+        accepted = min(len(event.accepted), len(event.committed))
+        for source in accepted_sources(event)[:accepted]:
+            counts[ORIGINS.get(source, "prediction")] += 1
+        counts["target"] += len(event.committed) - accepted
+    return counts
+
+
+def accepted_sources(event: StepEvent) -> list[str]:
+    """The source of each accepted token of `event`, in commit order."""
+    data = event.data
+    if isinstance(data, TreeStep):
+        return [data.tree_sources[node - 1] for node in data.accepted_path if node > 0]
+    if isinstance(data, LookaheadStep) and data.best_candidate is not None:
+        return [data.candidate_sources[data.best_candidate]] * len(event.accepted)
+    return ["jacobi" if isinstance(data, JacobiStep) else "draft"] * len(event.accepted)

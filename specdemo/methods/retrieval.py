@@ -78,6 +78,19 @@ class Datastore:
         last = len(self.keys) if high >= 1 << 64 else int(np.searchsorted(self.keys, np.uint64(high)))
         return self.starts[first:last] + k
 
+    def holds(self, run: Sequence[int]) -> bool:
+        """Whether `run` (at least K tokens) occurs in one of the answers, token for token."""
+        starts = self.occurrences(run[: self.width]) - self.width
+        run = np.asarray(run, dtype=np.int64)
+        return any(np.array_equal(self.tokens[start : start + len(run)], run) for start in starts)
+
+    def shared_windows(self, answer: Sequence[int], width: int = 16) -> float:
+        """The share of `answer`'s runs of `width` tokens that occur in the datastore: near 0 for
+        an answer the target never wrote before, near 1 for one it holds (a prompt whose gain
+        would be recall, not prediction)."""
+        windows = [answer[i : i + width] for i in range(len(answer) - width + 1)]
+        return sum(self.holds(window) for window in windows) / len(windows) if windows else 0.0
+
     def continuation(self, text: Sequence[int], length: int, least_share: float = 0.0) -> tuple[int, ...]:
         """Up to `length` tokens guessed after `text`: what most occurrences of its longest suffix
         found here (K down to SHORTEST_MATCH tokens) continue with, one token at a time among the
