@@ -144,6 +144,7 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     inputs = page_inputs("Name a colour.", "speculative", 8)
     updates = list(on_generate(*inputs))
     baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
+    assert all((u[8], u[9]) == ("", "") for u in baseline)  # no statistics nor verdict beside the streaming baseline
     assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1][0]
     streamed = [u[0] for u in updates if isinstance(u[0], str)]
     assert "data-speedup" in updates[-1][8] and "data-done" in updates[-1][8] and '<span class="tok" data-origin="ar"' not in streamed[-1]
