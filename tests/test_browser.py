@@ -390,6 +390,24 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     page.close()
 
 
+def test_the_first_screen_is_a_ready_example(browser, served_app):
+    """The page opens on Generate, set for the lesson's speculative step, with one sentence of what
+    to do; the lesson is one tab away."""
+    from specdemo.app import lesson
+
+    page = open_page(browser, served_app.local_url)
+    expect(page.get_by_role("tab", name="Generate")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#start-here")).to_contain_text("press Generate")
+    expect(page.locator("#start-here")).to_contain_text("Lesson")
+    expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE)
+    expect(page.locator("#method input")).to_have_value("speculative")
+    expect(page.locator("#how")).to_contain_text("A small, cheap draft model guesses")
+    expect(page.locator("#generate")).to_be_enabled()
+    expect(page.get_by_role("tab", name="Lesson")).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "first-screen.png"))
+    page.close()
+
+
 # Watches the page every 20 ms and notes every moment it shows one run's setup beside another's
 # outputs: the prompt and method when Generate locked them are the run's; while any output of a run
 # is on screen (an answer's token, statistics, a verdict), the prompt, the method, the statistics'

@@ -27,6 +27,9 @@ EXAMPLES = [  # the lesson's prompts first: those on which the methods' gains sh
 
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
                "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass", "best": "The pass that committed the most"}
+FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
+START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses in colour "
+              "(see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
 SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
 
 
@@ -91,7 +94,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             with gr.Tab("Generate", id="generate"):
                 with gr.Row():
                     with gr.Column(scale=3):
-                        prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
+                        gr.Markdown(START_HERE, elem_id="start-here")
+                        prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
                         with gr.Row():
                             generate = gr.Button(one_run.GENERATE, variant="primary", elem_id="generate", scale=3)
                             stop = gr.Button("Stop", elem_id="stop", scale=1)
@@ -99,12 +103,12 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                         stream = gr.HTML(elem_id="stream")
                     with gr.Column(scale=2):
                         with gr.Row():
-                            method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method", min_width=140)
-                            max_new_tokens = gr.Number(128, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
+                            method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method", min_width=140)
+                            max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
                                                        elem_id="max-new-tokens", min_width=120)
                         view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
                 lesson_note = gr.HTML(elem_id="lesson-note")
-                how = gr.Markdown(how_for("ar"), elem_id="how")
+                how = gr.Markdown(how_for(FIRST.method), elem_id="how")
                 gr.Examples(EXAMPLES, inputs=prompt)
                 gr.HTML(views.legend_html())
                 with gr.Row():
