@@ -438,10 +438,11 @@ MIXED_RUNS_WATCH = """(steps) => {
 
 
 def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_is_timed(browser, served_app, monkeypatch):
-    """While step 2's answer is timed, Generate says a run is on and takes no click; choosing step 3
-    stops that run, says so and clears its answer, statistics and verdict; Generate then runs step
-    3's Medusa; step 4's Jacobi then streams with no verdict on screen. Throughout, the page never
-    shows one run's lesson note, prompt or method beside another's answer, statistics or verdict."""
+    """While step 2's answer is timed, Generate says a run is on and takes no click, and an example
+    leaves the run's prompt alone and says so; choosing step 3 stops that run, says so and clears
+    its answer, statistics and verdict; Generate then runs step 3's Medusa; step 4's Jacobi then
+    streams with no verdict on screen. Throughout, the page never shows one run's lesson note,
+    prompt or method beside another's answer, statistics or verdict."""
     from specdemo.app import lesson, live
 
     monkeypatch.setattr(live, "MIN_ROUNDS", 7)  # the timing lasts long enough to be interrupted
@@ -458,6 +459,9 @@ def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_
     expect(page.locator("#stats")).to_contain_text("Timing the speed", timeout=240_000)
     page.locator("#generate").click(force=True)  # refused while the run is on: nothing changes
     expect(page.locator('#stats table[data-method="speculative"]')).to_be_attached()
+    page.locator("#examples button", has_text="List the days of the week").click()  # the run's prompt stays, and the page says why
+    expect(page.locator("#run-status")).to_contain_text("Press Stop first")
+    expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE)
     page.screenshot(path=str(SCREENSHOTS / "one-run-timing.png"))
 
     monkeypatch.setattr(live, "MIN_ROUNDS", 1)

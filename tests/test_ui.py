@@ -289,3 +289,12 @@ def test_a_lesson_step_during_a_run_is_set_up_only_once_the_run_has_ended():
     assert one_run.STOPPED_FOR_STEP in status.value and status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE
     assert one_run.lesson_setup(medusa, False)[:3] == ("medusa", lesson.CODE, 64)
     assert all(update == gr.skip() for update in one_run.settle(medusa, medusa))
+
+
+def test_an_example_during_a_run_leaves_the_runs_prompt_alone():
+    from specdemo.app import lesson, one_run
+
+    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, True)
+    assert prompt == gr.skip() and one_run.EXAMPLE_REFUSED in status.value and all(update == gr.skip() for update in last_run)
+    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, False)
+    assert prompt == lesson.LIST and not status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE

@@ -1,14 +1,17 @@
-"""One run on screen at a time: what a Generate click, the end of its run, a lesson step and a
-change of method do to the page. Events only; the layout is `specdemo.app.ui`'s.
+"""One run on screen at a time: what a Generate click, the end of its run, a lesson step, a
+change of method and an example do to the page. Events only; the layout is `specdemo.app.ui`'s.
 
 Rules:
 - While a run waits in the queue or decodes, Generate is disabled and says the run is on, and the
   prompt, method and length it started with are locked: no second click is dropped unseen, and
   the controls always describe the answer below them.
 - A run clears the last run's answer, pictures, statistics, "why" and verdict as it starts.
-- A lesson step stops the run in progress (the page says so), then sets the step's method, prompt
-  and length and clears the last answer, once the run has ended; a new method clears it too. So the page never shows one
-  run's lesson note, prompt or method beside another run's answer, statistics or verdict.
+- A lesson step stops the run in progress (the page says so), then, once the run has ended, sets
+  the step's method, prompt and length and clears the last answer; a new method clears it too.
+  So the page never shows one run's lesson note, prompt or method beside another run's answer,
+  statistics or verdict.
+- An example chosen during a run leaves the run's prompt alone, and says so; chosen after, it
+  replaces the prompt and clears the last answer.
 - The lesson note stays over a run only when the run is the chosen step's (its method and prompt)."""
 
 import gradio as gr
@@ -19,6 +22,7 @@ GENERATE = "Generate"
 RUNNING = "Running… (Stop ends it)"
 STOPPING = "Stopping the answer that is running, to set up the step chosen…"
 STOPPED_FOR_STEP = "Stopped the answer that was running, to set up this step."
+EXAMPLE_REFUSED = "An answer is running: the prompt stays its own. Press Stop first to try an example."
 LAST_RUN_SIZE = 11  # the outputs `cleared` empties, in the page's order (`ui.build_app`'s last_run)
 
 
@@ -96,3 +100,11 @@ def method_chosen(how: str) -> tuple:
     """A new method: how it works (`how`), and the last run's outputs cleared.
     Outputs: how, *last_run."""
     return how, *cleared()
+
+
+def example_chosen(example: str, busy: bool) -> tuple:
+    """An example clicked: the prompt, and the last answer cleared; during a run, nothing but a
+    sentence saying why. Outputs: prompt, status, *last_run."""
+    if busy:
+        return gr.skip(), said(EXAMPLE_REFUSED), *[gr.skip()] * LAST_RUN_SIZE
+    return example, said(""), *cleared()

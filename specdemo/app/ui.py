@@ -109,7 +109,9 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                         view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
                 lesson_note = gr.HTML(elem_id="lesson-note")
                 how = gr.Markdown(how_for(FIRST.method), elem_id="how")
-                gr.Examples(EXAMPLES, inputs=prompt)
+                # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone (`one_run.example_chosen`)
+                examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index", label="Examples",
+                                      elem_id="examples")
                 gr.HTML(views.legend_html())
                 with gr.Row():
                     with gr.Column():
@@ -245,6 +247,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             one_run.lesson_setup, inputs=[lesson_step, busy], outputs=step_shown,
             api_visibility="private", queue=False, cancels=[running], show_progress="hidden",
         )
+        examples.click(lambda index, running: one_run.example_chosen(EXAMPLES[index], running), inputs=[examples, busy],
+                       outputs=[prompt, run_status, *last_run], api_visibility="private", queue=False, show_progress="hidden")
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
         step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
