@@ -289,6 +289,7 @@ def test_a_lesson_step_during_a_run_is_set_up_only_once_the_run_has_ended():
     assert one_run.STOPPED_FOR_STEP in status.value and status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE
     assert one_run.lesson_setup(medusa, False)[:3] == ("medusa", lesson.CODE, 64)
     assert all(update == gr.skip() for update in one_run.settle(medusa, medusa))
+    assert "Press Race" in one_run.settle(lesson.TITLES[-1], medusa)[5].value  # the race's step opens the Race tab
 
 
 def test_an_example_during_a_run_leaves_the_runs_prompt_alone():

@@ -93,7 +93,8 @@ def settle(title: str | None, shown_step: str | None) -> tuple:
     saying that the run was stopped for it. Outputs: as `set_up`'s."""
     if title not in lesson.TITLES or title == shown_step:
         return *[gr.skip()] * 7, *[gr.skip()] * LAST_RUN_SIZE
-    return set_up(title, f"{STOPPED_FOR_STEP} Press Generate to run it.")
+    button = "Generate" if lesson.step_named(title).method else "Race (on the Race tab)"
+    return set_up(title, f"{STOPPED_FOR_STEP} Press {button} to run it.")
 
 
 def method_chosen(how: str) -> tuple:
