@@ -144,6 +144,7 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     inputs = page_inputs("Name a colour.", "speculative", 8)
     updates = list(on_generate(*inputs))
     baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
+    assert all((u[8], u[9]) == ("", "") for u in baseline)  # no statistics nor verdict beside the streaming baseline
     assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1][0]
     streamed = [u[0] for u in updates if isinstance(u[0], str)]
     assert "data-speedup" in updates[-1][8] and "data-done" in updates[-1][8] and '<span class="tok" data-origin="ar"' not in streamed[-1]
@@ -256,3 +257,45 @@ def test_the_window_slider_at_0_leaves_each_method_its_own_window():
     for method in ("lookahead", "cllm"):
         assert "window" not in request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8)))).settings
         assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8, window=3)))).settings["window"] == 3
+
+
+def test_a_run_locks_its_settings_and_clears_the_last_runs_outputs():
+    """Generate says the run is on and locks the prompt, method and length; the last answer,
+    statistics, "why" and verdict are emptied; the lesson note stays only over its own step's run."""
+    from specdemo.app import lesson, one_run
+
+    button, *locks, status, note, busy, answer = one_run.start(lesson.TITLES[1], "speculative", lesson.CODE)[:8]
+    assert button.interactive is False and button.value == one_run.RUNNING and all(lock.interactive is False for lock in locks)
+    assert (status.visible, busy, answer) == (False, True, "") and note == gr.skip()
+    last_run = one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)[7:]
+    assert last_run[-3:] == ("", "", None) and len(last_run) == one_run.LAST_RUN_SIZE  # statistics, why, download
+    assert one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)[5] == ""  # step 2's note never stands over a Medusa run
+    button, *locks, busy = one_run.finish()
+    assert button.interactive is True and button.value == one_run.GENERATE and all(lock.interactive for lock in locks) and busy is False
+
+
+def test_a_lesson_step_during_a_run_is_set_up_only_once_the_run_has_ended():
+    """Chosen while a run is on, a step changes nothing but the status line and the tab (the page
+    cancels the run); after the run, `settle` sets it up, clears the run's outputs and says the run
+    was stopped for it. Chosen with no run on, it is set up at once; `settle` then leaves it."""
+    from specdemo.app import lesson, one_run
+
+    medusa = lesson.TITLES[2]
+    during = one_run.lesson_setup(medusa, True)
+    assert all(update == gr.skip() for position, update in enumerate(during) if position not in (4, 5))
+    assert one_run.STOPPING in during[5].value
+    method, prompt, tokens, note, _, status, shown, *last_run = one_run.settle(medusa, lesson.TITLES[1])
+    assert (method, prompt, tokens, shown) == ("medusa", lesson.CODE, 64, medusa) and lesson.TITLES[2] in note
+    assert one_run.STOPPED_FOR_STEP in status.value and status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE
+    assert one_run.lesson_setup(medusa, False)[:3] == ("medusa", lesson.CODE, 64)
+    assert all(update == gr.skip() for update in one_run.settle(medusa, medusa))
+    assert "Press Race" in one_run.settle(lesson.TITLES[-1], medusa)[5].value  # the race's step opens the Race tab
+
+
+def test_an_example_during_a_run_leaves_the_runs_prompt_alone():
+    from specdemo.app import lesson, one_run
+
+    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, True)
+    assert prompt == gr.skip() and one_run.EXAMPLE_REFUSED in status.value and all(update == gr.skip() for update in last_run)
+    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, False)
+    assert prompt == lesson.LIST and not status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE

@@ -221,12 +221,14 @@ class Handlers:
     def stream_baseline(self, target, request, decode, stop):
         """AR on this prompt first, streamed with the same page updates as the run it is compared
         with: on a CPU drawing takes time from decoding, as much in both runs, so the speedup
-        compares like with like. Stop, or the end of the click's budget, ends it (nothing is kept then)."""
+        compares like with like. Stop, or the end of the click's budget, ends it (nothing is kept then).
+        While it streams, the statistics and the verdict areas are empty: no earlier run's numbers stay beside it."""
         note = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
         for events, summary in timed_events(run(target, self.baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
             if summary and summary.finish_reason != "stopped":
                 self.baselines.put(target, request, (events, summary))
-            yield note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events), *[gr.skip()] * 5
+            shown = note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events)
+            yield *shown, "", "", *[gr.skip()] * 3  # no statistics nor verdict while the baseline streams
 
     def on_generate(self, *values):
         """Generate: the AR baseline (once per prompt and settings), then the method, streamed; then
@@ -248,7 +250,7 @@ class Handlers:
                 shown = (views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)),
                          views.speed_figure(events, baseline_events))
                 if summary is None:
-                    yield *shown, views.stats_html(stats(events)), *[gr.skip()] * 3, gr.Slider()
+                    yield *shown, views.stats_html(stats(events)), "", *[gr.skip()] * 2, gr.Slider()  # no verdict while the answer streams
             run_stats = stats(events, summary)
             verdict = (same_as_ar_html(target, request, summary, baseline_summary, decode)
                        + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary))

@@ -4,7 +4,7 @@ Gradio components and connects them."""
 
 import gradio as gr
 
-from specdemo.app import lesson, views
+from specdemo.app import lesson, one_run, views
 from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
@@ -17,6 +17,9 @@ EXAMPLES = list(lesson.EXAMPLES)
 
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
                "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass", "best": "The pass that committed the most"}
+FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
+START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses in colour "
+              "(see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
 SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
 
 
@@ -28,16 +31,6 @@ def body_class_js(name: str) -> str:
 def how_for(method: str) -> str:
     spec = METHODS.get(method)
     return views.how_html(spec.plain, spec.description) if spec else ""
-
-
-def lesson_setup(title: str):
-    """A lesson step chosen: its method, prompt and length on Generate, what to look at, and Generate opened
-    (the race's step opens the Race tab)."""
-    if title not in lesson.TITLES:
-        return gr.skip(), gr.skip(), gr.skip(), "", gr.skip()
-    chosen = lesson.step_named(title)
-    return (chosen.method or gr.skip(), chosen.prompt, chosen.max_new_tokens, lesson.notice_html(chosen),
-            gr.Tabs(selected="race-tab" if not chosen.method else "generate"))
 
 
 def processing_methods() -> list[str]:
@@ -85,26 +78,30 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         with gr.Tabs(selected="generate") as tabs:
             with gr.Tab("Lesson", id="lesson"):
                 gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its gain shows, "
-                            "then opens Generate.\n\n" + lesson.GLOSSARY)
+                            "then opens Generate; choosing a step stops an answer still running.\n\n" + lesson.GLOSSARY)
                 lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
                 gr.HTML(views.legend_html())
             with gr.Tab("Generate", id="generate"):
                 with gr.Row():
                     with gr.Column(scale=3):
-                        prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
+                        gr.Markdown(START_HERE, elem_id="start-here")
+                        prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
                         with gr.Row():
-                            generate = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                            generate = gr.Button(one_run.GENERATE, variant="primary", elem_id="generate", scale=3)
                             stop = gr.Button("Stop", elem_id="stop", scale=1)
+                        run_status = gr.HTML(elem_id="run-status", padding=False, visible=False)  # shown when it has something to say
                         stream = gr.HTML(elem_id="stream")
                     with gr.Column(scale=2):
                         with gr.Row():
-                            method = gr.Dropdown(list(METHODS), value="ar", label="Method", elem_id="method", min_width=140)
-                            max_new_tokens = gr.Number(128, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
+                            method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method", min_width=140)
+                            max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
                                                        elem_id="max-new-tokens", min_width=120)
                         view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
                 lesson_note = gr.HTML(elem_id="lesson-note")
-                how = gr.Markdown(views.how_html(METHODS["ar"].plain, METHODS["ar"].description), elem_id="how")
-                gr.Examples(EXAMPLES, inputs=prompt)
+                how = gr.Markdown(how_for(FIRST.method), elem_id="how")
+                # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone (`one_run.example_chosen`)
+                examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index", label="Examples",
+                                      elem_id="examples")
                 gr.HTML(views.legend_html())
                 with gr.Row():
                     with gr.Column():
@@ -196,6 +193,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
                 gr.HTML(views.legend_html())
                 race_streams = gr.HTML(elem_id="race-streams")
         history = gr.State(None)
+        busy = gr.State(False)  # a run of this page waits or decodes: a lesson step then stops it before it is set up
+        shown_step = gr.State(None)  # the lesson step whose method and prompt were last set up
 
         controls = dict(
             model=model, precision=precision, prompt=prompt, method=method, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
@@ -205,12 +204,20 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
             length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
         )
         inputs = [controls[name] for name in GENERATE_INPUTS]  # by name: the handler reads them back by the same names
-        outputs = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why, history, download, step]
+        run_view = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why]
+        outputs = [*run_view, history, download, step]
+        last_run = [*run_view, download]  # what a new run, a lesson step or a new method clears (`one_run.cleared`)
         step_outputs = [step_stream, *step_plots, step_html, explanation]
-        # trigger_mode "once": a visitor's clicks while their decode waits or runs are ignored, so each has at most one queued
-        running = gr.on(
-            [generate.click, prompt.submit], handlers.on_generate, inputs=inputs, outputs=outputs, api_visibility="private", trigger_mode="once", **one_at_a_time
-        )
+        # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then the
+        # run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
+        settings = [generate, prompt, method, max_new_tokens]
+        starting = gr.on([generate.click, prompt.submit], one_run.start, inputs=[lesson_step, method, prompt],
+                         outputs=[*settings, run_status, lesson_note, busy, *last_run], api_visibility="private", trigger_mode="once", queue=False,
+                         show_progress="hidden")
+        running = starting.then(handlers.on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time)
+        step_shown = [method, prompt, max_new_tokens, lesson_note, tabs, run_status, shown_step, *last_run]
+        ended = running.then(one_run.finish, outputs=[*settings, busy], api_visibility="private", queue=False, show_progress="hidden")
+        ended.then(one_run.settle, inputs=[lesson_step, shown_step], outputs=step_shown, api_visibility="private", queue=False, show_progress="hidden")
         # the slider fires no change when a new run ends on the same step number as the last one
         running.then(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
         racing = race_button.click(
@@ -224,10 +231,14 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         answer_only.change(None, inputs=answer_only, js=body_class_js("specdemo-answer-only"), queue=False)
         large_text.change(None, inputs=large_text, js=body_class_js("specdemo-large"), queue=False)
         # cheap events never wait behind a decode: off the queue, answered at once
-        method.change(how_for, inputs=method, outputs=how, api_visibility="private", queue=False)
+        method.change(lambda chosen: one_run.method_chosen(how_for(chosen)), inputs=method, outputs=[how, *last_run], api_visibility="private",
+                      queue=False, show_progress="hidden")
         lesson_step.change(
-            lesson_setup, inputs=lesson_step, outputs=[method, prompt, max_new_tokens, lesson_note, tabs], api_visibility="private", queue=False
+            one_run.lesson_setup, inputs=[lesson_step, busy], outputs=step_shown,
+            api_visibility="private", queue=False, cancels=[running], show_progress="hidden",
         )
+        examples.click(lambda index, running: one_run.example_chosen(EXAMPLES[index], running), inputs=[examples, busy],
+                       outputs=[prompt, run_status, *last_run], api_visibility="private", queue=False, show_progress="hidden")
         model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
         step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
         back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
