@@ -123,7 +123,7 @@ def test_a_cpu_target_is_offered_no_gpu_presets(embedded, monkeypatch):
 def test_a_bar_in_a_token_stays_in_its_race_cell():
     summary = Summary("speculative", (1, 2), "length", 2, 2)
     row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 1, summary, {2: " | x"}.get)
-    assert row.replace("\\|", "").count("|") == 6  # five cells
+    assert row.replace("\\|", "").count("|") == 7  # six cells
 
 
 def test_the_app_refuses_a_model_it_cannot_load_with_a_sentence():
@@ -180,7 +180,7 @@ def test_an_answer_that_differs_from_ar_is_explained(embedded):
     assert "No." in same_as_ar_html(embedded, request, other, ar_summary, decode)
     assert "Yes, token for token" in same_as_ar_html(embedded, request, ar_summary, ar_summary, decode)
     row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other, decode, why=note)
-    assert "At token 2" in row and row.replace("\\|", "").count("|") == 6
+    assert "At token 2" in row and row.replace("\\|", "").count("|") == 7
 
 
 def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypatch):

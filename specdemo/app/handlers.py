@@ -2,6 +2,7 @@
 through `specdemo.app.live` and returns what the page shows (drawn by `specdemo.app.views`).
 The layout and the wiring are `specdemo.app.ui`'s."""
 
+import dataclasses
 import html
 import json
 import math
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from specdemo.app import views
+from specdemo.app import views, zerogpu
 from specdemo.app.limits import LIMITS, budget, time_left
 from specdemo.app.live import (
     MARGIN_S,
@@ -41,23 +42,33 @@ from specdemo.app.live import (
     timing_rounds,
     whole,
 )
+from specdemo.app.zerogpu import GpuPlan, call_with_cpu_fallback, gpu_call, plan_for, with_cpu_fallback
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS, decoded_model, forget_companions, method_options
 from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, load_model, unload
 from specdemo.presets import Preset, preset_for, preset_named
 
-GPU_MARGIN_S = 15  # ZeroGPU's time beyond a click's budget: attaching the GPU, the last pass, drawing
+
+def click_budget(plan: GpuPlan) -> threading.Event:
+    """The click's deadline: its budget, or on ZeroGPU what it declared less a margin, so that no
+    GPU call runs past its declaration."""
+    return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)
 
 
-def on_gpu(function):
-    """On Hugging Face ZeroGPU, `function` gets a GPU for as long as one click may decode (its
-    budget, `LIMITS.budget_s`, plus a margin), not the platform's default of 60 s; elsewhere, as is."""
-    try:
-        import spaces
-    except ImportError:
-        return function
-    return spaces.GPU(duration=lambda *args, **kwargs: LIMITS.budget_s + GPU_MARGIN_S)(function)
+def planned(target: LoadedModel, plan: GpuPlan) -> LoadedModel:
+    """The model a click decodes: the page's, or its twin on the CPU when ZeroGPU refused the click."""
+    return load_model(target.spec, "auto", "cpu") if plan.on_cpu and target.device.type != "cpu" else target
+
+
+def kept(target: LoadedModel, summary) -> None:
+    """On a GPU, keep what a target pass cost for the next click's plan (`zerogpu.keep_pass_s`)."""
+    if target.device.type == "cuda" and summary is not None and summary.target_forwards:
+        zerogpu.keep_pass_s(summary.target_s / summary.target_forwards)
+
+
+def plan_html(plan: GpuPlan) -> str:
+    return f"<p><i>{html.escape(plan.note[0].upper() + plan.note[1:])}.</i></p>" if plan.note else ""
 
 UPDATE_EVERY_S = 0.5  # page updates a second at most: drawing competes with decoding for the CPU
 
@@ -210,13 +221,25 @@ def decoder(target: LoadedModel):
     return lambda token: target.decode([token])
 
 
+@dataclasses.dataclass(frozen=True)
+class RaceOutcome:
+    """What a race's GPU call hands back to be drawn: each method's median run, the table's rows,
+    the chart's results and CLLM's quality note."""
+
+    medians: list  # each method's median run's events, AR first
+    rows: list[str]
+    results: list[dict]
+    quality: str
+
+
 class Handlers:
     """The page's decoding events, for one page: its models (`Targets`) and its cache of AR
-    baselines. On ZeroGPU the two that decode ask for a GPU (`on_gpu`)."""
+    baselines. On ZeroGPU each click declares the GPU time it plans (`zerogpu.plan_for`), decodes
+    in a GPU call, and runs on the CPU if the platform refuses it (`zerogpu.with_cpu_fallback`)."""
 
     def __init__(self, targets: "Targets"):
         self.targets, self.baselines = targets, Baselines()
-        self.on_generate, self.on_race = on_gpu(self.on_generate), on_gpu(self.on_race)
+        self.generate_on_gpu, self.race_on_gpu = gpu_call(self.generate), gpu_call(self.race)
 
     def stream_baseline(self, target, request, decode, stop):
         """AR on this prompt first, streamed with the same page updates as the run it is compared
@@ -231,14 +254,19 @@ class Handlers:
             yield *shown, "", "", *[gr.skip()] * 3  # no statistics nor verdict while the baseline streams
 
     def on_generate(self, *values):
+        """Generate, as the page calls it: the values are GENERATE_INPUTS' in order (`generate`)."""
+        named = dict(zip(GENERATE_INPUTS, values, strict=True))
+        plan = plan_for(2, int(named["max_new_tokens"]), LIMITS.timing_s, LIMITS.gpu_max_s)  # the method and its AR baseline
+        yield from with_cpu_fallback(self.generate_on_gpu, self.generate, plan, *values)
+
+    def generate(self, plan: GpuPlan, *values):
         """Generate: the AR baseline (once per prompt and settings), then the method, streamed; then
-        both timed alike (`live.timing_rounds`) for the speedup and its spread. The values are
-        GENERATE_INPUTS' in order."""
-        stop = budget()  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
+        both timed alike (`live.timing_rounds`) for the speedup and its spread, within `plan`."""
+        stop = click_budget(plan)  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         try:
             named = dict(zip(GENERATE_INPUTS, values, strict=True))
-            request = request_from(named)
-            target = self.targets(named["model"], named["precision"])
+            request = dataclasses.replace(request_from(named), max_new_tokens=plan.max_new_tokens)
+            target = planned(self.targets(named["model"], named["precision"]), plan)
             decode = decoder(target)
             method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
             if not self.baselines.has(target, request):
@@ -252,22 +280,23 @@ class Handlers:
                 if summary is None:
                     yield *shown, views.stats_html(stats(events)), "", *[gr.skip()] * 2, gr.Slider()  # no verdict while the answer streams
             run_stats = stats(events, summary)
-            verdict = (same_as_ar_html(target, request, summary, baseline_summary, decode)
+            kept(target, summary)
+            verdict = (plan_html(plan) + same_as_ar_html(target, request, summary, baseline_summary, decode)
                        + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary))
             finished = (verdict, (events, summary, decode, target.decode), export_events(events, summary), gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)))
             if summary.finish_reason == "stopped":
                 yield *shown, views.stats_html(run_stats, done=True), *finished
                 return
             baseline_stats = stats(baseline_events, baseline_summary)
-            if baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # not one more round fits the click
+            if not plan.measure_s or baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # no round fits the click
                 single = spread([run_stats["tokens_per_s"]], [baseline_stats["tokens_per_s"]])
                 note = NOT_TIMED.format(left=time_left(stop))
                 yield *shown, views.stats_html(run_stats, single, baseline_stats["tokens_per_s"], note=note, done=True, drawn=True), *finished
                 return
             yield *shown, views.stats_html(run_stats, note=TIMING), *finished
             timed = []
-            for round_, planned, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop):  # noqa: B007 (the last runs are the result)
-                note = f"{TIMING} Round {round_} of {planned}: {done} of 2 runs done."
+            for round_, rounds, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop, plan.measure_s):  # noqa: B007
+                note = f"{TIMING} Round {round_} of {rounds}: {done} of 2 runs done."
                 yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=note), *[gr.skip()] * len(finished)
             if not timed or not timed[0]:  # Stop, or the click's budget, ended the timing
                 yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=STOPPED, done=True), *[gr.skip()] * len(finished)
@@ -300,31 +329,51 @@ class Handlers:
         return views.stream_html(events[:step], decode, decode_tokens, current=True), *shown, explained
 
     def on_race(self, model_name, precision, prompt, methods, max_new_tokens, replay_speed="real time"):
-        """AR and each chosen method, timed alike in rounds (`live.timing_rounds`, undrawn); then
-        their median runs replayed side by side at their measured times (slowed by `replay_speed`);
-        then the table and the chart of speedups and tokens per pass, with their spreads. All
-        within one click's budget; Stop ends the race between two passes."""
-        stop = budget()
+        """The race, as the page calls it: decoded and timed in one GPU call (`race`), then replayed
+        and drawn outside it, so a GPU's time is spent on decoding alone."""
         try:
-            methods = race_methods(methods)
-            slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
-            base = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
-            target = self.targets(model_name, precision)
+            names = ["ar", *race_methods(methods)]
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+        plan = plan_for(len(names), int(max_new_tokens), RACE_MEASURE_S, LIMITS.gpu_max_s)
+        outcome = None
+        for item in with_cpu_fallback(self.race_on_gpu, self.race, plan, model_name, precision, prompt, names, max_new_tokens):
+            if isinstance(item, RaceOutcome):
+                outcome = item
+            else:
+                yield item
+        if outcome is None:
+            return
+        decode_tokens = self.targets(model_name, precision).decode
+        decode = lambda token: decode_tokens([token])  # noqa: E731
+        slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
+        for frame in views.replay_frames(list(zip(names, outcome.medians)), REPLAY_EVERY_S * slow):
+            yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]), gr.skip()
+            time.sleep(REPLAY_EVERY_S)
+        answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens)) for m, events in zip(names, outcome.medians)])
+        yield views.race_table(outcome.rows), plan_html(plan) + outcome.quality + answers, views.race_figure(outcome.results)
+
+    def race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
+        """AR and each of `names`' methods, timed alike in rounds (`live.timing_rounds`, undrawn),
+        each checked against its reference; yields the table while timing, then a `RaceOutcome`.
+        All within the click's budget; Stop ends the race between two passes."""
+        stop = click_budget(plan)
+        try:
+            base = Request(text("prompt", prompt or ""), "ar", min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens))
+            target = planned(self.targets(model_name, precision), plan)
             decode = decoder(target)
-            names = ["ar", *methods]
             timed = []
-            for round_, planned, done, timed in timing_rounds(target, [Request(base.prompt, m, base.max_new_tokens) for m in names], stop, RACE_MEASURE_S, RACE_MIN_ROUNDS):  # noqa: B007
+            requests = [Request(base.prompt, m, base.max_new_tokens) for m in names]
+            for round_, rounds, done, timed in timing_rounds(target, requests, stop, plan.measure_s, RACE_MIN_ROUNDS):  # noqa: B007
                 order = names if round_ % 2 else names[::-1]  # timing_rounds reverses every other round
                 running = order[done] if done < len(names) else ""
-                note = f"Timing every method the same way, without drawing: round {round_} of {planned}, {done} of {len(names)} runs done; {running} running."
+                note = f"Timing every method the same way, without drawing: round {round_} of {rounds}, {done} of {len(names)} runs done; {running} running."
                 yield views.race_table([views.race_note(m, note if m == running else "") for m in names]), "", gr.skip()
             if not timed or not timed[0]:
                 yield views.race_table([views.race_note(m, STOPPED) for m in names]), "", None
                 return
             medians = [median_run(runs) for runs in timed]
-            for frame in views.replay_frames([(m, events) for m, (events, _) in zip(names, medians)], REPLAY_EVERY_S * slow):
-                yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, target.decode)) for label, events in frame]), gr.skip()
-                time.sleep(REPLAY_EVERY_S)
+            kept(target, medians[0][1])
             ar_speeds, (_, baseline_summary) = speeds(timed[0]), medians[0]
             rows, results = [], []
             for method, runs, (events, summary) in zip(names, timed, medians):
@@ -340,9 +389,8 @@ class Handlers:
                 why = difference_note(target, request, summary, reference or baseline_summary, decode)
                 differs = first_difference(summary.tokens, baseline_summary.tokens)
                 rows.append(race_row(method, shown, None, differs, summary, decode, reference, own_differs, why, measured=measured))
-            quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in methods else ""
-            answers = views.race_grid([(m, views.stream_html(events, decode, target.decode)) for m, (events, _) in zip(names, medians)])
-            yield views.race_table(rows), quality + answers, views.race_figure(results)
+            quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in names else ""
+            yield RaceOutcome([events for events, _ in medians], rows, results, quality)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         finally:
@@ -425,23 +473,34 @@ def same_tokens(differs: int | None, summary, decode) -> str:
 
 
 def api_generate_for(targets: Targets):
-    @on_gpu
+    def decode(plan: GpuPlan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, model,
+               no_repeat_ngram_size, precision) -> tuple[str, dict]:
+        stop = click_budget(plan)
+        try:
+            sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
+            request = Request(text("prompt", prompt or ""), text("method", method), min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
+            target = planned(targets(text("model", model or ""), text("precision", precision or "")), plan)
+            events, summary = collect(run(target, request, stop))
+            kept(target, summary)
+            return target.decode(list(summary.tokens)), {**stats(events, summary), **({"note": plan.note} if plan.note else {})}
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+        finally:
+            stop.set()
+
+    decode_on_gpu = gpu_call(decode)
+
     def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "",
                  no_repeat_ngram_size: int = 0, precision: str = "") -> tuple[str, dict]:
         """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model);
         `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
-        stop = budget()
         try:
-            sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
-            request = Request(text("prompt", prompt or ""), text("method", method), whole("max_new_tokens", max_new_tokens), sampling)
-            target = targets(text("model", model or ""), text("precision", precision or ""))
-            events, summary = collect(run(target, request, stop))
-            return target.decode(list(summary.tokens)), stats(events, summary)
+            plan = plan_for(1, whole("max_new_tokens", max_new_tokens), 0.0, LIMITS.gpu_max_s)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
-        finally:
-            stop.set()
+        return call_with_cpu_fallback(decode_on_gpu, decode, plan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p,
+                                      repetition_penalty, seed, model, no_repeat_ngram_size, precision)
 
     return generate
 

@@ -18,6 +18,7 @@ class Limits:
     queue_size: int = 64  # SPECDEMO_QUEUE_SIZE: decodes waiting, all visitors together (a class of 30 and more)
     presets: bool = True  # SPECDEMO_PRESETS: 0 offers only the model the app started with (a public Space)
     max_upload: str = "1mb"  # SPECDEMO_MAX_UPLOAD: the page takes no uploads; Gradio's upload route gets this cap
+    gpu_max_s: float = 10.0  # SPECDEMO_GPU_MAX_S: on ZeroGPU, the most GPU seconds one click declares (`zerogpu.plan_click`)
 
     @staticmethod
     def variable(name: str) -> str:

@@ -1,0 +1,153 @@
+"""ZeroGPU, the shared GPUs of a free Hugging Face Space: what a click declares, and what a refusal means.
+
+The platform's rules, as the `spaces` package applies them (`spaces/zero/client.py`):
+- A GPU call declares its duration before it runs. The platform charges the declared seconds to
+  the visitor's daily quota (120 s without a login) and refuses the call when they exceed what is
+  left ("ZeroGPU quota exceeded") or the tier's maximum ("ZeroGPU illegal duration"); a call
+  that waited too long for a GPU is refused too ("ZeroGPU queue timeout"). A shorter declaration
+  also queues ahead of a longer one.
+- Every call runs in a fresh forked process: what it captures or compiles dies with it.
+
+So a click declares what it will run, not a constant (`plan_click`): its passes at the pass cost
+measured on this device, its timing rounds, the setup of a fresh process and a margin, within
+`LIMITS.gpu_max_s`. What cannot fit is shortened first in timing, then in new tokens, and the
+page says so. A refused click runs on the CPU instead (`refused`, `refusal_sentence`).
+"""
+
+import importlib.util
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+REFUSALS = ("ZeroGPU quota exceeded", "ZeroGPU illegal duration", "ZeroGPU queue timeout", "ZeroGPU client error",
+            "ZeroGPU pending credits exceeded")
+SETUP_S = 4.0  # a fresh process's share: attaching the GPU, moving the model, capturing the CUDA graphs
+MARGIN_S = 2.0  # the last pass, and the wobble of a shared GPU
+PASS_S = 0.03  # seconds a target pass, until this device measured its own (an eager GPU pass of the embedded model)
+SHORTEST_ANSWER = 16  # new tokens a shortened click keeps at least
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What one click asks of the GPU: its declared seconds and what it runs within them."""
+
+    declared_s: float
+    max_new_tokens: int
+    measure_s: float  # seconds of timing rounds (0: the streamed runs' speed, no spread)
+    note: str = ""  # what was shortened, or why the click runs on the CPU, for the page ("" when neither)
+    on_cpu: bool = False  # ZeroGPU refused the click: it runs on the Space's CPU
+
+
+def on_zerogpu() -> bool:
+    """Whether the app runs where ZeroGPU's `spaces` package is installed (a ZeroGPU Space, or its stand-in)."""
+    return importlib.util.find_spec("spaces") is not None
+
+
+def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
+    """A click off ZeroGPU: nothing declared, nothing shortened."""
+    return GpuPlan(0.0, max_new_tokens, measure_s)
+
+
+def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float) -> GpuPlan:
+    """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, elsewhere `unplanned`."""
+    if not on_zerogpu():
+        return unplanned(max_new_tokens, measure_s)
+    return plan_click(runs, max_new_tokens, measure_s, kept_pass_s(), cap_s)
+
+
+def gpu_call(function):
+    """`function(plan, ...)` as a ZeroGPU call declaring `plan.declared_s`; elsewhere, as is. A
+    generator stays a generator."""
+    if not on_zerogpu():
+        return function
+    import spaces
+
+    return spaces.GPU(duration=lambda plan, *args, **kwargs: plan.declared_s)(function)
+
+
+def with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
+    """Yield what `gpu_function(plan, *args)` yields; if ZeroGPU refuses it before it runs, what
+    `cpu_function` yields for the same click on the CPU, its plan saying why."""
+    try:
+        yield from gpu_function(plan, *args)
+    except Exception as error:  # noqa: BLE001 -- only ZeroGPU's refusals are caught; the rest goes on up
+        if not refused(error):
+            raise
+        yield from cpu_function(replace(plan, note=refusal_sentence(error), on_cpu=True), *args)
+
+
+def call_with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
+    """`with_cpu_fallback` for a function that returns instead of yielding."""
+    try:
+        return gpu_function(plan, *args)
+    except Exception as error:  # noqa: BLE001 -- as above
+        if not refused(error):
+            raise
+        return cpu_function(replace(plan, note=refusal_sentence(error), on_cpu=True), *args)
+
+
+def state_file() -> Path:
+    """Where the pass cost measured on this device is kept between ZeroGPU's processes."""
+    return Path(os.environ.get("SPECDEMO_STATE", Path.home() / ".cache" / "specdemo")) / "pass_cost.json"
+
+
+def kept_pass_s() -> float:
+    """Seconds a target pass took in the last decode on the GPU (PASS_S before the first)."""
+    try:
+        return float(json.loads(state_file().read_text())["pass_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return PASS_S
+
+
+def keep_pass_s(seconds: float) -> None:
+    """Keep a decode's seconds a target pass (a forked GPU process writes it; the next click's plan reads it)."""
+    try:
+        state_file().parent.mkdir(parents=True, exist_ok=True)
+        state_file().write_text(json.dumps({"pass_s": seconds}))
+    except OSError:
+        pass  # a read-only disk: the next plan uses the default
+
+
+def decode_seconds(runs: int, max_new_tokens: int, pass_s: float) -> float:
+    """Seconds `runs` decodes of up to `max_new_tokens` take at `pass_s` a target pass, at worst: a
+    pass a token, the prompt's pass, and as much again for a method's drafts or heads."""
+    return runs * 2 * (max_new_tokens + 1) * pass_s
+
+
+def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, cap_s: float) -> GpuPlan:
+    """The GPU time a click of `runs` decodes (the method, its AR baseline, a race's methods) of
+    `max_new_tokens` with `measure_s` of timing rounds declares, within `cap_s`: the timing
+    shrinks first, then the answer, down to SHORTEST_ANSWER tokens."""
+    fixed = SETUP_S + MARGIN_S
+
+    def total(tokens: int, measure: float) -> float:
+        return fixed + decode_seconds(runs, tokens, pass_s) + measure
+
+    if total(max_new_tokens, measure_s) <= cap_s:
+        return GpuPlan(math.ceil(total(max_new_tokens, measure_s)), max_new_tokens, measure_s)
+    measure = max(0.0, cap_s - total(max_new_tokens, 0.0))
+    if measure > 0:
+        return GpuPlan(math.ceil(total(max_new_tokens, measure)), max_new_tokens, measure,
+                       f"timed for {measure:.0f} s instead of {measure_s:.0f} s to fit this Space's GPU time of {cap_s:.0f} s a click")
+    room = (cap_s - fixed) / (runs * 2 * pass_s) - 1
+    tokens = max(SHORTEST_ANSWER, min(max_new_tokens, int(room)))
+    return GpuPlan(min(cap_s, math.ceil(total(tokens, 0.0))), tokens, 0.0,
+                   f"shortened to {tokens} new tokens, untimed, to fit this Space's GPU time of {cap_s:.0f} s a click")
+
+
+def refused(error: BaseException) -> bool:
+    """Whether `error` is ZeroGPU refusing a call before it ran (a `gr.Error` with one of REFUSALS as its title)."""
+    return getattr(error, "title", None) in REFUSALS
+
+
+def refusal_sentence(error: BaseException) -> str:
+    """One sentence for the page: why this answer runs on the CPU, and when the GPU quota comes back."""
+    message = str(getattr(error, "message", "") or error)
+    wait = re.search(r"Try again in ([0-9:.]+)", message)
+    when = f" It comes back in {wait.group(1).split('.')[0]} (hours:minutes:seconds)." if wait else ""
+    if getattr(error, "title", "") == "ZeroGPU quota exceeded":
+        return f"Your free GPU time on this Space is used up for today, so this answer runs on the Space's CPU and is slower.{when}"
+    return f"No GPU could take this click ({getattr(error, 'title', 'ZeroGPU')}), so it runs on the Space's CPU and is slower.{when}"

@@ -1,0 +1,111 @@
+"""A stand-in for Hugging Face's `spaces` package on ZeroGPU, for tests and `make space-check`:
+put this folder first on `sys.path` and `import spaces` finds it.
+
+What it keeps of the real package (`spaces/zero/client.py` and `wrappers.py`, version 0.51):
+- `spaces.GPU(duration=...)` wraps a function or a generator; `duration` is seconds or a callable
+  of the call's arguments, evaluated before the call runs;
+- each visitor has a daily quota (QUOTA_S, 120 s without a login), charged by the *declared*
+  duration, checked before the call runs, with the same `gr.Error` titles and messages:
+  "ZeroGPU quota exceeded" ("You have exceeded your ZeroGPU quota (Ns requested vs. Ms left).
+  Try again in H:MM:SS.") and "ZeroGPU illegal duration" (above TIER_MAX_S);
+- a visitor is the request's `x-ip-token` header (the platform's), else its client's address;
+- a call waits, uncharged and untimed, for the Space's one GPU (`GPUS`).
+What it cannot keep on a CPU: the GPU itself and the forked worker process.
+`CALLS` records every call (visitor, declared and elapsed seconds) for the tests to check.
+"""
+
+import functools
+import inspect
+import threading
+import time
+from datetime import timedelta
+
+QUOTA_S = 120  # a visitor without a login, a day
+TIER_MAX_S = 120  # the longest call the tier allows
+USED: dict[str, float] = {}  # visitor -> seconds charged today
+CALLS: list[dict] = []
+LOCK = threading.Lock()
+GPUS = threading.Semaphore(1)  # the Space's GPUs: a call waits in the queue for one, uncharged and untimed
+INSIDE = threading.local()  # INSIDE.call: True while this thread runs a GPU call
+
+
+def inside() -> bool:
+    """Whether the calling thread is inside a GPU call."""
+    return getattr(INSIDE, "call", False)
+
+
+def reset(quota_s: int = 120) -> None:
+    """A new day: every visitor's quota back, the calls forgotten."""
+    global QUOTA_S
+    QUOTA_S = quota_s
+    USED.clear()
+    CALLS.clear()
+
+
+def visitor() -> str:
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    if request is None:
+        return "local"
+    return request.headers.get("x-ip-token") or (request.client.host if request.client else "local")
+
+
+def schedule(seconds: float) -> str:
+    """The platform's pre-check: refuse before the call runs, or charge its declared seconds."""
+    import gradio as gr
+
+    who, requested = visitor(), round(seconds)
+    if requested > TIER_MAX_S:
+        raise gr.Error(f"The requested GPU duration ({requested}s) is larger than the maximum allowed", title="ZeroGPU illegal duration")
+    with LOCK:
+        left = QUOTA_S - USED.get(who, 0)
+        if requested > left:
+            raise gr.Error(f"You have exceeded your ZeroGPU quota ({requested}s requested vs. {max(0, round(left))}s left). "
+                           f"Try again in {timedelta(hours=23, minutes=59, seconds=12)}. ", title="ZeroGPU quota exceeded")
+        USED[who] = USED.get(who, 0) + requested
+    return who
+
+
+def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's name)
+    if task is None:
+        return functools.partial(GPU, duration=duration, size=size)
+
+    def declared(*args, **kwargs) -> float:
+        value = duration(*args, **kwargs) if callable(duration) else duration
+        return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+    if inspect.isgeneratorfunction(task):
+        @functools.wraps(task)
+        def generator(*args, **kwargs):
+            seconds = declared(*args, **kwargs)
+            who = schedule(seconds)
+            GPUS.acquire()
+            started = time.monotonic()
+            INSIDE.call = True
+            try:
+                for item in task(*args, **kwargs):
+                    INSIDE.call = False
+                    yield item  # the page draws what a GPU call yields outside it, as the real worker's queue hands it over
+                    INSIDE.call = True
+            finally:
+                INSIDE.call = False
+                CALLS.append({"visitor": who, "declared_s": seconds, "elapsed_s": time.monotonic() - started})
+                GPUS.release()
+
+        return generator
+
+    @functools.wraps(task)
+    def function(*args, **kwargs):
+        seconds = declared(*args, **kwargs)
+        who = schedule(seconds)
+        with GPUS:
+            started = time.monotonic()
+            INSIDE.call = True
+            try:
+                return task(*args, **kwargs)
+            finally:
+                INSIDE.call = False
+                CALLS.append({"visitor": who, "declared_s": seconds, "elapsed_s": time.monotonic() - started})
+
+    return function

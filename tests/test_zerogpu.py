@@ -1,0 +1,106 @@
+"""ZeroGPU (`specdemo.app.zerogpu`) under the stand-in of `tests/standin/spaces`: every click
+declares what it plans within SPECDEMO_GPU_MAX_S and never runs past it, a first visitor is never
+refused, a class of visitors all get answers, a used-up quota answers on the CPU with one sentence,
+and the race is replayed and drawn outside its GPU call."""
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from gradio.context import LocalContext
+
+from specdemo.app import handlers, views, zerogpu
+from specdemo.app.limits import LIMITS
+
+from conftest import page_inputs
+
+STANDIN = Path(__file__).parent / "standin"
+VISITORS = 30  # a class without logins
+
+
+@pytest.fixture
+def spaces(monkeypatch, tmp_path):
+    """The stand-in on the import path, a new day's quotas, and a fresh place to keep the pass cost."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.delitem(sys.modules, "spaces", raising=False)
+    monkeypatch.setenv("SPECDEMO_STATE", str(tmp_path))
+    import spaces as standin
+
+    standin.reset()
+    yield standin
+    sys.modules.pop("spaces", None)
+
+
+def as_visitor(name: str) -> None:
+    """This thread's Gradio request comes from visitor `name` (the platform's x-ip-token header)."""
+    LocalContext.request.set(SimpleNamespace(headers={"x-ip-token": name}, client=SimpleNamespace(host="127.0.0.1")))
+
+
+def test_a_click_declares_what_it_plans_within_the_cap():
+    plan = zerogpu.plan_click(2, 128, 8.0, 0.006, 30.0)
+    assert plan.max_new_tokens == 128 and plan.measure_s == 8.0 and not plan.note and plan.declared_s <= 30
+    timed_less = zerogpu.plan_click(2, 128, 8.0, 0.006, 10.0)
+    assert timed_less.max_new_tokens == 128 and 0 < timed_less.measure_s < 8 and timed_less.declared_s <= 10 and "timed" in timed_less.note
+    shorter = zerogpu.plan_click(2, 512, 8.0, 0.03, 10.0)
+    assert zerogpu.SHORTEST_ANSWER <= shorter.max_new_tokens < 512 and shorter.measure_s == 0 and shorter.declared_s <= 10
+    assert "shortened" in shorter.note
+    assert zerogpu.plan_click(6, 128, 20.0, 0.006, 10.0).declared_s <= 10
+
+
+def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
+    import gradio as gr
+
+    error = gr.Error("You have exceeded your ZeroGPU quota (10s requested vs. 3s left). Try again in 23:59:12. ", title="ZeroGPU quota exceeded")
+    assert zerogpu.refused(error) and not zerogpu.refused(gr.Error("a bad prompt")) and not zerogpu.refused(ValueError())
+    assert "used up" in zerogpu.refusal_sentence(error) and "23:59:12" in zerogpu.refusal_sentence(error)
+
+
+def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(embedded, spaces):
+    as_visitor("first")
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))
+    assert outputs and len(spaces.CALLS) == 1
+    call = spaces.CALLS[0]
+    assert call["visitor"] == "first" and 0 < call["declared_s"] <= LIMITS.gpu_max_s and call["elapsed_s"] <= call["declared_s"]
+
+
+def test_thirty_visitors_at_once_all_get_their_answers_on_the_gpu(embedded, spaces):
+    generate = handlers.api_generate_for(handlers.Targets(embedded, ()))
+    answers = {}
+
+    def visit(number: int) -> None:
+        as_visitor(f"student {number}")
+        answers[number] = generate("Name a fruit.", "ar", 8)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # clicks at once, served as a Gradio app's worker threads serve them
+        list(pool.map(visit, range(VISITORS)))
+    assert len(answers) == VISITORS and all(text and "note" not in stats for text, stats in answers.values())
+    assert len({call["visitor"] for call in spaces.CALLS}) == VISITORS
+    assert all(call["declared_s"] <= LIMITS.gpu_max_s and call["elapsed_s"] <= call["declared_s"] for call in spaces.CALLS)
+
+
+def test_a_used_up_quota_answers_on_the_cpu_with_a_sentence_and_spares_the_others(embedded, spaces):
+    generate = handlers.api_generate_for(handlers.Targets(embedded, ()))
+    spaces.USED["spent"] = spaces.QUOTA_S - 1
+    as_visitor("spent")
+    text, stats = generate("Name a fruit.", "ar", 8)
+    assert text and "used up" in stats["note"] and "23:59:12" in stats["note"]
+    assert not spaces.CALLS  # refused before it ran: nothing charged, nothing run on the "GPU"
+    as_visitor("fresh")
+    text, stats = generate("Name a fruit.", "ar", 8)
+    assert text and "note" not in stats and [call["visitor"] for call in spaces.CALLS] == ["fresh"]
+
+
+def test_the_race_is_replayed_and_drawn_outside_its_gpu_call(embedded, spaces, monkeypatch):
+    drawn = []
+    for name in ("replay_frames", "race_grid", "race_figure"):
+        real = getattr(views, name)
+        monkeypatch.setattr(views, name, lambda *args, _real=real, _name=name, **kwargs: drawn.append((_name, spaces.inside())) or _real(*args, **kwargs))
+    monkeypatch.setattr(handlers, "REPLAY_EVERY_S", 0.05)
+    as_visitor("racer")
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    outputs = list(page.on_race("", "", "Name three colours.", ["lookahead"], 12))
+    assert outputs and len(spaces.CALLS) == 1
+    assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure"} and not any(inside for _, inside in drawn)
