@@ -6,8 +6,9 @@ import copy
 import threading
 
 import pytest
+import torch
 
-from specdemo.core.events import StepEvent, Summary
+from specdemo.core.events import StepEvent, Summary, final_summary
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.verify import Proposal
@@ -71,6 +72,14 @@ NAMES = [
     "speculative, always-wrong draft", "speculative, always-wrong tree", "medusa, dynamic tree", "medusa, static tree", "medusa, chain", "lookahead",
     "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",
 ]
+
+
+def eager_answers(configs: dict) -> dict:
+    """Each configuration's greedy answer on its reference weights, eagerly (before any graphs)."""
+    prompt = torch.tensor([[5, 17, 42, 8, 63, 21]])
+    return {name: final_summary(configs[name][0](configs[name][2], prompt, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(),
+                                                 **configs[name][1])).tokens
+            for name in NAMES if configs[name][2] is not None}
 
 
 def check_protocol(items: list, max_new_tokens: int, eos: tuple[int, ...] = ()) -> Summary:

@@ -6,8 +6,7 @@ plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real g
 import gc
 
 import pytest
-import torch
-from test_conformance import MAX_NEW_TOKENS, NAMES, configurations
+from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
 
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import CudaGraphs, Graph
@@ -49,9 +48,7 @@ def graphed(model, capacity: int = 256):
 def graphed_models():
     target, other = make_tiny_model(), make_tiny_model(seed=1)
     configs = configurations(target, other)
-    expected = {name: final_summary(configs[name][0](configs[name][2], torch.tensor([[5, 17, 42, 8, 63, 21]]), max_new_tokens=MAX_NEW_TOKENS,
-                                                     eos_token_ids=(), **configs[name][1])).tokens
-                for name in NAMES if configs[name][2] is not None}  # eager AR on the reference's weights
+    expected = eager_answers(configs)  # eager, on the reference's weights
     for model in (target, configs["cllm, jacobi"][2]):
         graphed(model)
     return target, configs, expected

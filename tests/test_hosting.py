@@ -2,6 +2,8 @@
 ZeroGPU durations, a hostile race bounded, and Stop ending a race."""
 
 
+from pathlib import Path
+
 import pytest
 
 from specdemo import SpecDemoError
@@ -134,3 +136,10 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
     b = targets("B", handlers.EXACT)
     assert evicted == [a, "freed"] and loaded == [a, b]
     assert targets(None, handlers.EXACT) is embedded and targets.resident is b  # the start is never evicted
+
+
+def test_a_space_starts_without_the_gpu_presets_and_its_readme_preloads_the_model():
+    assert limits.limits_from({}).presets and not limits.limits_from({"SPACE_ID": "someone/specdemo"}).presets
+    assert limits.limits_from({"SPACE_ID": "someone/specdemo", "SPECDEMO_PRESETS": "1"}).presets
+    front = Path(__file__).resolve().parents[1].joinpath("README.md").read_text().split("---")[1]
+    assert "preload_from_hub:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front and "models:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front

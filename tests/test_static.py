@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from test_conformance import MAX_NEW_TOKENS, NAMES, configurations
+from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
 from transformers import DynamicCache
 
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
@@ -115,9 +115,7 @@ def compiled_models():
     (a long tree, lookahead's window) run the same static function eagerly."""
     target, other = make_tiny_model(), make_tiny_model(seed=1)
     configs = configurations(target, other)
-    expected = {name: final_summary(configs[name][0](configs[name][2], torch.tensor([[5, 17, 42, 8, 63, 21]]), max_new_tokens=MAX_NEW_TOKENS,
-                                                     eos_token_ids=(), **configs[name][1])).tokens
-                for name in NAMES if configs[name][2] is not None}  # eager AR on the reference's weights
+    expected = eager_answers(configs)  # eager, on the reference's weights
     for model in (target, configs["cllm, jacobi"][2]):
         compile_passes(model, buckets=(1, 8, 16))
     return target, configs, expected

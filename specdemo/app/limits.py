@@ -16,7 +16,7 @@ class Limits:
     budget_s: float = 120.0  # SPECDEMO_BUDGET_S: one click's time: loading, the AR baseline, the method(s), reference runs
     timing_s: float = 8.0  # SPECDEMO_TIMING_S: after an answer, about how long AR and the method are timed again (3 rounds at least)
     queue_size: int = 64  # SPECDEMO_QUEUE_SIZE: decodes waiting, all visitors together (a class of 30 and more)
-    presets: bool = True  # SPECDEMO_PRESETS: 0 offers only the model the app started with (a public Space)
+    presets: bool = True  # SPECDEMO_PRESETS: 0 offers only the model the app started with (the default on a Space)
     max_upload: str = "1mb"  # SPECDEMO_MAX_UPLOAD: the page takes no uploads; Gradio's upload route gets this cap
     gpu_max_s: float = 10.0  # SPECDEMO_GPU_MAX_S: on ZeroGPU, the most GPU seconds one click declares (`zerogpu.plan_click`)
 
@@ -26,8 +26,10 @@ class Limits:
 
 
 def limits_from(environ=os.environ) -> Limits:
-    """The limits, with each SPECDEMO_* variable that is set taking the place of its default."""
-    values = {}
+    """The limits, with each SPECDEMO_* variable that is set taking the place of its default. On a
+    Hugging Face Space (SPACE_ID set) the GPU presets are off unless SPECDEMO_PRESETS turns them on:
+    a public page must not let a visitor load 7B models."""
+    values = {"presets": False} if environ.get("SPACE_ID") else {}
     for field in fields(Limits):
         text = environ.get(Limits.variable(field.name))
         if text is None:
