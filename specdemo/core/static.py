@@ -127,19 +127,15 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
     if model.device.type == "cuda":  # hand-captured CUDA graphs: no compiler, captured in milliseconds
         compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
                                 graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY)))
-        setattr(model, ATTRIBUTE, compiled)
-        warm_up(model, compiled, progress, role)
-        return compiled
-    mode = None
-    for limit in ("cache_size_limit", "recompile_limit"):  # a graph per bucket and model (a target, a CLLM...)
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
-    if not mode:  # on a CPU, inductor's freezing prepacks the weights for oneDNN: a compiled pass gains
-        # about 1.4x with it, 1.2x without (docs/benchmarks.md). Set for the process: torch.compile's
-        # `options` did not carry it to the compiler (measured: no gain)
+    else:
+        for limit in ("cache_size_limit", "recompile_limit"):  # a graph per bucket and model (a target, a CLLM...)
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
+        # inductor's freezing prepacks the weights for oneDNN (docs/benchmarks.md); set for the process:
+        # torch.compile's `options` did not carry it to the compiler
         torch._inductor.config.freezing = True
-    compiled = CompiledPass(torch.compile(static_forward, dynamic=False, mode=mode), tuple(sorted(buckets)), mode)
-    setattr(model, ATTRIBUTE, compiled)
+        compiled = CompiledPass(torch.compile(static_forward, dynamic=False), tuple(sorted(buckets)), None)
+    setattr(model, ATTRIBUTE, compiled)  # still found on the model: passing it to the loop as a value is the redesign's
     warm_up(model, compiled, progress, role)
     return compiled
 
