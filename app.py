@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from specdemo.app.ui import build_app, serve
+from specdemo.app.zerogpu import at_start
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.static import compile_passes, default_compile
 from specdemo.models import AUTO, EMBEDDED, load_model
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the target's pass over a static KV cache, warmed up before serving (default: on with CUDA, off on a CPU)")
     args = parser.parse_args()
+    args.device, args.compile = at_start(args.device, args.compile)  # on ZeroGPU: on cuda, uncaptured
     try:
         target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)

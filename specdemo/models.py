@@ -11,6 +11,7 @@ Specs:
 import gc
 import importlib.util
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,16 @@ def compile_like(model: "LoadedModel", start: "LoadedModel") -> None:
     every model a page loads)."""
     if compiled_pass(start.model) and model is not start:
         compile_passes(model.model)
+
+
+def capture(model: "LoadedModel") -> float:
+    """Compile (on CUDA: capture the graphs of) `model`'s target pass unless it has them; the
+    seconds that took, 0 when it had them."""
+    if compiled_pass(model.model):
+        return 0.0
+    started = time.perf_counter()
+    compile_passes(model.model)
+    return time.perf_counter() - started
 
 
 def unload(model: "LoadedModel") -> None:

@@ -9,7 +9,7 @@ import torch
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors"}
 METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
-APP = {"ui", "handlers", "views", "live", "limits", "lesson", "one_run", "zerogpu"}
+APP = {"ui", "handlers", "views", "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 
@@ -49,7 +49,7 @@ def test_the_core_knows_no_method(module):
     assert not imports(module) & (METHODS | {"methods", "models", "presets"})
 
 
-@pytest.mark.parametrize("module", ["ui", "handlers", "views", "lesson"])
+@pytest.mark.parametrize("module", ["ui", "handlers", "views", "lesson", "clicks"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""
     assert not imports(module) & {"torch", "transformers", *CORE - {"events", "steps", "errors", "sampling"}, *METHODS}

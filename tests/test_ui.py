@@ -165,7 +165,9 @@ def test_a_step_explanation_shows_tokens_as_written(embedded):
 def test_an_answer_that_differs_from_ar_is_explained(embedded):
     """Generate's verdict and the race's cell say why an answer parts from AR's: in float32 any
     difference is a possible bug, and the sentence names the token and the margin."""
+    from specdemo.app.clicks import checks
     from specdemo.app.handlers import difference_note, same_as_ar_html
+    from specdemo.app.limits import budget
     from specdemo.app.live import Request
 
     request = Request("Name a colour.", "speculative", 6)
@@ -175,10 +177,12 @@ def test_an_answer_that_differs_from_ar_is_explained(embedded):
     wrong[2] = (wrong[2] + 1) % 49152
     other = Summary("speculative", tuple(wrong), "length", 6, 6)
     decode = lambda t: embedded.decode([t])  # noqa: E731
-    note = difference_note(embedded, request, other, ar_summary, decode)
+    found = checks(embedded, request, other, ar_summary, budget())
+    note = difference_note(found.divergence, "float32", decode)
     assert "At token 2" in note and "bug" in note
-    assert "No." in same_as_ar_html(embedded, request, other, ar_summary, decode)
-    assert "Yes, token for token" in same_as_ar_html(embedded, request, ar_summary, ar_summary, decode)
+    assert "No." in same_as_ar_html(request, other, ar_summary, found, "float32", decode)
+    same = checks(embedded, request, ar_summary, ar_summary, budget())
+    assert "Yes, token for token" in same_as_ar_html(request, ar_summary, ar_summary, same, "float32", decode)
     row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other, decode, why=note)
     assert "At token 2" in row and row.replace("\\|", "").count("|") == 7
 
@@ -212,9 +216,9 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
 def test_an_answer_the_clicks_budget_cannot_time_again_says_so(embedded, monkeypatch):
     """When not one more round of AR and the method fits what is left of the click's budget, the
     page shows the streamed runs' speed, says it was not timed again, and gives no range."""
-    from specdemo.app import handlers
+    from specdemo.app import clicks
 
-    monkeypatch.setattr(handlers, "MARGIN_S", 10_000.0)  # as if the budget were nearly spent
+    monkeypatch.setattr(clicks, "MARGIN_S", 10_000.0)  # as if the budget were nearly spent
     app = build_app(embedded, presets=())
     on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
     inputs = page_inputs("Name a fruit.", "speculative", 6)

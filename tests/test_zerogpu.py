@@ -9,9 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from gradio.context import LocalContext
 
-from specdemo.app import handlers, views, zerogpu
+from specdemo.app import clicks, handlers, views, zerogpu
 from specdemo.app.limits import LIMITS
 
 from conftest import page_inputs
@@ -47,6 +48,29 @@ def test_a_click_declares_what_it_plans_within_the_cap():
     assert zerogpu.SHORTEST_ANSWER <= shorter.max_new_tokens < 512 and shorter.measure_s == 0 and shorter.declared_s <= 10
     assert "shortened" in shorter.note
     assert zerogpu.plan_click(6, 128, 20.0, 0.006, 10.0).declared_s <= 10
+
+
+def test_on_zerogpu_the_model_goes_to_cuda_at_start_uncaptured(spaces):
+    assert zerogpu.at_start(None, None) == ("cuda", False)
+    assert zerogpu.at_start("cpu", True) == ("cpu", True)  # what the command line asks, it gets
+
+
+def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
+    captured = []
+    monkeypatch.setattr(clicks, "capture", lambda target: captured.append(target.model) or 0.01)
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace())
+    clicks.ready(target)  # a fresh process: no graphs on its model yet
+    assert captured == [target.model] and 0.01 <= zerogpu.kept("setup_s", 99.0) < 5
+    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace())
+    clicks.ready(cpu)  # on a CPU nothing is captured in a call
+    assert captured == [target.model]
+    fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
+    assert fixed < zerogpu.SETUP_S  # the measured setup, not the estimate
+
+
+def test_off_zerogpu_the_start_is_as_asked(monkeypatch):
+    monkeypatch.setattr(zerogpu, "on_zerogpu", lambda: False)
+    assert zerogpu.at_start(None, None) == (None, None)
 
 
 def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
@@ -93,14 +117,30 @@ def test_a_used_up_quota_answers_on_the_cpu_with_a_sentence_and_spares_the_other
     assert text and "note" not in stats and [call["visitor"] for call in spaces.CALLS] == ["fresh"]
 
 
-def test_the_race_is_replayed_and_drawn_outside_its_gpu_call(embedded, spaces, monkeypatch):
+def watch(monkeypatch, spaces, names: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """Record each call of these `views` functions, and whether it came from inside a GPU call."""
     drawn = []
-    for name in ("replay_frames", "race_grid", "race_figure"):
+    for name in names:
         real = getattr(views, name)
         monkeypatch.setattr(views, name, lambda *args, _real=real, _name=name, **kwargs: drawn.append((_name, spaces.inside())) or _real(*args, **kwargs))
+    return drawn
+
+
+def test_generate_is_drawn_outside_its_gpu_call(embedded, spaces, monkeypatch):
+    names = ("stream_html", "method_pictures", "speed_figure", "stats_html")
+    drawn = watch(monkeypatch, spaces, names)
+    as_visitor("drawer")
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))
+    assert outputs and len(spaces.CALLS) == 1 and "Same answer as AR?" in outputs[-1][9]
+    assert {name for name, _ in drawn} == set(names) and not any(inside for _, inside in drawn)
+
+
+def test_the_race_is_replayed_and_drawn_outside_its_gpu_call(embedded, spaces, monkeypatch):
+    drawn = watch(monkeypatch, spaces, ("replay_frames", "race_grid", "race_figure", "race_table"))
     monkeypatch.setattr(handlers, "REPLAY_EVERY_S", 0.05)
     as_visitor("racer")
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     outputs = list(page.on_race("", "", "Name three colours.", ["lookahead"], 12))
     assert outputs and len(spaces.CALLS) == 1
-    assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure"} and not any(inside for _, inside in drawn)
+    assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure", "race_table"} and not any(inside for _, inside in drawn)

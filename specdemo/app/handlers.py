@@ -2,6 +2,7 @@
 through `specdemo.app.live` and returns what the page shows (drawn by `specdemo.app.views`).
 The layout and the wiring are `specdemo.app.ui`'s."""
 
+import contextlib
 import dataclasses
 import html
 import json
@@ -14,38 +15,28 @@ from pathlib import Path
 
 import gradio as gr
 
-from specdemo.app import views, zerogpu
-from specdemo.app.limits import LIMITS, budget, time_left
+from specdemo.app import clicks, views, zerogpu
+from specdemo.app.limits import LIMITS, budget
 from specdemo.app.live import (
-    MARGIN_S,
     SUSPECT_MARGIN,
     Baselines,
     Request,
     Spread,
-    amateur_reference,
-    cllm_quality,
     collect,
-    divergence_from,
     first_difference,
-    median,
-    median_run,
-    own_reference,
     race_methods,
     run,
     sampling_from,
-    speeds,
     speedup,
     spread,
     stats,
     text,
-    timed_events,
-    timing_rounds,
     whole,
 )
 from specdemo.app.zerogpu import GpuPlan, call_with_cpu_fallback, gpu_call, plan_for, with_cpu_fallback
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
-from specdemo.methods import METHODS, decoded_model, forget_companions, method_options
+from specdemo.methods import METHODS, forget_companions
 from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, load_model, unload
 from specdemo.presets import Preset, preset_for, preset_named
 
@@ -54,17 +45,6 @@ def click_budget(plan: GpuPlan) -> threading.Event:
     """The click's deadline: its budget, or on ZeroGPU what it declared less a margin, so that no
     GPU call runs past its declaration."""
     return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)
-
-
-def planned(target: LoadedModel, plan: GpuPlan) -> LoadedModel:
-    """The model a click decodes: the page's, or its twin on the CPU when ZeroGPU refused the click."""
-    return load_model(target.spec, "auto", "cpu") if plan.on_cpu and target.device.type != "cpu" else target
-
-
-def kept(target: LoadedModel, summary) -> None:
-    """On a GPU, keep what a target pass cost for the next click's plan (`zerogpu.keep_pass_s`)."""
-    if target.device.type == "cuda" and summary is not None and summary.target_forwards:
-        zerogpu.keep_pass_s(summary.target_s / summary.target_forwards)
 
 
 def plan_html(plan: GpuPlan) -> str:
@@ -132,16 +112,6 @@ def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent], mea
     )
 
 
-def answers_beside(target: LoadedModel, request: Request, summary, baseline_summary, stop=None) -> str:
-    """For contrastive decoding (a quality method), its answer beside the expert's and the amateur's own."""
-    amateur = amateur_reference(target, request, stop)
-    if amateur is None:
-        return ""
-    answers = {"contrastive (expert − amateur)": summary.tokens, "expert alone (greedy AR)": baseline_summary.tokens,
-               "amateur alone (greedy)": amateur.tokens}
-    return views.answers_html(answers, target.decode)
-
-
 EXPORTS = Path(tempfile.gettempdir()) / "specdemo-runs"
 EXPORTS_KEPT_S = 3600  # an export older than this is deleted when the next one is written
 
@@ -204,6 +174,7 @@ class Targets:
 
 
 EXACT = "exact (float32)"
+BASELINE_NOTE = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
 NOT_TIMED = ("Not timed again: the {left:.0f} s left of this click's time hold no more round of AR and this method, so the speed is "
              "the streamed runs' above (one run each, drawn as they ran; no spread). A shorter answer gets timed rounds.")
 TIMING = "Timing the speed: AR and this method run again, alternately and without drawing, as many rounds as fit a few seconds."
@@ -221,17 +192,6 @@ def decoder(target: LoadedModel):
     return lambda token: target.decode([token])
 
 
-@dataclasses.dataclass(frozen=True)
-class RaceOutcome:
-    """What a race's GPU call hands back to be drawn: each method's median run, the table's rows,
-    the chart's results and CLLM's quality note."""
-
-    medians: list  # each method's median run's events, AR first
-    rows: list[str]
-    results: list[dict]
-    quality: str
-
-
 class Handlers:
     """The page's decoding events, for one page: its models (`Targets`) and its cache of AR
     baselines. On ZeroGPU each click declares the GPU time it plans (`zerogpu.plan_for`), decodes
@@ -239,78 +199,39 @@ class Handlers:
 
     def __init__(self, targets: "Targets"):
         self.targets, self.baselines = targets, Baselines()
-        self.generate_on_gpu, self.race_on_gpu = gpu_call(self.generate), gpu_call(self.race)
+        self.generate_on_gpu, self.race_on_gpu = gpu_call(self.decode_generate), gpu_call(self.decode_race)
 
-    def stream_baseline(self, target, request, decode, stop):
-        """AR on this prompt first, streamed with the same page updates as the run it is compared
-        with: on a CPU drawing takes time from decoding, as much in both runs, so the speedup
-        compares like with like. Stop, or the end of the click's budget, ends it (nothing is kept then).
-        While it streams, the statistics and the verdict areas are empty: no earlier run's numbers stay beside it."""
-        note = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
-        for events, summary in timed_events(run(target, self.baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
-            if summary and summary.finish_reason != "stopped":
-                self.baselines.put(target, request, (events, summary))
-            shown = note + views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)), views.speed_figure(events)
-            yield *shown, "", "", *[gr.skip()] * 3  # no statistics nor verdict while the baseline streams
-
-    def on_generate(self, *values):
-        """Generate, as the page calls it: the values are GENERATE_INPUTS' in order (`generate`)."""
-        named = dict(zip(GENERATE_INPUTS, values, strict=True))
-        plan = plan_for(2, int(named["max_new_tokens"]), LIMITS.timing_s, LIMITS.gpu_max_s)  # the method and its AR baseline
-        yield from with_cpu_fallback(self.generate_on_gpu, self.generate, plan, *values)
-
-    def generate(self, plan: GpuPlan, *values):
-        """Generate: the AR baseline (once per prompt and settings), then the method, streamed; then
-        both timed alike (`live.timing_rounds`) for the speedup and its spread, within `plan`."""
+    def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
+        """Generate's GPU call: its plan first, then `clicks.generate_records`' records, within the plan's deadline."""
         stop = click_budget(plan)  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         try:
-            named = dict(zip(GENERATE_INPUTS, values, strict=True))
-            request = dataclasses.replace(request_from(named), max_new_tokens=plan.max_new_tokens)
-            target = planned(self.targets(named["model"], named["precision"]), plan)
-            decode = decoder(target)
-            method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
-            if not self.baselines.has(target, request):
-                yield from self.stream_baseline(target, request, decode, stop)
-                if not self.baselines.has(target, request):  # Stop or the budget ended the baseline
-                    return
-            baseline_events, baseline_summary = self.baselines.get(target, request)
-            for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
-                shown = (views.stream_html(events, decode, target.decode), *view_updates(views.method_pictures(events, decode)),
-                         views.speed_figure(events, baseline_events))
-                if summary is None:
-                    yield *shown, views.stats_html(stats(events)), "", *[gr.skip()] * 2, gr.Slider()  # no verdict while the answer streams
-            run_stats = stats(events, summary)
-            kept(target, summary)
-            verdict = (plan_html(plan) + same_as_ar_html(target, request, summary, baseline_summary, decode)
-                       + answers_beside(target, request, summary, baseline_summary, stop) + budget_note(summary))
-            finished = (verdict, (events, summary, decode, target.decode), export_events(events, summary), gr.Slider(maximum=max(len(events), 1), value=max(len(events), 1)))
-            if summary.finish_reason == "stopped":
-                yield *shown, views.stats_html(run_stats, done=True), *finished
-                return
-            baseline_stats = stats(baseline_events, baseline_summary)
-            if not plan.measure_s or baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # no round fits the click
-                single = spread([run_stats["tokens_per_s"]], [baseline_stats["tokens_per_s"]])
-                note = NOT_TIMED.format(left=time_left(stop))
-                yield *shown, views.stats_html(run_stats, single, baseline_stats["tokens_per_s"], note=note, done=True, drawn=True), *finished
-                return
-            yield *shown, views.stats_html(run_stats, note=TIMING), *finished
-            timed = []
-            for round_, rounds, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop, plan.measure_s):  # noqa: B007
-                note = f"{TIMING} Round {round_} of {rounds}: {done} of 2 runs done."
-                yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=note), *[gr.skip()] * len(finished)
-            if not timed or not timed[0]:  # Stop, or the click's budget, ended the timing
-                yield *[gr.skip()] * len(shown), views.stats_html(run_stats, note=STOPPED, done=True), *[gr.skip()] * len(finished)
-                return
-            ar_runs, method_runs = timed
-            measured = spread(speeds(method_runs), speeds(ar_runs))
-            timed_stats, ar_stats = stats(*median_run(method_runs)), stats(*median_run(ar_runs))
-            shown_stats = {**run_stats, "tokens_per_s": median(speeds(method_runs))}
-            table = views.stats_html(shown_stats, measured, median(speeds(ar_runs)), done=True)
-            yield *[gr.skip()] * len(shown), table, why_html(timed_stats, ar_stats, events, measured) + verdict, *[gr.skip()] * (len(finished) - 1)
-        except SpecDemoError as error:  # a sentence for the person, not a traceback
+            yield plan
+            target = clicks.planned(self.targets(model_name, precision), plan)
+            yield from clicks.generate_records(target, self.baselines, dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan, stop)
+        except SpecDemoError as error:  # raised in the GPU call's process: a sentence crosses back, not a traceback
             raise gr.Error(str(error)) from error
         finally:
             stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
+
+    def on_generate(self, *values):
+        """Generate, as the page calls it (the values are GENERATE_INPUTS' in order): the AR baseline
+        (once per prompt and settings), then the method, streamed; then both timed alike for the
+        speedup and its spread. Decoded in one GPU call on ZeroGPU (on the CPU when the platform
+        refuses it), and drawn here, outside it (`GenerateDrawing`)."""
+        named = dict(zip(GENERATE_INPUTS, values, strict=True))
+        try:
+            request = request_from(named)
+            target = self.targets(named["model"], named["precision"])
+            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s)  # the method and its AR baseline
+            records = with_cpu_fallback(self.generate_on_gpu, self.decode_generate, plan, named["model"], named["precision"], request)
+            with contextlib.closing(records):  # Stop closes this generator, and with it the GPU call's
+                drawing = GenerateDrawing(target, request, self.baselines)
+                for record in records:
+                    update = drawing.draw(record)
+                    if update is not None:
+                        yield update
+        except SpecDemoError as error:  # a sentence for the person, not a traceback
+            raise gr.Error(str(error)) from error
 
     def on_step(self, history, step):
         """Step through: step n shows the answer after the n-th target pass, that pass's tokens
@@ -329,72 +250,60 @@ class Handlers:
         return views.stream_html(events[:step], decode, decode_tokens, current=True), *shown, explained
 
     def on_race(self, model_name, precision, prompt, methods, max_new_tokens, replay_speed="real time"):
-        """The race, as the page calls it: decoded and timed in one GPU call (`race`), then replayed
-        and drawn outside it, so a GPU's time is spent on decoding alone."""
+        """The race, as the page calls it: decoded and timed in one GPU call (`decode_race`), then
+        replayed and drawn here, outside it, so a GPU's time is spent on decoding alone."""
         try:
             names = ["ar", *race_methods(methods)]
+            request = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
+            target = self.targets(model_name, precision)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
-        plan = plan_for(len(names), int(max_new_tokens), RACE_MEASURE_S, LIMITS.gpu_max_s)
+        plan = plan_for(len(names), request.max_new_tokens, RACE_MEASURE_S, LIMITS.gpu_max_s)
         outcome = None
-        for item in with_cpu_fallback(self.race_on_gpu, self.race, plan, model_name, precision, prompt, names, max_new_tokens):
-            if isinstance(item, RaceOutcome):
-                outcome = item
-            else:
-                yield item
-        if outcome is None:
-            return
-        decode_tokens = self.targets(model_name, precision).decode
-        decode = lambda token: decode_tokens([token])  # noqa: E731
-        slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
-        for frame in views.replay_frames(list(zip(names, outcome.medians)), REPLAY_EVERY_S * slow):
-            yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]), gr.skip()
-            time.sleep(REPLAY_EVERY_S)
-        answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens)) for m, events in zip(names, outcome.medians)])
-        yield views.race_table(outcome.rows), plan_html(plan) + outcome.quality + answers, views.race_figure(outcome.results)
+        records = with_cpu_fallback(self.race_on_gpu, self.decode_race, plan, model_name, precision, request.prompt, names, request.max_new_tokens)
+        with contextlib.closing(records):
+            for record in records:
+                if isinstance(record, GpuPlan):
+                    plan = record
+                elif isinstance(record, clicks.Timing):
+                    note = (f"Timing every method the same way, without drawing: round {record.round_} of {record.rounds}, "
+                            f"{record.done} of {record.runs} runs done; {record.running} running.")
+                    yield views.race_table([views.race_note(m, note if m == record.running else "") for m in names]), "", gr.skip()
+                elif isinstance(record, clicks.Stopped):
+                    yield views.race_table([views.race_note(m, STOPPED) for m in names]), "", None
+                else:
+                    outcome = record
+        if outcome is not None:
+            yield from self.replay(outcome, target, plan, replay_speed)
 
-    def race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
-        """AR and each of `names`' methods, timed alike in rounds (`live.timing_rounds`, undrawn),
-        each checked against its reference; yields the table while timing, then a `RaceOutcome`.
-        All within the click's budget; Stop ends the race between two passes."""
+    def decode_race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
+        """The race's GPU call: its plan first, then `clicks.race_records`' records, within the plan's deadline.
+        Stop ends the race between two passes."""
         stop = click_budget(plan)
         try:
-            base = Request(text("prompt", prompt or ""), "ar", min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens))
-            target = planned(self.targets(model_name, precision), plan)
-            decode = decoder(target)
-            timed = []
-            requests = [Request(base.prompt, m, base.max_new_tokens) for m in names]
-            for round_, rounds, done, timed in timing_rounds(target, requests, stop, plan.measure_s, RACE_MIN_ROUNDS):  # noqa: B007
-                order = names if round_ % 2 else names[::-1]  # timing_rounds reverses every other round
-                running = order[done] if done < len(names) else ""
-                note = f"Timing every method the same way, without drawing: round {round_} of {rounds}, {done} of {len(names)} runs done; {running} running."
-                yield views.race_table([views.race_note(m, note if m == running else "") for m in names]), "", gr.skip()
-            if not timed or not timed[0]:
-                yield views.race_table([views.race_note(m, STOPPED) for m in names]), "", None
-                return
-            medians = [median_run(runs) for runs in timed]
-            kept(target, medians[0][1])
-            ar_speeds, (_, baseline_summary) = speeds(timed[0]), medians[0]
-            rows, results = [], []
-            for method, runs, (events, summary) in zip(names, timed, medians):
-                measured = spread(speeds(runs), ar_speeds)
-                results.append({"method": method, "speedup": measured, "tokens_per_pass": [stats(*r)["tokens_per_forward"] for r in runs]})
-                shown = {**stats(events, summary), "tokens_per_s": median(speeds(runs))}
-                if method == "ar":
-                    rows.append(race_row(method, shown, None, None, summary, decode, measured=measured))
-                    continue
-                request = Request(base.prompt, method, base.max_new_tokens)
-                reference = own_reference(target, request, stop)
-                own_differs = first_difference(summary.tokens, reference.tokens) if reference else None
-                why = difference_note(target, request, summary, reference or baseline_summary, decode)
-                differs = first_difference(summary.tokens, baseline_summary.tokens)
-                rows.append(race_row(method, shown, None, differs, summary, decode, reference, own_differs, why, measured=measured))
-            quality = views.cllm_quality_html(cllm_quality(target, Request(base.prompt, "cllm", base.max_new_tokens))) if "cllm" in names else ""
-            yield RaceOutcome([events for events, _ in medians], rows, results, quality)
+            yield plan
+            target = clicks.planned(self.targets(model_name, precision), plan)
+            yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop, RACE_MIN_ROUNDS)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         finally:
             stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
+
+    @staticmethod
+    def replay(outcome: clicks.RaceOutcome, target: LoadedModel, plan: GpuPlan, replay_speed):
+        """A finished race, replayed as it ran (each method's median run, at `replay_speed`), then its table, answers and chart."""
+        decode_tokens, decode = target.decode, decoder(target)
+        names, medians = [part.method for part in outcome.raced], [part.events for part in outcome.raced]
+        slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
+        for frame in views.replay_frames(list(zip(names, medians)), REPLAY_EVERY_S * slow):
+            yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]), gr.skip()
+            time.sleep(REPLAY_EVERY_S)
+        answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens)) for m, events in zip(names, medians)])
+        rows = [race_row(part.method, part.stats, None, part.differs, part.summary, decode, part.reference, part.own_differs,
+                         difference_note(part.divergence, outcome.dtype, decode), measured=part.measured) for part in outcome.raced]
+        results = [{"method": part.method, "speedup": part.measured, "tokens_per_pass": part.tokens_per_pass} for part in outcome.raced]
+        quality = views.cllm_quality_html(outcome.quality) if "cllm" in names else ""
+        yield views.race_table(rows), plan_html(plan) + quality + answers, views.race_figure(results)
 
     @staticmethod
     def on_tick(step, history):
@@ -413,12 +322,8 @@ class Handlers:
         return (0 if int(step or 0) >= total else gr.skip()), gr.Timer(active=total > 0)
 
 
-def difference_note(target: LoadedModel, request: Request, summary, reference_summary, decode) -> str:
-    """Why a greedy answer that should equal its reference's does not: one sentence, or ''."""
-    if METHODS[request.method].other_answer:
-        return ""
-    found = divergence_from(target, request, summary.tokens, reference_summary.tokens)
-    dtype = str(target.dtype).removeprefix("torch.")
+def difference_note(found, dtype: str, decode) -> str:
+    """Why a greedy answer that should equal its reference's does not (`clicks.divergence`): one sentence, or ''."""
     return views.divergence_sentence(found, dtype, decode, SUSPECT_MARGIN) if found else ""
 
 
@@ -427,17 +332,99 @@ def budget_note(summary) -> str:
     return f"<p><i>{html.escape(STOPPED.capitalize())}.</i></p>" if summary.finish_reason == "stopped" else ""
 
 
-def same_as_ar_html(target: LoadedModel, request: Request, summary, baseline_summary, decode) -> str:
-    """Generate's verdict: does the answer equal AR's, and if not, why (methods that should)."""
+def verdict_html(request: Request, answered: clicks.Answered, decode, decode_tokens) -> str:
+    """Generate's verdict on a finished answer: does it equal AR's, and why not; for contrastive
+    decoding, its answer beside the expert's and the amateur's own."""
+    verdict = same_as_ar_html(request, answered.summary, answered.baseline_summary, answered.checks, answered.dtype, decode)
+    if answered.checks.amateur is None:
+        return verdict
+    answers = {"contrastive (expert − amateur)": answered.summary.tokens, "expert alone (greedy AR)": answered.baseline_summary.tokens,
+               "amateur alone (greedy)": answered.checks.amateur}
+    return verdict + views.answers_html(answers, decode_tokens)
+
+
+def same_as_ar_html(request: Request, summary, baseline_summary, checks: clicks.Checks, dtype: str, decode) -> str:
+    """Does the answer equal AR's, and if not, why (methods that should); a CLLM's stored quality instead."""
     if request.method == "ar" or METHODS[request.method].other_answer:
         return ""
-    if decoded_model(request.method, target) is not target.model:  # a changed model (cllm): is it still a good one?
-        return views.cllm_quality_html(cllm_quality(target, request))
+    if checks.own_weights:  # a changed model (cllm): is it still a good one?
+        return views.cllm_quality_html(checks.quality)
     if request.sampling.do_sample:
         return "<p><b>Same answer as AR?</b> Not expected: this run samples.</p>"
     if first_difference(summary.tokens, baseline_summary.tokens) is None:
         return "<p><b>Same answer as AR?</b> Yes, token for token.</p>"
-    return f"<p><b>Same answer as AR?</b> No. {html.escape(difference_note(target, request, summary, baseline_summary, decode))}</p>"
+    return f"<p><b>Same answer as AR?</b> No. {html.escape(difference_note(checks.divergence, dtype, decode))}</p>"
+
+
+class GenerateDrawing:
+    """The page's updates for one Generate click's records (`specdemo.app.clicks`), in the order of
+    the click's outputs: the answer, the method's pictures, the speed figure, the statistics, the
+    verdict, the step-through's history, the export and the step slider."""
+
+    def __init__(self, target: LoadedModel, request: Request, baselines: Baselines):
+        self.target, self.request, self.baselines = target, request, baselines
+        self.decode = decoder(target)
+        self.plan = zerogpu.unplanned(request.max_new_tokens, 0.0)
+        self.shown, self.finished, self.verdict, self.pending = (), (), "", False
+        self.answered: clicks.Answered | None = None
+
+    def draw(self, record) -> tuple | None:
+        return getattr(self, f"on_{type(record).__name__.lower()}")(record)
+
+    def pictures(self, events: list[StepEvent], baseline: list[StepEvent] | None) -> tuple:
+        return (views.stream_html(events, self.decode, self.target.decode), *view_updates(views.method_pictures(events, self.decode)),
+                views.speed_figure(events, baseline))
+
+    def after_answer(self, table: str) -> tuple:
+        """The table, with the answer's last picture and its verdict the first time after the answer."""
+        if self.pending:
+            self.pending = False
+            return (*self.shown, table, *self.finished)
+        return (*[gr.skip()] * len(self.shown), table, *[gr.skip()] * len(self.finished))
+
+    def on_gpuplan(self, plan: GpuPlan) -> None:
+        self.plan = plan
+
+    def on_streaming(self, record: clicks.Streaming) -> tuple:
+        if record.baseline is None:  # the AR baseline: no statistics nor verdict while it streams
+            stream, *pictures = self.pictures(record.events, None)
+            return BASELINE_NOTE + stream, *pictures, "", "", *[gr.skip()] * 3
+        self.shown = self.pictures(record.events, record.baseline)
+        return *self.shown, views.stats_html(stats(record.events)), "", *[gr.skip()] * 2, gr.Slider()  # no verdict while the answer streams
+
+    def on_baseline(self, record: clicks.Baseline) -> None:
+        if not self.plan.on_cpu:  # a CPU twin's run is no baseline for the page's model
+            self.baselines.put(self.target, self.request, (record.events, record.summary))
+
+    def on_answered(self, record: clicks.Answered) -> tuple | None:
+        self.answered, self.shown = record, self.pictures(record.events, record.baseline_events)
+        self.verdict = plan_html(self.plan) + verdict_html(self.request, record, self.decode, self.target.decode) + budget_note(record.summary)
+        steps = max(len(record.events), 1)
+        self.finished = (self.verdict, (record.events, record.summary, self.decode, self.target.decode),
+                         export_events(record.events, record.summary), gr.Slider(maximum=steps, value=steps))
+        self.pending = True
+        return self.after_answer(views.stats_html(self.run_stats, done=True)) if record.summary.finish_reason == "stopped" else None
+
+    @property
+    def run_stats(self) -> dict:
+        return stats(self.answered.events, self.answered.summary)
+
+    def on_untimed(self, record: clicks.Untimed) -> tuple:
+        ar_speed = stats(self.answered.baseline_events, self.answered.baseline_summary)["tokens_per_s"]
+        single = spread([self.run_stats["tokens_per_s"]], [ar_speed])
+        note = NOT_TIMED.format(left=record.left_s)
+        return self.after_answer(views.stats_html(self.run_stats, single, ar_speed, note=note, done=True, drawn=True))
+
+    def on_timing(self, record: clicks.Timing) -> tuple:
+        return self.after_answer(views.stats_html(self.run_stats, note=f"{TIMING} Round {record.round_} of {record.rounds}: {record.done} of 2 runs done."))
+
+    def on_stopped(self, record: clicks.Stopped) -> tuple:
+        return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True))
+
+    def on_timed(self, record: clicks.Timed) -> tuple:
+        table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured, record.ar_speed, done=True)
+        why = why_html(record.method_stats, record.ar_stats, self.answered.events, record.measured)
+        return *[gr.skip()] * len(self.shown), table, why + self.verdict, *[gr.skip()] * (len(self.finished) - 1)
 
 
 def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="", measured: Spread | None = None) -> str:
@@ -479,9 +466,9 @@ def api_generate_for(targets: Targets):
         try:
             sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
             request = Request(text("prompt", prompt or ""), text("method", method), min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
-            target = planned(targets(text("model", model or ""), text("precision", precision or "")), plan)
+            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")), plan)
             events, summary = collect(run(target, request, stop))
-            kept(target, summary)
+            clicks.kept(target, summary)
             return target.decode(list(summary.tokens)), {**stats(events, summary), **({"note": plan.note} if plan.note else {})}
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error

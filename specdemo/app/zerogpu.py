@@ -24,7 +24,7 @@ from pathlib import Path
 
 REFUSALS = ("ZeroGPU quota exceeded", "ZeroGPU illegal duration", "ZeroGPU queue timeout", "ZeroGPU client error",
             "ZeroGPU pending credits exceeded")
-SETUP_S = 4.0  # a fresh process's share: attaching the GPU, moving the model, capturing the CUDA graphs
+SETUP_S = 4.0  # a fresh process's share (attaching the GPU, moving the model, capturing the graphs) until a call measured it
 MARGIN_S = 2.0  # the last pass, and the wobble of a shared GPU
 PASS_S = 0.03  # seconds a target pass, until this device measured its own (an eager GPU pass of the embedded model)
 SHORTEST_ANSWER = 16  # new tokens a shortened click keeps at least
@@ -46,6 +46,18 @@ def on_zerogpu() -> bool:
     return importlib.util.find_spec("spaces") is not None
 
 
+def at_start(device: str | None, compile_passes: bool | None) -> tuple[str | None, bool | None]:
+    """The app's device and capture at start. On ZeroGPU, `spaces` is imported first (it lends CUDA
+    to GPU calls and stands in for it outside them), the model goes to cuda as the platform expects,
+    and nothing is captured at start: each GPU call is a process of its own, where no graph outlives it.
+    Elsewhere, as given."""
+    if not on_zerogpu():
+        return device, compile_passes
+    import spaces  # noqa: F401
+
+    return device or "cuda", False if compile_passes is None else compile_passes
+
+
 def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
     """A click off ZeroGPU: nothing declared, nothing shortened."""
     return GpuPlan(0.0, max_new_tokens, measure_s)
@@ -55,7 +67,7 @@ def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float) -> 
     """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, elsewhere `unplanned`."""
     if not on_zerogpu():
         return unplanned(max_new_tokens, measure_s)
-    return plan_click(runs, max_new_tokens, measure_s, kept_pass_s(), cap_s)
+    return plan_click(runs, max_new_tokens, measure_s, kept("pass_s", PASS_S), cap_s, kept("setup_s", SETUP_S))
 
 
 def gpu_call(function):
@@ -90,25 +102,30 @@ def call_with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
 
 
 def state_file() -> Path:
-    """Where the pass cost measured on this device is kept between ZeroGPU's processes."""
+    """Where what this device measured is kept between ZeroGPU's processes (`kept`, `keep`)."""
     return Path(os.environ.get("SPECDEMO_STATE", Path.home() / ".cache" / "specdemo")) / "pass_cost.json"
 
 
-def kept_pass_s() -> float:
-    """Seconds a target pass took in the last decode on the GPU (PASS_S before the first)."""
+def kept(name: str, default: float) -> float:
+    """A cost this device measured in an earlier GPU call ("pass_s": seconds a target pass;
+    "setup_s": seconds a fresh process took to capture its graphs), `default` before the first."""
     try:
-        return float(json.loads(state_file().read_text())["pass_s"])
+        return float(json.loads(state_file().read_text())[name])
     except (OSError, ValueError, KeyError, TypeError):
-        return PASS_S
+        return default
 
 
-def keep_pass_s(seconds: float) -> None:
-    """Keep a decode's seconds a target pass (a forked GPU process writes it; the next click's plan reads it)."""
+def keep(**seconds: float) -> None:
+    """Keep costs measured in a GPU call (a forked process writes them; the next click's plan reads them)."""
+    try:
+        known = json.loads(state_file().read_text())
+    except (OSError, ValueError):
+        known = {}
     try:
         state_file().parent.mkdir(parents=True, exist_ok=True)
-        state_file().write_text(json.dumps({"pass_s": seconds}))
+        state_file().write_text(json.dumps({**known, **seconds}))
     except OSError:
-        pass  # a read-only disk: the next plan uses the default
+        pass  # a read-only disk: the next plan uses the defaults
 
 
 def decode_seconds(runs: int, max_new_tokens: int, pass_s: float) -> float:
@@ -117,11 +134,11 @@ def decode_seconds(runs: int, max_new_tokens: int, pass_s: float) -> float:
     return runs * 2 * (max_new_tokens + 1) * pass_s
 
 
-def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, cap_s: float) -> GpuPlan:
+def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, cap_s: float, setup_s: float = SETUP_S) -> GpuPlan:
     """The GPU time a click of `runs` decodes (the method, its AR baseline, a race's methods) of
-    `max_new_tokens` with `measure_s` of timing rounds declares, within `cap_s`: the timing
-    shrinks first, then the answer, down to SHORTEST_ANSWER tokens."""
-    fixed = SETUP_S + MARGIN_S
+    `max_new_tokens` with `measure_s` of timing rounds declares, with `setup_s` for a fresh process,
+    within `cap_s`: the timing shrinks first, then the answer, down to SHORTEST_ANSWER tokens."""
+    fixed = setup_s + MARGIN_S
 
     def total(tokens: int, measure: float) -> float:
         return fixed + decode_seconds(runs, tokens, pass_s) + measure

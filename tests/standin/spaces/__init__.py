@@ -12,15 +12,18 @@ What it keeps of the real package (`spaces/zero/client.py` and `wrappers.py`, ve
 - a call waits, uncharged and untimed, for the Space's one GPU (`GPUS`).
 What it cannot keep on a CPU: the GPU itself and the forked worker process.
 `CALLS` records every call (visitor, declared and elapsed seconds) for the tests to check.
+SPACES_STANDIN_QUOTA_S sets the daily quota at import (`make space-check` uses a short one to
+reach a used-up quota in a few clicks).
 """
 
 import functools
 import inspect
+import os
 import threading
 import time
 from datetime import timedelta
 
-QUOTA_S = 120  # a visitor without a login, a day
+QUOTA_S = int(os.environ.get("SPACES_STANDIN_QUOTA_S", "120"))  # a visitor without a login, a day
 TIER_MAX_S = 120  # the longest call the tier allows
 USED: dict[str, float] = {}  # visitor -> seconds charged today
 CALLS: list[dict] = []

@@ -1,0 +1,248 @@
+"""What a Generate click and a race decode, as data: the part of a click that runs in its GPU call.
+
+On ZeroGPU a click's GPU call runs in a process of its own, and its seconds are charged to the
+visitor's quota. So these generators decode and time, and yield plain records (runs, checks,
+timings) that cross back to the page's process; `specdemo.app.handlers` draws them there, and the
+race's replay runs there too. Nothing here draws.
+"""
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from specdemo.app.limits import time_left
+from specdemo.app.live import (
+    MARGIN_S,
+    Baselines,
+    Divergence,
+    Request,
+    Spread,
+    amateur_reference,
+    cllm_quality,
+    divergence_from,
+    first_difference,
+    median,
+    median_run,
+    own_reference,
+    run,
+    speeds,
+    spread,
+    stats,
+    timed_events,
+    timing_rounds,
+)
+from specdemo.app.zerogpu import GpuPlan, keep, on_zerogpu
+from specdemo.core.events import StepEvent, Summary
+from specdemo.methods import METHODS, decoded_model, method_options
+from specdemo.models import LoadedModel, capture
+
+UPDATE_EVERY_S = 0.5  # a streamed run's records a second at most: drawing competes with decoding for the CPU
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """A run so far: the AR baseline's (`baseline` None) or the method's, beside its baseline's events."""
+
+    events: list[StepEvent]
+    baseline: list[StepEvent] | None = None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The AR baseline's finished run, for the page to keep (`live.Baselines`)."""
+
+    events: list[StepEvent]
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a verdict needs that only the model can tell: the CLLM's stored quality, where a greedy
+    answer parts from its reference and AR's margin there, the amateur's own answer."""
+
+    own_weights: bool = False  # the method decodes other weights than the target's (cllm): `quality` is its verdict
+    quality: dict | None = None
+    divergence: Divergence | None = None
+    amateur: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The method's finished run, its AR baseline's and its checks."""
+
+    events: list[StepEvent]
+    summary: Summary
+    baseline_events: list[StepEvent]
+    baseline_summary: Summary
+    checks: Checks
+    dtype: str  # the decoded model's, for the verdict's sentence on rounding
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timing rounds under way: `done` of `runs` runs of round `round_` of `rounds`; `running`, the method running."""
+
+    round_: int
+    rounds: int
+    done: int
+    runs: int
+    running: str = ""
+
+
+@dataclass(frozen=True)
+class Timed:
+    """Generate's timing rounds, done: the speedup's spread, each side's median run's stats and speed."""
+
+    measured: Spread | None
+    method_stats: dict
+    ar_stats: dict
+    method_speed: float
+    ar_speed: float
+
+
+@dataclass(frozen=True)
+class Untimed:
+    """No timing round fits what is left of the click (`left_s` seconds), or the plan has none."""
+
+    left_s: float
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Stop, or the click's deadline, ended the timing."""
+
+
+@dataclass(frozen=True)
+class Raced:
+    """One method's part of a race: its median run, its timed runs' speeds and spread against AR,
+    and how its answer compares with AR's and with its own reference (AR on its own weights)."""
+
+    method: str
+    events: list[StepEvent]
+    summary: Summary
+    stats: dict
+    measured: Spread | None
+    tokens_per_pass: list[float]
+    differs: int | None = None
+    reference: Summary | None = None
+    own_differs: int | None = None
+    divergence: Divergence | None = None
+
+
+@dataclass(frozen=True)
+class RaceOutcome:
+    """A finished race: every method's part, AR first, and the CLLM's stored quality when it raced."""
+
+    raced: list[Raced]
+    quality: dict | None
+    dtype: str
+
+
+def planned(target: LoadedModel, plan: GpuPlan) -> LoadedModel:
+    """The model a click decodes: the page's (`ready` for a GPU call), or its twin on the CPU when ZeroGPU refused the click."""
+    from specdemo.models import load_model
+
+    if plan.on_cpu and target.device.type != "cpu":
+        return load_model(target.spec, "auto", "cpu")
+    ready(target)
+    return target
+
+
+def ready(target: LoadedModel) -> None:
+    """In a ZeroGPU call's fresh process, capture the target's CUDA graphs (`models.capture`) before
+    its first pass, and keep what that took for the next click's plan: graphs captured in an
+    earlier call died with its process. Elsewhere the app captured them at start, or was told not to."""
+    if on_zerogpu() and target.device.type == "cuda" and (seconds := capture(target)):
+        keep(setup_s=seconds)
+
+
+def kept(target: LoadedModel, summary: Summary | None) -> None:
+    """On a GPU, keep what a target pass cost for the next click's plan (`zerogpu.keep`)."""
+    if target.device.type == "cuda" and summary is not None and summary.target_forwards:
+        keep(pass_s=summary.target_s / summary.target_forwards)
+
+
+def dtype_of(target: LoadedModel) -> str:
+    return str(target.dtype).removeprefix("torch.")
+
+
+def divergence(target: LoadedModel, request: Request, summary: Summary, reference: Summary) -> Divergence | None:
+    """Where a greedy answer that should equal `reference` parts from it, with AR's margin there;
+    None when it equals it or the method is not meant to (`Method.other_answer`)."""
+    if METHODS[request.method].other_answer:
+        return None
+    return divergence_from(target, request, summary.tokens, reference.tokens)
+
+
+def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Summary, stop: threading.Event) -> Checks:
+    """Generate's checks of a finished answer (`Checks`), run on the click's device within its deadline."""
+    amateur = amateur_reference(target, request, stop)
+    found = Checks(amateur=tuple(amateur.tokens) if amateur else None)
+    if request.method == "ar" or METHODS[request.method].other_answer:
+        return found
+    if decoded_model(request.method, target) is not target.model:  # a changed model (cllm): is it still a good one?
+        return replace(found, own_weights=True, quality=cllm_quality(target, request))
+    return replace(found, divergence=divergence(target, request, summary, baseline))
+
+
+def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan, stop: threading.Event) -> Iterator:
+    """Generate's decoding: the AR baseline (unless `baselines` holds it), then the method, each
+    streamed as `Streaming` records; the `Answered` run; then both timed alike (`Timed`), or why not."""
+    method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
+    if baselines.has(target, request):
+        baseline_events, baseline_summary = baselines.get(target, request)
+    else:
+        for baseline_events, baseline_summary in timed_events(run(target, Baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
+            yield Streaming(baseline_events)
+        if baseline_summary is None or baseline_summary.finish_reason == "stopped":
+            return
+        yield Baseline(baseline_events, baseline_summary)
+    for events, summary in timed_events(run(target, request, stop), UPDATE_EVERY_S, stop):
+        if summary is None:
+            yield Streaming(events, baseline_events)
+    kept(target, summary)
+    yield Answered(events, summary, baseline_events, baseline_summary, checks(target, request, summary, baseline_summary, stop), dtype_of(target))
+    if summary.finish_reason == "stopped":
+        return
+    if not plan.measure_s or baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # no round fits the click
+        yield Untimed(time_left(stop))
+        return
+    timed = []
+    for round_, rounds, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop, plan.measure_s):  # noqa: B007
+        yield Timing(round_, rounds, done, 2)
+    if not timed or not timed[0]:  # Stop, or the click's deadline, ended the timing
+        yield Stopped()
+        return
+    ar_runs, method_runs = timed
+    yield Timed(spread(speeds(method_runs), speeds(ar_runs)), stats(*median_run(method_runs)), stats(*median_run(ar_runs)),
+                median(speeds(method_runs)), median(speeds(ar_runs)))
+
+
+def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tokens: int, plan: GpuPlan, stop: threading.Event,
+         least_rounds: int) -> Iterator:
+    """AR and each of `names`' methods, timed alike in rounds (`live.timing_rounds`, undrawn): a
+    `Timing` record as runs go, then a `RaceOutcome` with each method checked against its
+    reference, or `Stopped`."""
+    requests = [Request(prompt, method, max_new_tokens) for method in names]
+    timed = []
+    for round_, rounds, done, timed in timing_rounds(target, requests, stop, plan.measure_s, least_rounds):  # noqa: B007
+        order = names if round_ % 2 else names[::-1]  # timing_rounds reverses every other round
+        yield Timing(round_, rounds, done, len(names), order[done] if done < len(names) else "")
+    if not timed or not timed[0]:
+        yield Stopped()
+        return
+    medians = [median_run(runs) for runs in timed]
+    kept(target, medians[0][1])
+    ar_speeds, baseline = speeds(timed[0]), medians[0][1]
+    raced = []
+    for request, runs, (events, summary) in zip(requests, timed, medians):
+        shown = {**stats(events, summary), "tokens_per_s": median(speeds(runs))}
+        part = Raced(request.method, events, summary, shown, spread(speeds(runs), ar_speeds), [stats(*r)["tokens_per_forward"] for r in runs])
+        if request.method != "ar":
+            reference = own_reference(target, request, stop)
+            part = replace(part, differs=first_difference(summary.tokens, baseline.tokens), reference=reference,
+                           own_differs=first_difference(summary.tokens, reference.tokens) if reference else None,
+                           divergence=divergence(target, request, summary, reference or baseline))
+        raced.append(part)
+    quality = cllm_quality(target, Request(prompt, "cllm", max_new_tokens)) if "cllm" in names else None
+    yield RaceOutcome(raced, quality, dtype_of(target))
