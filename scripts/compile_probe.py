@@ -1,8 +1,8 @@
-"""A probe for issue 27 (a compiled, static-cache target pass), not part of the app: the time
+"""A probe made before the compiled, static-cache target pass was built, not part of the app: the time
 of one target pass of the embedded model over k new tokens after a 100-token prefix, eager
 transformers with its DynamicCache against `torch.compile` over transformers' StaticCache
 (one compiled graph a width k), timed in alternation over 5 rounds of 10 passes each.
-docs/benchmarks.md gives what it measured.
+docs/history/benchmarks-log.md (2026-11-24, "a probe toward a compiled pass") gives what it measured.
 
     python scripts/compile_probe.py bfloat16
     python scripts/compile_probe.py float32
