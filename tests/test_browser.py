@@ -266,7 +266,7 @@ def race_verdict(page, method):
 
 
 def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_page):
-    """Issue 25: in bfloat16 a method's answer may part from AR's where AR's two likeliest tokens
+    """In bfloat16 a method's answer may part from AR's where AR's two likeliest tokens
     nearly tie; the race says where, by how much, and why. Switched to exact (float32), the same
     race gives every method AR's answer (against float32's own AR baseline)."""
     page = fast_page
@@ -295,7 +295,7 @@ def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_p
 
 
 def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, served_app):
-    """Issue 24: 16 visitors ask /generate at once. While their decodes still wait, changing the
+    """16 visitors ask /generate at once. While their decodes still wait, changing the
     method on the page is answered (cheap events are off the queue), a Generate click on the page
     shows its place in the queue, and each of the 16 gets its answer or a clear refusal."""
     import threading

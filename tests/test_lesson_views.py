@@ -1,4 +1,4 @@
-"""Issue 28's pictures and numbers, driven by a tiny model's events (no browser): the statistics
+"""The lesson's pictures and numbers, driven by a tiny model's events (no browser): the statistics
 table, the step's beats, the best pass, Jacobi's initial guess, the race's replay and chart, the
 timing rounds and their spread, and the lesson's data."""
 
