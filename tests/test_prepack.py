@@ -27,6 +27,8 @@ def test_packed_layers_give_the_plain_products(dtype, rows):
     plain product is MKL's) within rounding."""
     plain, packed = layers(dtype), layers(dtype)
     assert prepack.prepack(packed) == 2
+    assert [type(layer) for layer in packed] == [prepack.PackedLinear, nn.SiLU, prepack.PackedLinear]  # swapped in the open
+    assert packed[0].weight is not plain[0].weight and packed[2].bias is None
     x = torch.randn(1, rows, 64, dtype=dtype)
     with torch.inference_mode():
         if dtype == torch.bfloat16:

@@ -11,23 +11,18 @@ its graph (`static.compile_passes`); here the eager path gets it with no compile
 - float32 (the app's choice on a CPU without native bfloat16): the plain product is MKL's, so the
   values differ within rounding, as a product's values already differ with the rows beside it.
 
-On 2 cores of an AMD EPYC with AVX-512 BF16, 26 Spec-Bench questions (docs/benchmarks.md): in
-bfloat16 every method ran 1.25x to 1.32x faster with the same answers; in float32 AR 1.52x,
-speculative 1.58x and Medusa 1.68x, every answer still AR's and every run the same tokens in the
-same passes. Packed without a batch-size hint (`packed_weight`): with a hint of 1, as until
-2026-11-27, a float32 pass of 13 tokens cost 39.4 ms against 33.4 now, and 55.9 against 41.8 where only AVX2
-runs (docs/benchmarks.md, 2026-11-27 midday: float32 speculative decoding from 1.51x AR to 1.67x here).
+Swapping a model's layers for `PackedLinear` (`prepack`) is explicit: the model's modules say
+which layers take this path. How much faster it is, by CPU and dtype: docs/benchmarks.md.
 
 CUDA, other dtypes, training (gradients on) and a graph being compiled go through
 `torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
 (`packable`). A weight changed in place (merged adapters, a `load_state_dict`) is packed again
 at its next call. `linear(x, weight)` is the same product for a weight that is no layer's: the
-rows of the LM head a draft or Medusa's heads propose from (0.14 ms against 0.30 ms for 4 rows
-times 8,192 of them in bfloat16, measured while another process shared the cores; the same values).
+rows of the LM head a draft or Medusa's heads propose from. Packed layouts are kept beside their weights
+(`_PACKED`, weakly: a weight that goes frees its layout), never on a model.
 """
 
 import functools
-import types
 
 import torch
 from torch import nn
@@ -42,13 +37,27 @@ def cpu_multiplies_bfloat16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose product runs through its weight's prepacked layout (`linear`). It
+    holds the very parameters of the layer it replaces (`of`), so tied weights stay tied."""
+
+    @classmethod
+    def of(cls, layer: nn.Linear) -> "PackedLinear":
+        packed = cls(layer.in_features, layer.out_features, bias=False, device="meta", dtype=layer.weight.dtype)
+        packed.weight, packed.bias = layer.weight, layer.bias
+        return packed.train(layer.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 def prepack(module: nn.Module) -> int:
-    """Route every float32 or bfloat16 `nn.Linear` of `module` on a CPU through its prepacked
-    weight (bfloat16 only where this CPU multiplies it natively); returns how many layers now do."""
-    layers = [layer for layer in module.modules() if isinstance(layer, nn.Linear) and packable(layer.weight)]
-    for layer in layers:
-        layer.forward = types.MethodType(packed_forward, layer)
-    return len(layers)
+    """Swap every float32 or bfloat16 `nn.Linear` of `module` on a CPU for a `PackedLinear` of the
+    same parameters (bfloat16 only where this CPU multiplies it natively); returns how many."""
+    names = [name for name, layer in module.named_modules() if name and type(layer) is nn.Linear and packable(layer.weight)]
+    for name in names:
+        module.set_submodule(name, PackedLinear.of(module.get_submodule(name)))
+    return len(names)
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -66,11 +75,6 @@ def packed_dtypes() -> frozenset[torch.dtype]:
     return frozenset({torch.float32, torch.bfloat16} if cpu_multiplies_bfloat16() else {torch.float32})
 
 
-def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`nn.Linear.forward` through the prepacked weight (`linear`)."""
-    return linear(x, self.weight, self.bias)
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`torch.nn.functional.linear`, through `weight`'s prepacked layout where nothing needs the
     plain product (no gradient, no graph being compiled, a packable weight of x's dtype)."""
@@ -81,8 +85,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` in oneDNN's blocked layout, packed again when it changed in place. No batch-size
-    hint: a hint of 1 picks a layout for one-row products that makes float32 products of 4 to 32
-    rows 1.3x to 2.3x slower (docs/benchmarks.md, 2026-11-27 midday); bfloat16 products are the same either way."""
+    hint: a hint of 1 picks a layout for one-row products that slows the products of a few rows
+    in float32 (docs/benchmarks.md)."""
     stamp = (weight.data_ptr(), weight._version)
     cached = _PACKED.get(weight)
     if cached is None or cached[0] != stamp:
