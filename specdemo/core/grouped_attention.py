@@ -16,15 +16,16 @@ as transformers' eager attention does, was faster still for a tree's 13 tokens, 
 rounded to bfloat16 cost speculative decoding a tenth of its accepted tokens.)
 Everything else goes to transformers' SDPA unchanged: one token in float32 (its `enable_gqa`
 kernel is faster there), CUDA, a graph being compiled, a prompt's pass, a dropout, another
-attention's extras. `use_grouped_attention(model)` selects it through transformers' attention
-registry: nothing else of the model changes.
+attention's extras. `use_grouped_attention(model)` selects it by name through transformers' attention
+registry (`core.process`): nothing else of the model changes.
 """
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specdemo.core.process import register_attention
 
 NAME = "grouped_sdpa"  # the attention implementation's name in transformers' registries
 MAX_QUERIES = 32  # queries a pass may hold to take the grouped path; a prompt's pass keeps transformers'
@@ -86,14 +87,12 @@ def tiled_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
     return tiled
 
 
-AttentionInterface.register(NAME, grouped_attention_forward)
-AttentionMaskInterface.register(NAME, sdpa_mask)  # its masks are SDPA's
-
-
 def use_grouped_attention(module: torch.nn.Module) -> int:
     """Have every transformers model in `module` (itself included) that runs SDPA on a CPU run
     `grouped_attention_forward` instead (the passes it does not take go to SDPA as before);
-    returns how many it switched (a model and its inner decoder share one switch)."""
+    returns how many it switched (a model and its inner decoder share one switch). The name is
+    registered with transformers first (`process.register_attention`)."""
+    register_attention(NAME, grouped_attention_forward)
     switched = 0
     for model in module.modules():
         if isinstance(model, PreTrainedModel) and model.device.type == "cpu" and model.config._attn_implementation == "sdpa":

@@ -31,6 +31,7 @@ from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs
 from specdemo.core.kvcache import StaticKV
+from specdemo.core.process import compiling_on_cpu
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +129,7 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, p
         compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
                                 graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY)))
     else:
-        for limit in ("cache_size_limit", "recompile_limit"):  # a graph per bucket and model (a target, a CLLM...)
-            if hasattr(torch._dynamo.config, limit):
-                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
-        # inductor's freezing prepacks the weights for oneDNN (docs/benchmarks.md); set for the process:
-        # torch.compile's `options` did not carry it to the compiler
-        torch._inductor.config.freezing = True
+        compiling_on_cpu()  # process-wide: dynamo's limits, inductor's freezing (`core.process` says why)
         compiled = CompiledPass(torch.compile(static_forward, dynamic=False), tuple(sorted(buckets)), None)
     setattr(model, ATTRIBUTE, compiled)  # still found on the model: passing it to the loop as a value is the redesign's
     warm_up(model, compiled, progress, role)
