@@ -24,7 +24,7 @@ def test_limits_come_from_the_environment_with_a_sentence_for_a_bad_value():
             limits.limits_from({name: value})
 
 
-def test_a_budget_is_a_stop_event_set_at_its_deadline():
+def test_a_budget_is_a_deadline_that_comes_when_its_seconds_have_passed():
     stop = limits.budget(0.05)
     assert not stop.is_set() and stop.wait(5)
 

@@ -6,11 +6,10 @@ timings) that cross back to the page's process; `specdemo.app.handlers` draws th
 race's replay runs there too. Nothing here draws.
 """
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from specdemo.app.limits import time_left
+from specdemo.app.limits import Deadline, time_left
 from specdemo.app.live import (
     MARGIN_S,
     Baselines,
@@ -174,7 +173,7 @@ def divergence(target: LoadedModel, request: Request, summary: Summary, referenc
     return divergence_from(target, request, summary.tokens, reference.tokens)
 
 
-def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Summary, stop: threading.Event) -> Checks:
+def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Summary, stop: Deadline) -> Checks:
     """Generate's checks of a finished answer (`Checks`), run on the click's device within its deadline."""
     amateur = amateur_reference(target, request, stop)
     found = Checks(amateur=tuple(amateur.tokens) if amateur else None)
@@ -185,7 +184,7 @@ def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Su
     return replace(found, divergence=divergence(target, request, summary, baseline))
 
 
-def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan, stop: threading.Event) -> Iterator:
+def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan, stop: Deadline) -> Iterator:
     """Generate's decoding: the AR baseline (unless `baselines` holds it), then the method, each
     streamed as `Streaming` records; the `Answered` run; then both timed alike (`Timed`), or why not."""
     method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
@@ -218,7 +217,7 @@ def generate_records(target: LoadedModel, baselines: Baselines, request: Request
                 median(speeds(method_runs)), median(speeds(ar_runs)))
 
 
-def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tokens: int, plan: GpuPlan, stop: threading.Event,
+def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tokens: int, plan: GpuPlan, stop: Deadline,
          least_rounds: int) -> Iterator:
     """AR and each of `names`' methods, timed alike in rounds (`live.timing_rounds`, undrawn): a
     `Timing` record as runs go, then a `RaceOutcome` with each method checked against its

@@ -16,7 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 from specdemo.app import clicks, views, zerogpu
-from specdemo.app.limits import LIMITS, budget
+from specdemo.app.limits import LIMITS, Deadline, budget
 from specdemo.app.live import (
     SUSPECT_MARGIN,
     Baselines,
@@ -41,7 +41,7 @@ from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, 
 from specdemo.presets import Preset, preset_for, preset_named
 
 
-def click_budget(plan: GpuPlan) -> threading.Event:
+def click_budget(plan: GpuPlan) -> Deadline:
     """The click's deadline: its budget, or on ZeroGPU what it declared less a margin, so that no
     GPU call runs past its declaration."""
     return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)

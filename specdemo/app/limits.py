@@ -1,6 +1,8 @@
 """What one visitor may ask of the app, in one place. A Space owner overrides each limit with an
 environment variable (docs/hosting.md); a bad value stops the app at start with a sentence."""
 
+import dataclasses
+import math
 import os
 import threading
 import time
@@ -55,23 +57,39 @@ def limits_from(environ=os.environ) -> Limits:
 LIMITS = limits_from()
 
 
-def budget(seconds: float | None = None) -> threading.Event:
-    """One click's budget as the stop event of every run the click starts: set when `seconds`
-    (default: LIMITS.budget_s) have passed since now, so loading, the baseline, the method and
-    any reference run share one deadline (`time_left`). The Stop button sets it sooner."""
-    seconds = LIMITS.budget_s if seconds is None else seconds
-    stop = threading.Event()
-    stop.deadline = time.monotonic() + seconds
-    timer = threading.Timer(seconds, stop.set)
-    timer.daemon = True
-    timer.start()
-    return stop
+@dataclass(frozen=True)
+class Deadline:
+    """One click's deadline, handed to every run the click starts as its `stop`: it has come once
+    `ends_at` (on `time.monotonic`'s clock) has passed, or once the click is stopped early (`set`:
+    the Stop button, or the click's end). The decoding core asks `is_set()` between two passes."""
+
+    ends_at: float = math.inf
+    stopped: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False)
+
+    def is_set(self) -> bool:
+        return self.stopped.is_set() or time.monotonic() >= self.ends_at
+
+    def set(self) -> None:
+        self.stopped.set()
+
+    def left(self) -> float:
+        """Seconds before it comes: 0 once it has."""
+        return 0.0 if self.is_set() else max(0.0, self.ends_at - time.monotonic())
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until it comes, `timeout` seconds at most; whether it has."""
+        self.stopped.wait(min(timeout, self.left()))
+        return self.is_set()
 
 
-def time_left(stop: threading.Event) -> float:
-    """Seconds before the click's budget (`budget`) runs out: 0 once stopped; unbounded for a
-    stop event that is no budget."""
-    if stop.is_set():
-        return 0.0
-    deadline = getattr(stop, "deadline", None)
-    return float("inf") if deadline is None else max(0.0, deadline - time.monotonic())
+def budget(seconds: float | None = None) -> Deadline:
+    """One click's budget: a `Deadline` `seconds` from now (default: LIMITS.budget_s), so loading,
+    the baseline, the method and any reference run share one deadline. Stop sets it sooner."""
+    return Deadline(time.monotonic() + (LIMITS.budget_s if seconds is None else seconds))
+
+
+def time_left(stop: "Deadline | threading.Event") -> float:
+    """Seconds before a click's deadline comes: 0 once stopped; unbounded for a plain stop event."""
+    if isinstance(stop, Deadline):
+        return stop.left()
+    return 0.0 if stop.is_set() else math.inf
