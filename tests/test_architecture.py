@@ -7,7 +7,7 @@ import pytest
 import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
-CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors"}
+CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors", "process"}
 METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
 APP = {"ui", "handlers", "views", "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
@@ -114,3 +114,17 @@ def test_the_pages_controls_are_settings_of_their_methods():
     for spec in METHODS.values():
         assert set(spec.controls) <= set(spec.settings) & set(KNOBS), spec.name
     assert set(KNOBS) == {name for spec in METHODS.values() for name in spec.controls}  # every control serves a method
+
+
+def test_no_forward_is_patched_and_no_module_changes_anything_at_import():
+    """A model behaves as its modules say: no `forward` is assigned (a layer that computes otherwise
+    is another module, swapped in the open: `prepack.PackedLinear`), and importing a module of
+    `specdemo` calls nothing for its side effects (process-wide settings are `core.process`'s, made at load)."""
+    patched, at_import = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            patched += [f"{path.name}:{node.lineno}" for target in targets if isinstance(target, ast.Attribute) and target.attr == "forward"]
+        at_import += [f"{path.name}:{node.lineno}" for node in tree.body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+    assert not patched and not at_import
