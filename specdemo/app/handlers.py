@@ -36,7 +36,7 @@ from specdemo.app.live import (
 from specdemo.app.zerogpu import GpuPlan, call_with_cpu_fallback, gpu_call, plan_for, with_cpu_fallback
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
-from specdemo.methods import METHODS, forget_companions
+from specdemo.methods import METHODS
 from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, load_model, unload
 from specdemo.presets import Preset, preset_for, preset_named
 
@@ -164,7 +164,6 @@ class Targets:
         if self.resident is not None and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype):
             return self.resident
         if self.resident is not None:
-            forget_companions()
             unload(self.resident)
             self.resident = None
             free_memory()  # before the next load, so two presets never share the GPU

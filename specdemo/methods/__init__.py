@@ -4,11 +4,11 @@ A spec holds the method's generator function, what it accepts (sampling, logits 
 own settings, read from the function's signature), whether its answer must equal AR's, and its
 descriptions. Every generator takes (model, input_ids, *, max_new_tokens, sampling,
 eos_token_ids, stop, ...) and yields the step events of `specdemo.core.events`; `method_options`
-loads what a method needs beyond that (a draft, heads...) for a given target, once per process.
+loads what a method needs beyond that (a draft, heads...) for a given target, once, and holds it
+with the target (`LoadedModel.companions`).
 Adding a method is one module and one entry here (docs/architecture.md).
 """
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -186,43 +186,50 @@ def get_method(name: str) -> MethodSpec:
     return METHODS[name]
 
 
-@functools.cache
 def method_options(name: str, target: LoadedModel) -> MappingProxyType:
     """The keyword arguments method `name` needs for `target` beyond the common ones, loaded from
-    the companions its preset names (`specdemo.presets`)."""
+    the companions its preset names (`specdemo.presets`), once, and held with the target
+    (`LoadedModel.companions`)."""
     get_method(name)
+    return target.companions.get(f"options of {name}", lambda: MappingProxyType(load_options(name, target)))
+
+
+def load_options(name: str, target: LoadedModel) -> dict:
     if name == "speculative":  # the feature draft where the preset has one, as it drafts better
         feature_draft = getattr(preset_for(target.spec), "feature_draft", None)
         draft = token_draft(target) if feature_draft is None else load_feature_draft(Path(feature_draft), target.model)
         if compiled_pass(target.model):  # a compiled target's draft passes take the compiled static path too
             compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft")
-        return MappingProxyType({"draft": draft, **datastore_of(target)})
+        return {"draft": draft, **datastore_of(target)}
     if name == "medusa":
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
         preset = preset_for(target.spec)
         if heads.choices is None and preset.medusa_tree:  # published heads bring no tree: the preset's is their default
-            heads.choices = [list(path) for path in preset.medusa_tree]
-        return MappingProxyType({"heads": heads, **datastore_of(target)})
+            heads.choices = [list(path) for path in preset.medusa_tree]  # set once, as loaded, before any run holds them
+        return {"heads": heads, **datastore_of(target)}
     if name == "cllm":
-        return MappingProxyType({"cllm_model": cllm.load_cllm(companion(target, "cllm"), target), **datastore_of(target)})
+        return {"cllm_model": target.companions.get("cllm", lambda: cllm.load_cllm(companion(target, "cllm"), target)), **datastore_of(target)}
     if name == "lookahead":
-        return MappingProxyType(datastore_of(target))
+        return datastore_of(target)
     if name == "contrastive":  # the amateur is the token draft: a small LM of its own, which a feature draft is not
-        return MappingProxyType({"amateur": token_draft(target).model})
-    return MappingProxyType({})
+        return {"amateur": token_draft(target).model}
+    return {}
 
 
-@functools.cache
 def token_draft(target: LoadedModel) -> Draft:
-    """The target's draft model (a small causal LM of its vocabulary), loaded once: speculative
-    decoding's draft where there is no feature draft, transformers' assistant, contrastive's amateur."""
-    return load_draft(companion(target, "draft"), target)
+    """The target's draft model (a small causal LM of its vocabulary), loaded once and held with
+    the target: speculative decoding's draft where there is no feature draft, transformers'
+    assistant, contrastive's amateur."""
+    return target.companions.get("token draft", lambda: load_draft(companion(target, "draft"), target))
 
 
 def datastore_of(target: LoadedModel) -> dict:
-    """{"datastore": the target's earlier answers} where its preset has them (`retrieval`), else {}."""
+    """{"datastore": the target's earlier answers} where its preset has them (`retrieval`), else {};
+    loaded once and held with the target."""
     folder = getattr(preset_for(target.spec), "datastore", None)
-    return {"datastore": load_datastore(folder, target.model.config.vocab_size)} if folder is not None else {}
+    if folder is None:
+        return {}
+    return {"datastore": target.companions.get("datastore", lambda: load_datastore(folder, target.model.config.vocab_size))}
 
 
 MISSING_COMPANION = {
@@ -242,15 +249,6 @@ def companion(target: LoadedModel, kind: str) -> str | Path:
     if spec is None:
         raise SpecDemoError(MISSING_COMPANION[kind].format(target=target.spec))
     return spec
-
-
-def forget_companions() -> None:
-    """Drop every loaded companion (drafts, heads, CLLMs), which hold their targets: after an
-    evicted target (`ui.Targets`) nothing keeps it in memory. The others load again on first use."""
-    method_options.cache_clear()
-    token_draft.cache_clear()
-    cllm.load_cllm.cache_clear()
-    load_datastore.cache_clear()
 
 
 def decoded_model(name: str, target: LoadedModel):

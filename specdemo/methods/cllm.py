@@ -22,7 +22,6 @@ loads as any model spec does.
 """
 
 import copy
-import functools
 import json
 import threading
 from collections.abc import Iterable, Iterator
@@ -89,9 +88,8 @@ def generate(
     raise SpecDemoError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
 
 
-@functools.cache
 def load_cllm(spec: str | Path, target: LoadedModel) -> PreTrainedModel:
-    """The CLLM for `target`, once per process: a folder of our adapters (merged into a copy of
+    """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`): a folder of our adapters (merged into a copy of
     the target, which stays as it was), or any model spec `specdemo.models` loads (a published
     CLLM, on the target's dtype and device)."""
     folder = Path(spec)

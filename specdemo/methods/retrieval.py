@@ -15,7 +15,6 @@ follows its occurrences, token by token, down the continuation most of them shar
 trie of the continuations and verifies its likeliest branches; our tree has room for one).
 """
 
-import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,10 +145,9 @@ def answers_of(tokens: np.ndarray, end: int) -> list[np.ndarray]:
     return [tokens[start:stop] for start, stop in zip([0, *(cuts[:-1] + 1)], cuts)]
 
 
-@functools.cache
 def load_datastore(folder: str | Path, vocab_size: int) -> Datastore:
     """The datastore saved in `folder`, for a target of `vocab_size` tokens (the same tokenizer's),
-    loaded and indexed once per process (under a second for two million tokens)."""
+    loaded and indexed (the target's companions hold it once loaded: `methods.method_options`)."""
     folder = Path(folder)
     try:
         config = json.loads((folder / CONFIG_FILE).read_text())
