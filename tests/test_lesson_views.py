@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from specdemo.app import lesson, live, views
+from specdemo.app.limits import Deadline, budget, time_left
 from specdemo.app.live import Spread, rounds_for, spread
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, ar, jacobi, lookahead, medusa, speculative
@@ -231,13 +232,10 @@ def test_timing_never_plans_more_rounds_than_the_clicks_budget_holds(monkeypatch
 
     monkeypatch.setattr(live, "run", slow_run)
     monkeypatch.setattr(live, "MARGIN_S", 0.0)
-    stop = threading.Event()
-    stop.deadline = time.monotonic() + 0.25  # room for the first round (0.1 s) and one more
+    stop = Deadline(time.monotonic() + 0.25)  # room for the first round (0.1 s) and one more
     requests = [live.Request("a", "ar", 1), live.Request("a", "speculative", 1)]
     reports = list(live.timing_rounds(None, requests, stop, measure_s=10.0, least=3))
     assert reports[-1][1] == 2 and [len(runs) for runs in reports[-1][3]] == [2, 2]
-    from specdemo.app.limits import budget, time_left
-
     assert time_left(threading.Event()) == float("inf") and 0 < time_left(budget(30)) <= 30
 
 
