@@ -23,7 +23,7 @@ RUNNING = "Running… (Stop ends it)"
 STOPPING = "Stopping the answer that is running, to set up the step chosen…"
 STOPPED_FOR_STEP = "Stopped the answer that was running, to set up this step."
 EXAMPLE_REFUSED = "An answer is running: the prompt stays its own. Press Stop first to try an example."
-LAST_RUN_SIZE = 11  # the outputs `cleared` empties, in the page's order (`ui.build_app`'s last_run)
+LAST_RUN_SIZE = 11  # the outputs `cleared` empties, in the page's order (`ui.GenerateTab.last_run`)
 
 
 def cleared() -> list:

@@ -1,8 +1,15 @@
 """The web page: layout and event wiring only. What the events do is `specdemo.app.handlers`'s,
 running a method `specdemo.app.live`'s, drawing `specdemo.app.views`'; this module places the
-Gradio components and connects them."""
+Gradio components and connects them: one builder per tab returns its components (`lesson_tab`,
+`generate_tab`, `step_through_tab`, `race_tab`, and `header` above them), one function per group
+of events wires them (`wire_generate`, `wire_race`, `wire_controls`, `wire_step_through`), and
+`build_app` composes the two in the page's order."""
+
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import gradio as gr
+from gradio.events import Dependency
 
 from specdemo.app import lesson, one_run, views
 from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
@@ -21,6 +28,9 @@ FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's specu
 START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses in colour "
               "(see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
 SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
+# One generation at a time on this model: every event that decodes shares one queue slot,
+# so Gradio's queue tells each waiting visitor how many are ahead.
+ONE_AT_A_TIME = MappingProxyType(dict(concurrency_id="model", concurrency_limit=1))
 
 
 def body_class_js(name: str) -> str:
@@ -45,6 +55,350 @@ def sampling_label() -> str:
             f"{', '.join(processing_methods())}, with the answer AR would give under them")
 
 
+@dataclass(frozen=True)
+class Header:
+    """The controls above the tabs: the model, its precision and the two display switches."""
+
+    model: gr.Dropdown
+    model_about: gr.Markdown
+    precision: gr.Radio
+    answer_only: gr.Checkbox
+    large_text: gr.Checkbox
+
+
+@dataclass(frozen=True)
+class GenerateTab:
+    """The Generate tab: the prompt and its run's buttons, the lesson note, how the method works,
+    the examples, what a run draws (`run_view`: the answer, the method's plots and HTML, the speed
+    plot, the statistics and "why", in `handlers.on_generate`'s order), the sampling and method
+    settings (`settings`, by their GENERATE_INPUTS names) and the run's events to download."""
+
+    prompt: gr.Textbox
+    generate: gr.Button
+    stop: gr.Button
+    run_status: gr.HTML
+    method: gr.Dropdown
+    max_new_tokens: gr.Number
+    lesson_note: gr.HTML
+    how: gr.Markdown
+    examples: gr.Dataset
+    run_view: tuple[gr.components.Component, ...]
+    settings: dict[str, gr.components.Component]
+    download: gr.File
+
+    @property
+    def last_run(self) -> list:
+        """What a new run, a lesson step or a new method clears (`one_run.cleared`)."""
+        return [*self.run_view, self.download]
+
+    @property
+    def locked(self) -> list:
+        """Generate and the settings a run locks while it is on (`one_run.start`, `one_run.finish`)."""
+        return [self.generate, self.prompt, self.method, self.max_new_tokens]
+
+
+@dataclass(frozen=True)
+class StepThroughTab:
+    """The Step through tab: the step slider, its buttons and autoplay, and the step drawn (`outputs`:
+    its answer so far, plots, HTML and explanation, in `handlers.on_step`'s order)."""
+
+    step: gr.Slider
+    back: gr.Button
+    forward: gr.Button
+    play: gr.Button
+    pause: gr.Button
+    pace: gr.Slider
+    timer: gr.Timer
+    outputs: tuple[gr.components.Component, ...]
+
+
+@dataclass(frozen=True)
+class RaceTab:
+    """The Race tab: the methods raced, its buttons and replay speed, and the race drawn."""
+
+    choice: gr.CheckboxGroup
+    button: gr.Button
+    stop: gr.Button
+    replay_speed: gr.Radio
+    table: gr.Markdown
+    plot: gr.Plot
+    streams: gr.HTML
+
+
+@dataclass(frozen=True)
+class Page:
+    """Every component the events read or write: the header, each tab's, and what the page remembers
+    (`history`: the last run's events, for the step-through; `busy`: a run of this page waits or decodes, so a lesson step
+    then stops it before it is set up; `shown_step`: the lesson step whose method and prompt were last set up)."""
+
+    header: Header
+    tabs: gr.Tabs
+    lesson_step: gr.Radio
+    generate: GenerateTab
+    step_through: StepThroughTab
+    race: RaceTab
+    history: gr.State
+    busy: gr.State
+    shown_step: gr.State
+
+    def generate_inputs(self) -> list:
+        """The Generate event's inputs, by name: the handler reads them back by the same names."""
+        run = self.generate
+        named = dict(model=self.header.model, precision=self.header.precision, prompt=run.prompt, method=run.method,
+                     max_new_tokens=run.max_new_tokens, **run.settings)
+        return [named[name] for name in GENERATE_INPUTS]
+
+    @property
+    def lesson_shown(self) -> list:
+        """What setting up a lesson step writes (`one_run.set_up`)."""
+        run = self.generate
+        return [run.method, run.prompt, run.max_new_tokens, run.lesson_note, self.tabs, run.run_status, self.shown_step, *run.last_run]
+
+
+def header(targets: Targets, target: LoadedModel) -> Header:
+    """The page's style and title, the model picker (shown when there are presets) and the switches."""
+    gr.HTML(views.PAGE_STYLE)
+    # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
+    dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
+    gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
+    model = gr.Dropdown(
+        targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
+        "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
+    )
+    model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
+    with gr.Row(equal_height=True):
+        precision = gr.Radio(
+            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
+            scale=3, label="Precision (exact: every method gives AR's answer; fast: rounding may flip a near-tie, and the page says where)",
+        )
+        answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only", scale=1)
+        large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
+    return Header(model, model_about, precision, answer_only, large_text)
+
+
+def lesson_tab() -> gr.Radio:
+    """The Lesson tab: the glossary and the steps, each of which sets up Generate (or Race)."""
+    with gr.Tab("Lesson", id="lesson"):
+        gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its gain shows, "
+                    "then opens Generate; choosing a step stops an answer still running.\n\n" + lesson.GLOSSARY)
+        lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
+        gr.HTML(views.legend_html())
+    return lesson_step
+
+
+def generate_tab() -> GenerateTab:
+    """The Generate tab, ready with the lesson's first example."""
+    with gr.Tab("Generate", id="generate"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                gr.Markdown(START_HERE, elem_id="start-here")
+                prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
+                with gr.Row():
+                    generate = gr.Button(one_run.GENERATE, variant="primary", elem_id="generate", scale=3)
+                    stop = gr.Button("Stop", elem_id="stop", scale=1)
+                run_status = gr.HTML(elem_id="run-status", padding=False, visible=False)  # shown when it has something to say
+                stream = gr.HTML(elem_id="stream")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method", min_width=140)
+                    max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0,
+                                               label="Max new tokens", elem_id="max-new-tokens", min_width=120)
+                view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
+        lesson_note = gr.HTML(elem_id="lesson-note")
+        how = gr.Markdown(how_for(FIRST.method), elem_id="how")
+        # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone (`one_run.example_chosen`)
+        examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index", label="Examples",
+                              elem_id="examples")
+        gr.HTML(views.legend_html())
+        with gr.Row():
+            with gr.Column():
+                trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
+                tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
+                best_plot = gr.Plot(label=PLOT_LABELS["best"], elem_id="best-plot", visible=False)
+                detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
+                view_html = gr.HTML(elem_id="method-view")
+            with gr.Column():
+                run_stats = gr.HTML(elem_id="stats")
+                why = gr.HTML(elem_id="why")
+                speed_plot = gr.Plot(label="Tokens over time, against AR on this prompt", elem_id="speedup-plot")
+        settings = {**sampling_settings(), **method_settings()}
+        download = gr.File(label="This run's events (JSON)", elem_id="export")
+    run_view = (stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why)
+    return GenerateTab(prompt, generate, stop, run_status, method, max_new_tokens, lesson_note, how, examples, run_view, settings, download)
+
+
+def sampling_settings() -> dict[str, gr.components.Component]:
+    """The sampling accordion: its settings by their GENERATE_INPUTS names."""
+    with gr.Accordion(sampling_label(), open=False), gr.Row():
+        return dict(
+            do_sample=gr.Checkbox(False, label="Sample", min_width=SETTING_WIDTH),
+            temperature=gr.Slider(0.05, 2.0, value=1.0, label="Temperature", min_width=SETTING_WIDTH),
+            top_k=gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)", min_width=SETTING_WIDTH),
+            top_p=gr.Slider(0.05, 1.0, value=1.0, label="Top-p", min_width=SETTING_WIDTH),
+            repetition_penalty=gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty", min_width=SETTING_WIDTH),
+            seed=gr.Number(-1, label="Seed (-1: random)", precision=0, min_width=SETTING_WIDTH),
+            no_repeat_ngram_size=gr.Slider(0, 6, value=0, step=1, min_width=SETTING_WIDTH,
+                                           label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})"),
+        )
+
+
+def method_settings() -> dict[str, gr.components.Component]:
+    """The method settings accordion: each method's settings (`handlers.KNOBS`) by name."""
+    with gr.Accordion("Method settings", open=False, elem_id="method-settings"):
+        # a column a method, each wide enough for its labels: the columns wrap onto rows rather than squash them
+        with gr.Row():
+            with gr.Column(min_width=SETTING_WIDTH):
+                speculative = dict(
+                    gamma=gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)"),
+                    adaptive_gamma=gr.Checkbox(False, label="speculative: adaptive γ"),
+                    draft_tree_size=gr.Checkbox(
+                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"),
+                    copy_length=gr.Checkbox(
+                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
+                    ),
+                    retrieve=gr.Checkbox(
+                        True, label="speculative, medusa, lookahead, cllm: also guess what the model's earlier answers wrote after the same words "
+                        "(REST: a datastore of its own answers)",
+                    ),
+                )
+            with gr.Column(min_width=SETTING_WIDTH):
+                medusa = dict(
+                    tree=gr.Dropdown(
+                        ["dynamic", "static", "chain"], value="dynamic",
+                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out "
+                        "answers; chain: top-1 only)",
+                    ),
+                    tree_size=gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 8 for ours)"),
+                    typical_acceptance=gr.Checkbox(
+                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a "
+                        "sample of the target)",
+                    ),
+                )
+            with gr.Column(min_width=SETTING_WIDTH):
+                jacobi_lookahead = dict(
+                    decoder=gr.Radio(
+                        ["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
+                        label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, drawn as a trajectory)",
+                    ),
+                    block_size=gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n"),
+                    window=gr.Slider(0, 16, value=0, step=1,
+                                     label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for lookahead, 1 for cllm)"),
+                    ngram=gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N"),
+                    candidates=gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G"),
+                )
+            with gr.Column(min_width=SETTING_WIDTH):
+                beam_contrastive = dict(
+                    num_beams=gr.Slider(1, 8, value=4, step=1, label="beam: beams k"),
+                    length_penalty=gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)"),
+                    early_stopping=gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)"),
+                    alpha=gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α"),
+                    amateur_temperature=gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ"),
+                )
+    return {**speculative, **medusa, **jacobi_lookahead, **beam_contrastive}
+
+
+def step_through_tab() -> StepThroughTab:
+    """The Step through tab: the last answer, one target pass at a time."""
+    with gr.Tab("Step through", id="step-through"):
+        gr.Markdown("Walk through the last generated answer one target pass at a time; step 0 is before the first pass.")
+        with gr.Row(equal_height=True):
+            # step n is the n-th target pass, as the sentences say; 0 is before the first
+            step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step", scale=4)
+            back = gr.Button("◀ Back", min_width=80)
+            forward = gr.Button("Next ▶", min_width=80)
+            play = gr.Button("▶ Play", elem_id="play", variant="primary", min_width=80)
+            pause = gr.Button("❚❚ Pause", elem_id="pause", min_width=80)
+            pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace", min_width=SETTING_WIDTH)
+        timer = gr.Timer(1.2, active=False)
+        explanation = gr.HTML(elem_id="explanation")
+        stream = gr.HTML(elem_id="step-stream")
+        gr.HTML(views.legend_html())
+        plots = tuple(gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS)  # titled as on Generate, not "Plot"
+        html = gr.HTML()
+    return StepThroughTab(step, back, forward, play, pause, pace, timer, outputs=(stream, *plots, html, explanation))
+
+
+def race_tab() -> RaceTab:
+    """The Race tab: the chosen methods against AR on Generate's prompt and length."""
+    with gr.Tab("Race", id="race-tab"):
+        choice = gr.CheckboxGroup(
+            [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer],
+            label="Methods against ar",
+        )
+        with gr.Row(equal_height=True):
+            button = gr.Button("Race", variant="primary", elem_id="race")
+            stop = gr.Button("Stop", elem_id="race-stop")
+            replay_speed = gr.Radio(list(REPLAY_SPEEDS), value="real time", label="Replay speed", elem_id="replay-speed")
+        table = gr.Markdown(elem_id="race-table")
+        plot = gr.Plot(label="Speedup and tokens per pass, with their spreads", elem_id="race-plot")
+        gr.HTML(views.legend_html())
+        streams = gr.HTML(elem_id="race-streams")
+    return RaceTab(choice, button, stop, replay_speed, table, plot, streams)
+
+
+def wire_generate(page: Page, handlers: Handlers) -> Dependency:
+    """Generate and Enter in the prompt: the run, then the page opened again and the step-through
+    shown. Returns the run's event, for what cancels it."""
+    run, shown = page.generate, page.step_through
+    # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then the
+    # run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
+    starting = gr.on([run.generate.click, run.prompt.submit], one_run.start, inputs=[page.lesson_step, run.method, run.prompt],
+                     outputs=[*run.locked, run.run_status, run.lesson_note, page.busy, *run.last_run], api_visibility="private",
+                     trigger_mode="once", queue=False, show_progress="hidden")
+    running = starting.then(handlers.on_generate, inputs=page.generate_inputs(), outputs=[*run.run_view, page.history, run.download, shown.step],
+                            api_visibility="private", **ONE_AT_A_TIME)
+    ended = running.then(one_run.finish, outputs=[*run.locked, page.busy], api_visibility="private", queue=False, show_progress="hidden")
+    ended.then(one_run.settle, inputs=[page.lesson_step, page.shown_step], outputs=page.lesson_shown, api_visibility="private", queue=False,
+               show_progress="hidden")
+    # the slider fires no change when a new run ends on the same step number as the last one
+    running.then(handlers.on_step, inputs=[page.history, shown.step], outputs=shown.outputs, api_visibility="private")
+    return running
+
+
+def wire_race(page: Page, handlers: Handlers, running: Dependency) -> None:
+    """Race, and the two Stop buttons, each of which ends a run or a race."""
+    run, race = page.generate, page.race
+    racing = race.button.click(
+        handlers.on_race, inputs=[page.header.model, page.header.precision, run.prompt, race.choice, run.max_new_tokens, race.replay_speed],
+        outputs=[race.table, race.streams, race.plot], api_visibility="private", trigger_mode="once", **ONE_AT_A_TIME
+    )
+    # closing the generator ends the decoding loop between passes
+    run.stop.click(None, cancels=[running, racing], queue=False)
+    race.stop.click(None, cancels=[running, racing], queue=False)
+
+
+def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
+    """The cheap events: the display switches, a method, a lesson step, an example, a model."""
+    header, run = page.header, page.generate
+    # in the browser alone: every stream on the page shows the answer only, or with its drafts; the page's text grows
+    header.answer_only.change(None, inputs=header.answer_only, js=body_class_js("specdemo-answer-only"), queue=False)
+    header.large_text.change(None, inputs=header.large_text, js=body_class_js("specdemo-large"), queue=False)
+    # cheap events never wait behind a decode: off the queue, answered at once
+    run.method.change(lambda chosen: one_run.method_chosen(how_for(chosen)), inputs=run.method, outputs=[run.how, *run.last_run],
+                      api_visibility="private", queue=False, show_progress="hidden")
+    page.lesson_step.change(
+        one_run.lesson_setup, inputs=[page.lesson_step, page.busy], outputs=page.lesson_shown,
+        api_visibility="private", queue=False, cancels=[running], show_progress="hidden",
+    )
+    run.examples.click(lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy), inputs=[run.examples, page.busy],
+                       outputs=[run.prompt, run.run_status, *run.last_run], api_visibility="private", queue=False, show_progress="hidden")
+    header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private", queue=False)
+
+
+def wire_step_through(page: Page, handlers: Handlers) -> None:
+    """The step slider, Back and Next, and autoplay: Play, Pause, its pace and its timer."""
+    shown, history = page.step_through, page.history
+    shown.step.change(handlers.on_step, inputs=[history, shown.step], outputs=shown.outputs, api_visibility="private", queue=False)
+    shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, api_visibility="private", queue=False)
+    # the slider refuses a value past its maximum, and would then refuse every later one too
+    shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[shown.step, history], outputs=shown.step,
+                        api_visibility="private", queue=False)
+    shown.play.click(handlers.on_play, inputs=[shown.step, history], outputs=[shown.step, shown.timer], api_visibility="private", queue=False)
+    shown.pause.click(lambda: gr.Timer(active=False), outputs=shown.timer, api_visibility="private", queue=False)
+    shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer, api_visibility="private", queue=False)
+    shown.timer.tick(handlers.on_tick, inputs=[shown.step, history], outputs=[shown.step, shown.timer], api_visibility="private", queue=False)
+
+
 def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:
     """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
     `presets`: the models a person may switch to (default: those this machine can run)."""
@@ -52,208 +406,22 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     if presets is None:  # SPECDEMO_PRESETS=0 (a public Space): only the model the app started with
         presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets else ()
     handlers = Handlers(Targets(target, presets))
-    targets = handlers.targets
-    # One generation at a time on this model: every event that decodes shares one queue slot,
-    # so Gradio's queue tells each waiting visitor how many are ahead.
-    one_at_a_time = dict(concurrency_id="model", concurrency_limit=1)
-
     # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
-        gr.HTML(views.PAGE_STYLE)
-        # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
-        dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
-        gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
-        model = gr.Dropdown(
-            targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
-            "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
-        )
-        model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
-        with gr.Row(equal_height=True):
-            precision = gr.Radio(
-                list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1, scale=3,
-                label="Precision (exact: every method gives AR's answer; fast: rounding may flip a near-tie, and the page says where)",
-            )
-            answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only", scale=1)
-            large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
+        top = header(handlers.targets, target)
         with gr.Tabs(selected="generate") as tabs:
-            with gr.Tab("Lesson", id="lesson"):
-                gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its gain shows, "
-                            "then opens Generate; choosing a step stops an answer still running.\n\n" + lesson.GLOSSARY)
-                lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
-                gr.HTML(views.legend_html())
-            with gr.Tab("Generate", id="generate"):
-                with gr.Row():
-                    with gr.Column(scale=3):
-                        gr.Markdown(START_HERE, elem_id="start-here")
-                        prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
-                        with gr.Row():
-                            generate = gr.Button(one_run.GENERATE, variant="primary", elem_id="generate", scale=3)
-                            stop = gr.Button("Stop", elem_id="stop", scale=1)
-                        run_status = gr.HTML(elem_id="run-status", padding=False, visible=False)  # shown when it has something to say
-                        stream = gr.HTML(elem_id="stream")
-                    with gr.Column(scale=2):
-                        with gr.Row():
-                            method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method", min_width=140)
-                            max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0, label="Max new tokens",
-                                                       elem_id="max-new-tokens", min_width=120)
-                        view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
-                lesson_note = gr.HTML(elem_id="lesson-note")
-                how = gr.Markdown(how_for(FIRST.method), elem_id="how")
-                # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone (`one_run.example_chosen`)
-                examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index", label="Examples",
-                                      elem_id="examples")
-                gr.HTML(views.legend_html())
-                with gr.Row():
-                    with gr.Column():
-                        trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
-                        tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
-                        best_plot = gr.Plot(label=PLOT_LABELS["best"], elem_id="best-plot", visible=False)
-                        detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
-                        view_html = gr.HTML(elem_id="method-view")
-                    with gr.Column():
-                        run_stats = gr.HTML(elem_id="stats")
-                        why = gr.HTML(elem_id="why")
-                        speed_plot = gr.Plot(label="Tokens over time, against AR on this prompt", elem_id="speedup-plot")
-                with gr.Accordion(sampling_label(), open=False):
-                    with gr.Row():
-                        do_sample = gr.Checkbox(False, label="Sample", min_width=SETTING_WIDTH)
-                        temperature = gr.Slider(0.05, 2.0, value=1.0, label="Temperature", min_width=SETTING_WIDTH)
-                        top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0: off)", min_width=SETTING_WIDTH)
-                        top_p = gr.Slider(0.05, 1.0, value=1.0, label="Top-p", min_width=SETTING_WIDTH)
-                        repetition_penalty = gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty", min_width=SETTING_WIDTH)
-                        seed = gr.Number(-1, label="Seed (-1: random)", precision=0, min_width=SETTING_WIDTH)
-                        no_repeat_ngram_size = gr.Slider(0, 6, value=0, step=1, label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})",
-                                                         min_width=SETTING_WIDTH)
-                with gr.Accordion("Method settings", open=False, elem_id="method-settings"):
-                    # a column a method, each wide enough for its labels: the columns wrap onto rows rather than squash them
-                    with gr.Row():
-                        with gr.Column(min_width=SETTING_WIDTH):
-                            gamma = gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)")
-                            adaptive_gamma = gr.Checkbox(False, label="speculative: adaptive γ")
-                            draft_tree_size = gr.Checkbox(True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain")
-                            copy_length = gr.Checkbox(
-                                True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
-                            )
-                            retrieve = gr.Checkbox(
-                                True, label="speculative, medusa, lookahead, cllm: also guess what the model's earlier answers wrote after the same words "
-                                "(REST: a datastore of its own answers)",
-                            )
-                        with gr.Column(min_width=SETTING_WIDTH):
-                            tree = gr.Dropdown(
-                                ["dynamic", "static", "chain"], value="dynamic",
-                                label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out "
-                                "answers; chain: top-1 only)",
-                            )
-                            tree_size = gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 8 for ours)")
-                            typical_acceptance = gr.Checkbox(
-                                False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a sample of the target)",
-                            )
-                        with gr.Column(min_width=SETTING_WIDTH):
-                            decoder = gr.Radio(
-                                ["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
-                                label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, drawn as a trajectory)",
-                            )
-                            block_size = gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n")
-                            window = gr.Slider(0, 16, value=0, step=1, label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for lookahead, 1 for cllm)")
-                            ngram = gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N")
-                            candidates = gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G")
-                        with gr.Column(min_width=SETTING_WIDTH):
-                            num_beams = gr.Slider(1, 8, value=4, step=1, label="beam: beams k")
-                            length_penalty = gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)")
-                            early_stopping = gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)")
-                            alpha = gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α")
-                            amateur_temperature = gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ")
-                download = gr.File(label="This run's events (JSON)", elem_id="export")
-            with gr.Tab("Step through", id="step-through"):
-                gr.Markdown("Walk through the last generated answer one target pass at a time; step 0 is before the first pass.")
-                with gr.Row(equal_height=True):
-                    # step n is the n-th target pass, as the sentences say; 0 is before the first
-                    step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step", scale=4)
-                    back = gr.Button("◀ Back", min_width=80)
-                    forward = gr.Button("Next ▶", min_width=80)
-                    play = gr.Button("▶ Play", elem_id="play", variant="primary", min_width=80)
-                    pause = gr.Button("❚❚ Pause", elem_id="pause", min_width=80)
-                    pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace", min_width=SETTING_WIDTH)
-                timer = gr.Timer(1.2, active=False)
-                explanation = gr.HTML(elem_id="explanation")
-                step_stream = gr.HTML(elem_id="step-stream")
-                gr.HTML(views.legend_html())
-                step_plots = [gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS]  # titled as on Generate, not "Plot"
-                step_html = gr.HTML()
-            with gr.Tab("Race", id="race-tab"):
-                race_choice = gr.CheckboxGroup(
-                    [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer], label="Methods against ar"
-                )
-                with gr.Row(equal_height=True):
-                    race_button = gr.Button("Race", variant="primary", elem_id="race")
-                    race_stop = gr.Button("Stop", elem_id="race-stop")
-                    replay_speed = gr.Radio(list(REPLAY_SPEEDS), value="real time", label="Replay speed", elem_id="replay-speed")
-                race_table = gr.Markdown(elem_id="race-table")
-                race_plot = gr.Plot(label="Speedup and tokens per pass, with their spreads", elem_id="race-plot")
-                gr.HTML(views.legend_html())
-                race_streams = gr.HTML(elem_id="race-streams")
-        history = gr.State(None)
-        busy = gr.State(False)  # a run of this page waits or decodes: a lesson step then stops it before it is set up
-        shown_step = gr.State(None)  # the lesson step whose method and prompt were last set up
-
-        controls = dict(
-            model=model, precision=precision, prompt=prompt, method=method, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, no_repeat_ngram_size=no_repeat_ngram_size, gamma=gamma,
-            adaptive_gamma=adaptive_gamma, draft_tree_size=draft_tree_size, copy_length=copy_length, retrieve=retrieve, tree=tree, tree_size=tree_size,
-            typical_acceptance=typical_acceptance, decoder=decoder, block_size=block_size, window=window, ngram=ngram, candidates=candidates, num_beams=num_beams,
-            length_penalty=length_penalty, early_stopping=early_stopping, alpha=alpha, amateur_temperature=amateur_temperature,
-        )
-        inputs = [controls[name] for name in GENERATE_INPUTS]  # by name: the handler reads them back by the same names
-        run_view = [stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why]
-        outputs = [*run_view, history, download, step]
-        last_run = [*run_view, download]  # what a new run, a lesson step or a new method clears (`one_run.cleared`)
-        step_outputs = [step_stream, *step_plots, step_html, explanation]
-        # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then the
-        # run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
-        settings = [generate, prompt, method, max_new_tokens]
-        starting = gr.on([generate.click, prompt.submit], one_run.start, inputs=[lesson_step, method, prompt],
-                         outputs=[*settings, run_status, lesson_note, busy, *last_run], api_visibility="private", trigger_mode="once", queue=False,
-                         show_progress="hidden")
-        running = starting.then(handlers.on_generate, inputs=inputs, outputs=outputs, api_visibility="private", **one_at_a_time)
-        step_shown = [method, prompt, max_new_tokens, lesson_note, tabs, run_status, shown_step, *last_run]
-        ended = running.then(one_run.finish, outputs=[*settings, busy], api_visibility="private", queue=False, show_progress="hidden")
-        ended.then(one_run.settle, inputs=[lesson_step, shown_step], outputs=step_shown, api_visibility="private", queue=False, show_progress="hidden")
-        # the slider fires no change when a new run ends on the same step number as the last one
-        running.then(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private")
-        racing = race_button.click(
-            handlers.on_race, inputs=[model, precision, prompt, race_choice, max_new_tokens, replay_speed], outputs=[race_table, race_streams, race_plot],
-            api_visibility="private", trigger_mode="once", **one_at_a_time
-        )
-        # closing the generator ends the decoding loop between passes
-        stop.click(None, cancels=[running, racing], queue=False)
-        race_stop.click(None, cancels=[running, racing], queue=False)
-        # in the browser alone: every stream on the page shows the answer only, or with its drafts; the page's text grows
-        answer_only.change(None, inputs=answer_only, js=body_class_js("specdemo-answer-only"), queue=False)
-        large_text.change(None, inputs=large_text, js=body_class_js("specdemo-large"), queue=False)
-        # cheap events never wait behind a decode: off the queue, answered at once
-        method.change(lambda chosen: one_run.method_chosen(how_for(chosen)), inputs=method, outputs=[how, *last_run], api_visibility="private",
-                      queue=False, show_progress="hidden")
-        lesson_step.change(
-            one_run.lesson_setup, inputs=[lesson_step, busy], outputs=step_shown,
-            api_visibility="private", queue=False, cancels=[running], show_progress="hidden",
-        )
-        examples.click(lambda index, running: one_run.example_chosen(EXAMPLES[index], running), inputs=[examples, busy],
-                       outputs=[prompt, run_status, *last_run], api_visibility="private", queue=False, show_progress="hidden")
-        model.change(targets.about, inputs=model, outputs=model_about, api_visibility="private", queue=False)
-        step.change(handlers.on_step, inputs=[history, step], outputs=step_outputs, api_visibility="private", queue=False)
-        back.click(lambda s: max(0, s - 1), inputs=step, outputs=step, api_visibility="private", queue=False)
-        # the slider refuses a value past its maximum, and would then refuse every later one too
-        forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[step, history], outputs=step, api_visibility="private", queue=False)
-        play.click(handlers.on_play, inputs=[step, history], outputs=[step, timer], api_visibility="private", queue=False)
-        pause.click(lambda: gr.Timer(active=False), outputs=timer, api_visibility="private", queue=False)
-        pace.change(lambda seconds: gr.Timer(value=seconds), inputs=pace, outputs=timer, api_visibility="private", queue=False)
-        timer.tick(handlers.on_tick, inputs=[step, history], outputs=[step, timer], api_visibility="private", queue=False)
-        gr.api(api_generate_for(targets), api_name="generate", **one_at_a_time)
+            lesson_step, generate, step_through, race = lesson_tab(), generate_tab(), step_through_tab(), race_tab()
+        page = Page(top, tabs, lesson_step, generate, step_through, race, history=gr.State(None), busy=gr.State(False), shown_step=gr.State(None))
+        running = wire_generate(page, handlers)
+        wire_race(page, handlers, running)
+        wire_controls(page, handlers.targets, running)
+        wire_step_through(page, handlers)
+        gr.api(api_generate_for(handlers.targets), api_name="generate", **ONE_AT_A_TIME)
     return app
 
 
 def serve(app: gr.Blocks, **launch) -> None:
     """Queue and launch the page with the limits of `specdemo.app.limits`: decodes wait in one queue of
-    LIMITS.queue_size (one runs at a time, `one_at_a_time`; each visitor sees their place in it),
+    LIMITS.queue_size (one runs at a time, `ONE_AT_A_TIME`; each visitor sees their place in it),
     cheap events skip it, and uploads are capped."""
     app.queue(max_size=LIMITS.queue_size).launch(max_file_size=LIMITS.max_upload, **launch)
