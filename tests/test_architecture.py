@@ -8,7 +8,8 @@ import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors", "process"}
-METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
+METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi",
+           "cllm", "beam", "contrastive"}
 APP = {"ui", "handlers", "views", "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
