@@ -1,4 +1,4 @@
-"""Medusa decoding (`generate`, `MedusaTree`): extra heads propose a tree of candidates, the target verifies it in one pass.
+"""Medusa decoding (`generate`, `MedusaTree`): extra heads propose a tree of candidates; one target pass verifies it.
 
 Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
 Heads". The heads (`medusa_heads`) read the target's last hidden state; their guesses fill a
