@@ -15,7 +15,7 @@ import torch
 from specdemo.core.errors import SpecDemoError
 from specdemo.methods.cllm import EMBEDDED_CLLM
 from specdemo.methods.eagle import EMBEDDED_EAGLE
-from specdemo.methods.medusa import EMBEDDED_HEADS
+from specdemo.methods.medusa_heads import EMBEDDED_HEADS
 from specdemo.methods.retrieval import EMBEDDED_ANSWERS
 from specdemo.models import EMBEDDED
 

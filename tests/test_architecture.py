@@ -8,14 +8,25 @@ import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors", "process"}
-METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
-APP = {"ui", "handlers", "views", "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
+METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi",
+           "cllm", "beam", "contrastive"}
+VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}  # a package: its `__init__` and its modules
+APP = {"ui", "handlers", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 
 
 def source(module: str) -> Path:
-    return next(PACKAGE / layer / f"{module}.py" for layer, modules in LAYERS.items() if module in modules)
+    """A module's file; a package's (`views`) is its `__init__.py`, its modules dotted (`views.html`)."""
+    path = next(PACKAGE / layer / module.replace(".", "/") for layer, modules in LAYERS.items() if module in modules)
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def modules_in(layer: str) -> set[str]:
+    """The modules in a layer's folder, by the names `source` takes."""
+    folder = PACKAGE / layer
+    names = {".".join(path.relative_to(folder).with_suffix("").parts) for path in folder.rglob("*.py")}
+    return {name.removesuffix(".__init__") for name in names} - {"__init__"}
 
 
 def imports(module: str) -> set[str]:
@@ -36,7 +47,7 @@ def imports(module: str) -> set[str]:
 
 def test_each_layer_is_a_folder():
     for layer, modules in LAYERS.items():
-        assert {path.stem for path in (PACKAGE / layer).glob("*.py")} - {"__init__"} == modules, layer
+        assert modules_in(layer) == modules, layer
 
 
 @pytest.mark.parametrize("module", sorted(CORE | METHODS))
@@ -49,7 +60,7 @@ def test_the_core_knows_no_method(module):
     assert not imports(module) & (METHODS | {"methods", "models", "presets"})
 
 
-@pytest.mark.parametrize("module", ["ui", "handlers", "views", "lesson", "clicks"])
+@pytest.mark.parametrize("module", ["ui", "handlers", *sorted(VIEWS), "lesson", "clicks"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""
     assert not imports(module) & {"torch", "transformers", *CORE - {"events", "steps", "errors", "sampling"}, *METHODS}
@@ -64,7 +75,7 @@ def test_the_page_reaches_decoding_only_through_live(module):
     tree = ast.parse(source(module).read_text())
     calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     assert not calls & {"generate", "forward"}  # no method's generator, no model pass
-    assert "gradio" in imports(module) and "plotly" in imports("views")
+    assert "gradio" in imports(module) and "plotly" in imports("views.figures")
 
 
 def test_the_worked_example_of_docs_architecture_runs(tiny_model):

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from specdemo.app.views import beam_figure, beam_nodes
+from specdemo.app.views.figures import beam_figure, beam_nodes
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary, final_summary
 from specdemo.core.sampling import SamplingConfig

@@ -8,7 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from specdemo import SpecDemoError
 from specdemo.core.events import final_summary
 from specdemo.methods import ar, lookahead, medusa
-from specdemo.methods.medusa import MedusaHeads
+from specdemo.methods.medusa_heads import MedusaHeads
 
 CONTEXT = 24
 

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig
 
 from specdemo import SpecDemoError
-from specdemo.app.views import COLOURS, contrastive_figure
+from specdemo.app.views.figures import COLOURS, contrastive_figure
 from specdemo.core.events import StepEvent, Summary, final_summary
 from specdemo.core.steps import ContrastiveStep
 from specdemo.methods import ar, contrastive

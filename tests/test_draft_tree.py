@@ -144,7 +144,9 @@ def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
 def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     """The app's views read the step's tree like Medusa's: the accepted branch in green, the
     draft's favourite continuation after it in red, and a sentence that says what happened."""
-    from specdemo.app.views import COLOURS, acceptance_by_position, explain_step, tree_figure
+    from specdemo.app.views.explain import explain_step
+    from specdemo.app.views.figures import COLOURS, tree_figure
+    from specdemo.core.events import acceptance_by_position
 
     events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
     step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length and e.rejected)
@@ -225,7 +227,8 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
 def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said, unsaid):
     """Copied nodes are squares, retrieved ones (earlier answers) diamonds, and the sentence says how
     many of each were in the tree and among the accepted tokens."""
-    from specdemo.app.views import explain_step, tree_figure
+    from specdemo.app.views.explain import explain_step
+    from specdemo.app.views.figures import tree_figure
 
     data = TreeStep(
         tree_tokens=[5, 7, 8, 9, 4], tree_parents=[-1, 0, 0, 1, 3], tree_depths=[0, 1, 1, 2, 3],

@@ -13,15 +13,10 @@ from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.kvcache import keep_positions
 from specdemo.core.sampling import SamplingConfig
 from specdemo.core.verify import accept_greedy, deepest
-from specdemo.methods import ar, medusa
-from specdemo.methods.medusa import (
-    MedusaHeads,
-    build_tree,
-    dynamic_paths,
-    load_heads,
-    probs_after_parents,
-    typical_verdicts,
-)
+from specdemo.methods import ar, medusa, medusa_heads, medusa_tree
+from specdemo.methods.medusa import probs_after_parents, typical_verdicts
+from specdemo.methods.medusa_heads import MedusaHeads, load_heads
+from specdemo.methods.medusa_tree import build_tree, dynamic_paths
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
@@ -99,7 +94,7 @@ def test_verification_keeps_the_deepest_accepted_node():
     # the target follows the root with 12 (node 2), then 23 (node 6): node 6, not the deeper node 7
     # whose parent (node 4) the target never reaches
     choices = [12, 21, 23, 0, 31, 0, 99, 0]
-    proposal = medusa.proposal(tree, tokens)  # the engine numbers nodes from the root's children: node i is i + 1 here
+    proposal = medusa_tree.proposal(tree, tokens)  # the engine numbers nodes from the root's children: node i is i + 1 here
     deepest_node = lambda choices: ([0] + [n + 1 for n in accept_greedy(proposal, choices)[0]])[-1]  # noqa: E731
     assert deepest_node(choices) == 6
     assert deepest_node([0] * 8) == 0  # nothing accepted: the root
@@ -118,7 +113,7 @@ def test_typical_acceptance_threshold_and_ties():
     probs = torch.stack([flat, flat, flat])
     verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
     assert verdicts == [True, True, True] and thresholds[0] == pytest.approx(0.075)
-    assert deepest(medusa.proposal(tree, [3, 0, 1]), verdicts[1:], [0.2, 0.3]) == [1]  # same depth: the likelier path (node 2)
+    assert deepest(medusa_tree.proposal(tree, [3, 0, 1]), verdicts[1:], [0.2, 0.3]) == [1]  # same depth: the likelier path (node 2)
 
 
 def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, prompt_ids):
@@ -364,7 +359,7 @@ def test_heads_that_read_their_path_start_as_the_heads_that_read_the_token(tiny_
                           embedding=tiny_model.get_input_embeddings(), reads_path=True)
     from safetensors.torch import load_file
 
-    reading.load_trained({k: v for k, v in load_file(tmp_path / "token" / medusa.HEADS_FILE).items() if k != medusa.VOCAB_KEY})
+    reading.load_trained({k: v for k, v in load_file(tmp_path / "token" / medusa_heads.HEADS_FILE).items() if k != medusa_heads.VOCAB_KEY})
     hidden, path = torch.randn(5, tiny_model.config.hidden_size), torch.randint(0, 97, (5, 3))
     torch.testing.assert_close(reading(hidden, path), plain(hidden, path[:, 0]))
     heads = path_heads(tiny_model, vocab=torch.tensor([1, 5, 9, 30, 44]))

@@ -3,7 +3,7 @@ the token their hidden state predicted learn what only that token tells; heads t
 
 import torch
 
-from specdemo.methods.medusa import MedusaHeads
+from specdemo.methods.medusa_heads import MedusaHeads
 from training.train_medusa import soft_loss
 
 from conftest import make_tiny_model

@@ -3,22 +3,20 @@
 import re
 from dataclasses import replace
 
-from specdemo.app.views import (
+from specdemo.app.views.explain import explain_step
+from specdemo.app.views.figures import (
     COLOURS,
     acceptance_by_position_figure,
-    explain_step,
     jacobi_blocks,
-    legend_html,
-    lookahead_html,
     pool_figure,
     speed_figure,
     step_timeline_figure,
-    stream_html,
     trajectory_cells,
     trajectory_figure,
     tree_figure,
     tree_mask_figure,
 )
+from specdemo.app.views.html import legend_html, lookahead_html, stream_html
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import BeamStep, ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 

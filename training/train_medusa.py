@@ -13,7 +13,7 @@ self-distillation with the teacher's soft labels, Sec. 2.3.2). Each head is resi
 front of the target's own LM head, restricted to the 8,192 tokens the answers use most: the
 heads propose only from those, which makes proposing cheap, and the target still verifies
 exactly. The static tree is the set of rank paths most often right on held-out answers; its size is
-also the dynamic tree's (`medusa.dynamic_paths`), the default.
+also the dynamic tree's (`medusa_tree.dynamic_paths`), the default.
 Seeded; writes assets/smollm2-135m-medusa/ and its MANIFEST.md.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdemo.methods.medusa import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
+from specdemo.methods.medusa_heads import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
 from specdemo.models import load_model
 
 from . import distill

@@ -1,0 +1,330 @@
+"""The page's plots: pure functions from step events to plotly figures, each sharing the stream's colours."""
+
+from collections import Counter
+from collections.abc import Callable
+
+import plotly.graph_objects as go
+
+from specdemo.app.views.explain import GUESSED
+from specdemo.app.views.html import INLINE_REJECTED_LIMIT, own_origin
+from specdemo.core.events import StepEvent
+
+# Colours shared by the figures, matching the stream's origins.
+COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed", "waiting_dark": "#bdc1c6"}
+# Jacobi and lookahead guess many tokens every pass and keep refining them: not failures
+REFINED = "guesses not yet right (refined next pass)"
+
+
+def step_counts(event: StepEvent) -> dict[str, int]:
+    """How many tokens of each origin one step produced (rejected: all the pass threw away)."""
+    return {"accepted": len(event.accepted), own_origin(event): len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
+
+
+def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
+    """Per target pass, the tokens it accepted and supplied (up) and the proposals it threw away (down)."""
+    figure = go.Figure()
+    steps = [e.step + 1 for e in events]
+    refines = bool(events) and events[0].method in INLINE_REJECTED_LIMIT  # Jacobi, CLLM, lookahead: many guesses a pass, by design
+    for origin in ("accepted", "target", "ar", "rejected"):
+        counts = [step_counts(e).get(origin, 0) for e in events]
+        if any(counts):
+            sign = -1 if origin == "rejected" else 1
+            name, colour = (REFINED, COLOURS["waiting_dark"]) if refines and origin == "rejected" else (origin, COLOURS[origin])
+            figure.add_bar(x=steps, y=[sign * c for c in counts], name=name, marker_color=colour)
+    figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)", yaxis_title="tokens")
+    return compact(figure)
+
+
+def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Figure:
+    """The share of steps in which draft position i was accepted: where a longer draft stops paying."""
+    positions = list(range(1, len(acceptance_by_position) + 1))
+    figure = go.Figure(go.Bar(x=positions, y=acceptance_by_position, marker_color=COLOURS["accepted"]))
+    figure.update_layout(
+        title="Acceptance by draft position", yaxis_title="accepted share", yaxis_range=[0, 1],
+        xaxis=dict(title="draft position (a tree's depth)", dtick=1, range=[0.5, len(positions) + 0.5]),  # the positions drafted, no more
+    )
+    return compact(figure)
+
+
+TRAJECTORY_STATES = ["not yet correct", "correct", "fast-forwarded", "fixed while its left neighbour was wrong"]
+
+
+def trajectory_cells(block_events: list[StepEvent]) -> list[list[int]]:
+    """For one Jacobi block, the state (an index into TRAJECTORY_STATES) of each position at
+    each iteration, from the flags of the block's last event."""
+    correct_since = block_events[-1].data.correct_since
+    fast = {p for e in block_events for p in e.data.fast_forwarded}
+    early = {p for e in block_events for p in e.data.fixed_early}
+    cells = []
+    for event in block_events:
+        iteration, row = event.data.iteration, []
+        for position, since in enumerate(correct_since):
+            if since is None or since > iteration:
+                row.append(0)
+            else:
+                row.append(3 if position in early else 2 if position in fast else 1)
+        cells.append(row)
+    return cells
+
+
+def jacobi_blocks(events: list[StepEvent]) -> list[list[StepEvent]]:
+    """The events grouped by Jacobi block, in order."""
+    blocks: dict[int, list[StepEvent]] = {}
+    for event in events:
+        blocks.setdefault(event.data.block_start, []).append(event)
+    return list(blocks.values())
+
+
+def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str], before: bool = False) -> go.Figure:
+    """The Jacobi trajectory of one block as an iterations x positions grid (the CLLM blog's
+    figure): each cell the token guessed there, coloured by whether it is already final. Row 0
+    is the initial guess, row k the block after pass k. `before`: only the initial guess, before
+    any pass has checked it (Step through's step 0)."""
+    if before:
+        block_events = block_events[:1]
+        cells = [[0] * len(block_events[0].data.state)]
+    else:
+        cells = trajectory_cells(block_events)
+    text = [[decode(t) for t in e.data.state] for e in block_events]
+    colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
+    scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
+    figure = go.Figure(
+        go.Heatmap(
+            z=cells, text=text, texttemplate="%{text}", textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale, showscale=False,
+            customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
+            hovertemplate="iteration %{y}, position %{x}: %{text} (%{customdata})<extra></extra>",
+        )
+    )
+    start = block_events[0].data.block_start
+    key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}" for colour, state in zip(colours, TRAJECTORY_STATES))
+    title = (f"The initial guess of the block at token {start}: {len(cells[0])} tokens, before any pass" if before
+             else f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens")
+    rows = ["initial guess", *(f"after pass {k}" for k in range(1, len(cells)))]
+    figure.update_layout(
+        title=f"{title}<br><sup>{key}</sup>", xaxis_title="position in block", yaxis_autorange="reversed",
+        yaxis=dict(tickvals=list(range(len(cells))), ticktext=rows),
+    )
+    return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
+
+
+BEAM_MARKERS = {  # a beam-search candidate's marker by its status
+    "kept": dict(symbol="circle", size=12, color=COLOURS["target"], line=dict(color="#5f6368", width=1)),
+    "finished": dict(symbol="square", size=12, color="#f4b400", line=dict(color="#5f6368", width=1)),
+    "pruned": dict(symbol="circle-open", size=8, color="#b0b4ba"),
+}
+
+
+def beam_nodes(events: list[StepEvent]) -> list[dict]:
+    """Every candidate of every beam-search step as a node: the event's candidate fields plus its
+    place (x: step + 1, y: minus its rank that step), its parent's place (the prompt at (0, 0))
+    and whether it lies on the chosen answer's path (only once the last event names the answer)."""
+    chosen = events[-1].data.chosen if events else None
+    nodes, beam_rows = [], {0: 0}  # beam_rows: the row of each beam of the previous step
+    for event in events:
+        next_rows = {}
+        for rank, candidate in enumerate(event.data.beams):
+            tokens = candidate["tokens"]
+            on_path = chosen is not None and tokens == chosen[: len(tokens)]
+            parent = (event.step, beam_rows.get(candidate["parent"], 0))
+            nodes.append(candidate | {"x": event.step + 1, "y": -rank, "parent_xy": parent, "on_path": on_path})
+            if candidate["beam"] is not None:
+                next_rows[candidate["beam"]] = -rank
+        beam_rows = next_rows
+    return nodes
+
+
+def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
+    """Beam search so far as a tree: one column per step, each candidate under the beam it extends,
+    kept beams filled, finished hypotheses as squares, pruned candidates hollow and grey; once the
+    run is done, the chosen answer's path in green. Hover shows each log-probability and score."""
+    nodes = beam_nodes(events)
+    figure = go.Figure()
+    edges = {  # name: (the nodes whose edge to their parent it draws, line style)
+        "pruned": ([n for n in nodes if n["status"] == "pruned"], dict(color="#dadce0", width=1, dash="dot")),
+        "beam": ([n for n in nodes if n["status"] != "pruned"], dict(color="#9aa0a6", width=1.5)),
+        "chosen path": ([n for n in nodes if n["on_path"]], dict(color=COLOURS["accepted"], width=4)),
+    }
+    for group, line in edges.values():
+        x = [x for n in group for x in (n["parent_xy"][0], n["x"], None)]  # None: a break between edges
+        y = [y for n in group for y in (n["parent_xy"][1], n["y"], None)]
+        figure.add_scatter(x=x, y=y, mode="lines", line=line, hoverinfo="skip", showlegend=False)
+    figure.add_scatter(x=[0], y=[0], mode="markers+text", text=["prompt"], textposition="middle left", showlegend=False,
+                       marker=dict(size=12, color=COLOURS["ar"]), hoverinfo="skip")
+    for status, marker in BEAM_MARKERS.items():
+        group = [n for n in nodes if n["status"] == status]
+        figure.add_scatter(
+            x=[n["x"] for n in group], y=[n["y"] for n in group], mode="markers+text", name=status, marker=marker,
+            text=[decode(n["token"]) for n in group], textposition="middle right",
+            textfont=dict(color="#9aa0a6", size=10) if status == "pruned" else None,
+            customdata=[[n["log_prob"], n["score"]] for n in group],
+            hovertemplate="%{text}<br>log p %{customdata[0]:.3f}, score %{customdata[1]:.3f}<extra>" + status + "</extra>",
+        )
+    path = [n for n in nodes if n["on_path"]]
+    figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path", hoverinfo="skip",
+                       marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
+    k = events[-1].data.num_beams if events else 0
+    done = " (done: the chosen answer in green)" if path else ""
+    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}", xaxis=dict(title="step (target pass)", dtick=1),
+                         yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
+    rows = max((len(e.data.beams) for e in events), default=1)
+    return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
+
+
+def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = None) -> go.Figure:
+    """Tokens committed against time for this run, and for the AR baseline on the same prompt."""
+    figure = go.Figure()
+    for name, run in ((events[0].method if events else "run", events), ("ar baseline", baseline or [])):
+        if run:
+            times, totals = cumulative_tokens(run)
+            figure.add_scatter(x=times, y=totals, mode="lines", name=name, line_shape="hv")
+    figure.update_layout(title="Tokens over time", xaxis_title="seconds", yaxis_title="tokens committed")
+    return compact(figure)
+
+
+def cumulative_tokens(events: list[StepEvent]) -> tuple[list[float], list[int]]:
+    times, totals, total = [0.0], [0], 0
+    for event in events:
+        total += len(event.committed)
+        times.append(event.elapsed_s)
+        totals.append(total)
+    return times, totals
+
+
+def compact(figure: go.Figure) -> go.Figure:
+    figure.update_layout(height=320, margin=dict(l=50, r=20, t=50, b=45), template="plotly_white")
+    return figure
+
+
+def pool_figure(events: list[StepEvent]) -> go.Figure:
+    """Lookahead's n-gram pool over the run: its size, and how many tokens each pass took from it."""
+    steps = [e.step + 1 for e in events]
+    figure = go.Figure()
+    figure.add_bar(x=steps, y=[e.data.accept_length for e in events], name="tokens accepted from a candidate", marker_color=COLOURS["accepted"])
+    figure.add_scatter(x=steps, y=[e.data.pool_size for e in events], name="n-grams in the pool", yaxis="y2", mode="lines")
+    figure.update_layout(
+        title="The n-gram pool", xaxis_title="step (target pass)", yaxis_title="accepted tokens",
+        yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
+    )
+    return compact(figure)
+
+
+MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}  # symbol, key mark, meaning
+
+TREE_KEY = (  # the tree's nodes, in words under its title
+    (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"), ("#9aa0a6", "○", "not on the best branch"),
+    *(("#5f6368", mark, meaning) for _, mark, meaning in MARKS.values()),
+)
+
+
+def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | None = None) -> go.Figure:
+    """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
+    the accepted path in green and the rest of the best candidate in red."""
+    data = event.data
+    tokens, parents, depths = data.tree_tokens, data.tree_parents, data.tree_depths
+    accepted = set(data.accepted_path)
+    rejected = set(data.best_candidate) - accepted
+    rows: dict[int, int] = {}
+    y = []
+    for depth in depths:  # nodes come ordered by depth: stack each depth's nodes downwards
+        y.append(-rows.get(depth, 0))
+        rows[depth] = rows.get(depth, 0) + 1
+    figure = go.Figure()
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            on_path = node in accepted
+            figure.add_scatter(
+                x=[depths[parent], depths[node]], y=[y[parent], y[node]], mode="lines", showlegend=False, hoverinfo="skip",
+                line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
+            )
+    colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
+    marks = [None, *(MARKS.get(source) for source in data.tree_sources)]  # node 0 is the root
+    figure.add_scatter(
+        x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
+        marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks], line=dict(color="#5f6368", width=1)),
+        customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
+    )
+    counts = Counter(data.tree_sources)  # short: the title must fit a half-width plot
+    copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}" for source, (_, mark, _) in MARKS.items() if counts[source])
+    key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
+    figure.update_layout(
+        title=f"{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted'}<br><sup>{key}</sup>",
+        xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
+    )
+    return compact(figure).update_layout(margin=dict(t=80))
+
+
+def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+    """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
+    or one of its ancestors (Cai et al. 2024, Fig. 2)."""
+    parents = event.data.tree_parents
+    lineage = []  # per node, itself and its ancestors
+    for node, parent in enumerate(parents):
+        lineage.append({node, *(lineage[parent] if parent >= 0 else ())})
+    sees = [[j in lineage[i] for j in range(len(parents))] for i in range(len(parents))]
+    labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.data.tree_tokens)]
+    figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
+                                  colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
+    figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
+    return compact(figure)
+
+
+def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
+    """One contrastive-decoding step (Li et al. 2023): the expert's and the amateur's log-probs of
+    the expert's top candidates, the plausibility cut-off (log α + max log p_EXP) as a dashed line,
+    candidates under it greyed, and a star over the chosen token, the best log p_EXP - log p_AMA."""
+    data = event.data
+    candidates = data.candidates
+    positions = list(range(len(candidates)))  # token texts may repeat: place bars by index, label by text
+    grey = lambda colour: [colour if c["plausible"] else "#d5d7db" for c in candidates]  # noqa: E731
+    scores = [f"score {c['score']:.2f}" if c["plausible"] else "implausible" for c in candidates]
+    figure = go.Figure()
+    for name, key, colour in (("expert log p", "expert_logprob", COLOURS["target"]), ("amateur log p", "amateur_logprob", "#f4b400")):
+        figure.add_bar(
+            x=positions, y=[c[key] for c in candidates], name=name, marker_color=grey(colour), customdata=scores,
+            hovertemplate="%{y:.2f} (%{customdata})<extra>" + name + "</extra>",
+        )
+    chosen = next(i for i, c in enumerate(candidates) if c["token"] == data.chosen)
+    figure.add_scatter(
+        x=[chosen], y=[0], mode="markers+text", name="chosen", text=["chosen"], textposition="top center",
+        marker=dict(symbol="star", size=16, color=COLOURS["accepted"]), hoverinfo="skip",
+    )
+    figure.add_hline(y=data.cutoff_logprob, line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
+    # the axis follows the expert's bars and the cut-off: an amateur bar far below them is cut (its hover keeps the value)
+    floor = min(min(c["expert_logprob"] for c in candidates), data.cutoff_logprob) - 4
+    figure.update_layout(
+        title=f"Step {event.step + 1}: chose {decode(data.chosen)!r}; the expert alone would take {decode(data.expert_choice)!r}",
+        barmode="group", yaxis=dict(title="log-probability", range=[floor, 1]), legend=dict(orientation="h", y=-0.25),
+        xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
+    )
+    return compact(figure)
+
+
+# ----- The race's ending: speedup and tokens per pass, with their spreads -----
+
+def race_figure(results: list[dict]) -> go.Figure:
+    """Bars of each raced method's speedup against AR (the median over its timed runs, whiskers
+    from the slowest pairing to the fastest: `live.Spread`) and of its tokens per target pass
+    (whiskers: the fewest and most over its runs). `results`: per method, in the race's order,
+    {"method", "speedup" (a Spread), "tokens_per_pass": [one per run]}. AR against itself shows the noise."""
+    from plotly.subplots import make_subplots
+
+    methods = [r["method"] for r in results]
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("Speedup against AR (median; whiskers: the range)", "Tokens per target pass"))
+    medians = [r["speedup"].median for r in results]
+    figure.add_bar(
+        x=methods, y=medians, marker_color=[COLOURS["ar"] if m == "ar" else COLOURS["accepted"] for m in methods], showlegend=False,
+        error_y=dict(type="data", symmetric=False, array=[r["speedup"].high - r["speedup"].median for r in results],
+                     arrayminus=[r["speedup"].median - r["speedup"].low for r in results]),
+        text=[f"{m:.2f}x" for m in medians], textposition="inside", insidetextanchor="start", row=1, col=1,
+    )
+    per_pass = [sorted(r["tokens_per_pass"]) for r in results]
+    middle = [values[(len(values) - 1) // 2] for values in per_pass]
+    figure.add_bar(
+        x=methods, y=middle, marker_color=COLOURS["target"], showlegend=False, text=[f"{v:.2f}" for v in middle], textposition="inside", insidetextanchor="start",
+        error_y=dict(type="data", symmetric=False, array=[v[-1] - m for v, m in zip(per_pass, middle)], arrayminus=[m - v[0] for v, m in zip(per_pass, middle)]),
+        row=1, col=2,
+    )
+    figure.add_hline(y=1, line_dash="dash", line_color="#5f6368", row=1, col=1)
+    runs = min((r["speedup"].runs for r in results), default=0)
+    figure.update_layout(title=f"The race: {runs} timed run{'s' if runs != 1 else ''} of each method and of AR, on this prompt")
+    return compact(figure).update_layout(margin=dict(t=80))
