@@ -11,7 +11,7 @@ CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attentio
 METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi",
            "cllm", "beam", "contrastive"}
 VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}  # a package: its `__init__` and its modules
-APP = {"ui", "handlers", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
+APP = {"ui", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 
@@ -150,3 +150,16 @@ def test_companions_are_held_with_their_target_not_in_module_caches():
             if isinstance(node, ast.FunctionDef) and node.name.startswith(("load", "method_options", "token_draft", "datastore_of")):
                 cached += [f"{path.name}:{node.name}" for decorator in node.decorator_list if "cache" in ast.unparse(decorator)]
     assert not cached
+
+
+def test_modules_and_functions_fit_a_screen_or_two():
+    """No module of `specdemo` is over 450 lines and no function over 60: each reads in a sitting."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > 450:
+            too_long.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60:
+                too_long.append(f"{path.name}:{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_long

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdemo import SpecDemoError
-from specdemo.app import handlers, limits, live, ui
+from specdemo.app import drawing, handlers, limits, live, ui
 from specdemo.methods import METHODS
 
 from conftest import page_inputs
@@ -89,11 +89,11 @@ def test_the_presets_can_be_turned_off(embedded, monkeypatch):
 def test_exports_do_not_pile_up(tmp_path, monkeypatch):
     import os
 
-    monkeypatch.setattr(handlers, "EXPORTS", tmp_path)
+    monkeypatch.setattr(drawing, "EXPORTS", tmp_path)
     old = tmp_path / "specdemo-run-old.json"
     old.write_text("{}")
     os.utime(old, (0, 0))
-    fresh = handlers.export_events([], None)
+    fresh = drawing.export_events([], None)
     assert not old.exists() and os.path.exists(fresh)
 
 

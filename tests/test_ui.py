@@ -3,7 +3,8 @@
 import gradio as gr
 import pytest
 
-from specdemo.app.handlers import race_row, stream_answer
+from specdemo.app.drawing import race_row
+from specdemo.app.handlers import stream_answer
 from specdemo.app.ui import build_app
 from specdemo.core.events import Summary, final_summary
 from specdemo.methods import ar
@@ -45,7 +46,7 @@ def test_method_views_follow_the_method(embedded):
 
 
 def test_why_panel_predicts_from_the_runs_own_numbers():
-    from specdemo.app.handlers import why_html
+    from specdemo.app.drawing import why_html
 
     run_stats = {"forward_passes": 10, "wall_s": 0.5, "tokens_per_forward": 2.0, "draft_forwards": 20, "tokens_per_s": 40.0}
     ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0, "tokens_per_s": 25.0}
@@ -56,7 +57,7 @@ def test_why_panel_predicts_from_the_runs_own_numbers():
 def test_race_checks_cllm_against_its_own_ar(embedded):
     """The race row of a fine-tuned copy says whether it equals its own AR, and apart from that
     whether it equals the target's AR (a difference there is expected, not a failure)."""
-    from specdemo.app.handlers import race_row
+    from specdemo.app.drawing import race_row
     from specdemo.core.events import Summary
 
     summary = Summary("cllm", (5, 6, 7), "length", 2, 2)
@@ -166,7 +167,7 @@ def test_an_answer_that_differs_from_ar_is_explained(embedded):
     """Generate's verdict and the race's cell say why an answer parts from AR's: in float32 any
     difference is a possible bug, and the sentence names the token and the margin."""
     from specdemo.app.clicks import checks
-    from specdemo.app.handlers import difference_note, same_as_ar_html
+    from specdemo.app.drawing import difference_note, same_as_ar_html
     from specdemo.app.limits import budget
     from specdemo.app.live import Request
 

@@ -12,7 +12,8 @@ import gradio as gr
 from gradio.events import Dependency
 
 from specdemo.app import lesson, one_run, views
-from specdemo.app.handlers import EXPORTS_KEPT_S, GENERATE_INPUTS, PLOTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
+from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
+from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
 from specdemo.methods import METHODS

@@ -1,0 +1,82 @@
+"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass and the compiled path."""
+
+from specdemo.methods import METHODS
+
+EAGER = {"ar_eager": "ar", "speculative_eager": "speculative", "medusa_eager": "medusa"}
+# a method that decodes other weights than the target's is checked against AR on those weights,
+# an eager twin against eager AR (in bfloat16 the two paths round differently)
+REFERENCES = {"cllm": "cllm_ar", **{twin: "ar_eager" for twin in EAGER if twin != "ar_eager"}}
+
+
+def format_table(report: dict) -> str:
+    header = f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
+    settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
+    title = f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}"
+    lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]), header]
+    for name, s in report["methods"].items():
+        lines.append(
+            f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
+            f"{s['tokens_per_forward']:>10.2f}{s['speedup_vs_ar']:>8.2f}x{s['matches_ar']:>12.2f}"
+        )
+    for name, s in report["methods"].items():
+        if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
+            lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
+    lines += step_costs(report["methods"])
+    lines += guess_lines(report["methods"])
+    for name, s in report["methods"].items():
+        if name in REFERENCES:
+            own = "AR on the eager path" if name in EAGER else "AR on its own weights"
+            lines.append(
+                f"{name}: matches_ar is against {REFERENCES[name]} ({own}); {s['speedup_vs_own_ar']:.2f}x against it; "
+                f"its answer differs from the base model's AR on {s['differs_from_base_ar']:.0%} of the prompts"
+            )
+    for name, s in report["methods"].items():
+        if s["divergences"]:
+            parts = ", ".join(f"{d['question_id']}@{d['position']} {d['margin']:.3f}{' SUSPECT' if d['margin'] > report['suspect_margin'] else ''}"
+                              for d in s["divergences"])
+            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, how far AR's "
+                         f"logit preferred its token there): {parts}; max {s['max_divergence_margin']:.3f} (a possible bug above {report['suspect_margin']})")
+    if "rounding_noise" in report:
+        lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} between AR's passes "
+                     "and one wide pass over the same text")
+    for name in report["methods"]:
+        if name in METHODS and METHODS[name].other_answer:
+            lines.append(f"{name}: matches_ar is reported, {METHODS[name].other_answer}")
+    return "\n".join(lines)
+
+
+def step_costs(methods: dict) -> list[str]:
+    """Where each method's step goes, in milliseconds and in AR passes: the target's pass (wider
+    than AR's for a method that verifies proposals) and the rest (proposing, accepting,
+    bookkeeping). A speedup is tokens a pass over a step's cost in AR steps, so this says which
+    of the two holds a method back."""
+    ar_ms = methods["ar"]["step_ms"] if "ar" in methods else 0.0
+    lines = []
+    for name, s in methods.items():
+        if not s["target_s"] or not ar_ms:
+            continue
+        rest = s["step_ms"] - s["target_pass_ms"]
+        lines.append(f"{name}: a step {s['step_ms']:.1f} ms ({s['step_ms'] / ar_ms:.2f} AR steps) = the target's pass "
+                     f"{s['target_pass_ms']:.1f} ms ({s['target_pass_ms'] / ar_ms:.2f}) + the rest {rest:.1f} ms ({rest / ar_ms:.2f})")
+    return lines
+
+
+def guess_lines(methods: dict) -> list[str]:
+    """What a method's pass fed besides the root, by source, and how much of it was accepted: a
+    fed token widens the pass (on a CPU, every one costs time) whether it is accepted or not."""
+    lines = []
+    for name, s in methods.items():
+        sources = s.get("guesses_per_pass", {})
+        if sources:
+            parts = [f"{sum(c['fed']):.2f} {source} ({sum(c['accepted']):.2f} accepted; "
+                     f"by depth {' '.join(f'{a:.2f}/{f:.2f}' for a, f in zip(c['accepted'], c['fed']))})" for source, c in sources.items()]
+            lines.append(f"{name}: a pass fed " + ", ".join(parts))
+    return lines
+
+
+def compile_line(compiled: dict) -> str:
+    if not compiled["on"]:
+        return "target passes: eager" + (f" (compiling failed: {compiled['failed']})" if compiled.get("failed") else "")
+    ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}" for width, count in compiled["passes_by_bucket"].items())
+    how = "CUDA graphs" if compiled["mode"] == "cuda-graphs" else f"torch.compile, mode {compiled['mode']}"
+    return f"target passes: compiled ({how}), buckets {compiled['buckets']}; passes run by width: {ran} ({', '.join(EAGER)} and hf_* stay eager)"
