@@ -4,16 +4,14 @@ SmolLM2-135M has 9 query heads and 3 key/value heads (grouped-query attention, A
 2023). For a pass of one or a few tokens, transformers' SDPA on a CPU gives torch's flash kernel
 either all 9 heads with `enable_gqa` (no mask: every decoding step of AR) or the key/value heads
 copied to 9 (`repeat_kv`, with a mask: every verification pass). In bfloat16 that kernel pads each
-head's few queries to a whole block, so it reads each cached key and value once per query head:
-on 2 cores of an AMD EPYC (AVX-512 BF16) a one-token pass over 500 cached positions spent 0.2 ms
-a layer there, a quarter of AR's step (docs/benchmarks.md). Here the queries that share a
+head's few queries to a whole block, so it reads each cached key and value once per query head
+(docs/history/benchmarks-log.md measures what that costs). Here the queries that share a
 key/value head are laid out as rows of one head, [B, H, q, D] -> [B, H_kv, (H / H_kv) q, D], and
 the same kernel reads the cache once per key/value head (transformers does this for one token
 with a mask). Each row is computed as before, in float32 inside the kernel, so a pass of several
-tokens gives exactly the values of transformers' path (`repeat_kv`), about 20% sooner in float32
-and bfloat16 alike; one token in bfloat16 about 4x sooner. (Writing the products out in bfloat16,
-as transformers' eager attention does, was faster still for a tree's 13 tokens, but its scores
-rounded to bfloat16 cost speculative decoding a tenth of its accepted tokens.)
+tokens gives exactly the values of transformers' path (`repeat_kv`), sooner. (The products are not
+written out in bfloat16, as transformers' eager attention does: scores rounded to bfloat16 cost
+speculative decoding accepted tokens.)
 Everything else goes to transformers' SDPA unchanged: one token in float32 (its `enable_gqa`
 kernel is faster there), CUDA, a graph being compiled, a prompt's pass, a dropout, another
 attention's extras. `use_grouped_attention(model)` selects it by name through transformers' attention
@@ -74,8 +72,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 def tiled_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
     """`mask` [B or 1, 1, q, k] with row i repeated for every query head of a group: [B or 1, 1,
     groups q, k]. Every layer of a pass gets the same mask, so it is tiled once a pass and kept
-    while the mask lives (23 us a layer for a tree of 13 tokens, 0.7 ms a pass on 2 cores of an
-    AMD EPYC). A mask changed in place is tiled again where its version counter shows it; one made
+    while the mask lives. A mask changed in place is tiled again where its version counter shows it; one made
     under `torch.inference_mode` (every decoding pass) has none, but no pass changes its mask:
     transformers and `core.attention` build a new one for every pass."""
     version = 0 if mask.is_inference() else mask._version

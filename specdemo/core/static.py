@@ -52,8 +52,8 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     position before those (before `start - back`), and never to what lies past the new tokens.
     A target pass has back = 0; a draft tree's later levels look back at the branches fed before.
     With `head` (the target's LM head): the hidden states and the logits [1, w, V] in float32,
-    the head inside the graph (on a CPU its weights prepacked by freezing: about 1.5 ms less a
-    pass than transformers' head outside it; float32, whose argmax is 4x faster than bfloat16's).
+    the head inside the graph (on a CPU its weights prepacked by freezing; float32, whose argmax
+    is faster than bfloat16's).
     `layers`: the hidden states are `with_layers`' (the head reads the last ones)."""
     width, span = inputs.shape[1], sees.shape[1]
     kv = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
@@ -100,13 +100,10 @@ class CompiledPass:
 
 
 def default_compile(device: torch.device) -> bool:
-    """Compile by default with CUDA (a small model's pass is launch-bound there). On a CPU
-    (bfloat16, 2 cores of an AMD EPYC, 2026-11-27) a compiled one-token pass costs what an eager
-    one does (AR 56.5 against 55.9 tokens/s in one bench run) and a wide one less (16 tokens: 21.5
-    ms against 27.2), yet over the runs measured Medusa ran 1.67x to 1.88x compiled AR and
-    speculative decoding 1.66x to 1.77x, against about 1.7x eager: no reliable gain, and compiling
-    the target's widths and the draft's takes about 5 minutes before the first answer, which a
-    laptop's first try should not wait for: eager, `--compile` to choose (docs/benchmarks.md)."""
+    """Compile by default with CUDA, where a small model's pass is launch-bound. On a CPU the
+    compiled path gains no reliable speed over the eager one with prepacked weights, and compiling
+    every width takes minutes before the first answer, which a laptop's first try should not wait
+    for: eager there, `--compile` to choose (docs/benchmarks.md has the measurements)."""
     return device.type == "cuda"
 
 
@@ -201,13 +198,9 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
     - with CUDA (graphs: a pass costs about the same at any width), the bucket holding the root,
       the copy and all `size` nodes;
     - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
-      the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). On 26
-      Spec-Bench questions (bfloat16, 2 cores) compiled Medusa went from 1.05x compiled AR to
-      1.20x, above its eager twin's 1.11x (docs/benchmarks.md). Past CPU_WIDEST the tree gives
-      way to the copy, down to one node, rather than take a bucket twice as wide: a compiled
-      bfloat16 pass after 400 cached positions on 2 cores of an AMD EPYC costs 18.9 ms for 1
-      token, 18.1 for 8, 21.5 for 16 and 30.3 for 32, so a speculative step whose copy and
-      extension (12) left no room for half its 7 nodes ran 32 wide for 19 nodes.
+      the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). Past
+      CPU_WIDEST the tree gives way to the copy, down to one node, rather than take a bucket
+      twice as wide (docs/history/benchmarks-log.md has what each choice measured).
     At least half of `size` stay (on a CPU, within CPU_WIDEST)."""
     if bucket is None:
         return size

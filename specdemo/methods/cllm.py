@@ -42,9 +42,8 @@ EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-c
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
 DECODERS = ("lookahead", "jacobi")
-# lookahead's window on the CLLM weights: 1 column, not lookahead's 2. Its window's n-grams are rarely what a pass
-# accepts (0.08 tokens a pass; copies 0.89, earlier answers 0.38), and 2 fewer tokens fed make each pass about 1.2 ms
-# cheaper: 1.70x its own AR against 1.64x, 2.336 tokens a pass against 2.342 (docs/methods/cllm.md)
+# lookahead's window on the CLLM weights: 1 column, not lookahead's 2. Its window's n-grams are rarely what a
+# pass accepts, and feeding fewer tokens makes each pass cheaper (docs/methods/cllm.md has the measurement)
 WINDOW = 1
 QUALITY_FILE = "quality.json"  # training/cllm_quality.py: is the CLLM still a good model? (distinct bigrams, base NLL)
 
