@@ -31,7 +31,8 @@ def register_attention(name: str, forward: Callable) -> None:
 
 def compiling_on_cpu() -> None:
     """dynamo's limits raised to GRAPHS_PER_PROCESS, and inductor's freezing on (the module's docstring says why)."""
-    for limit in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), GRAPHS_PER_PROCESS))
+    config = torch._dynamo.config
+    config.cache_size_limit = max(config.cache_size_limit, GRAPHS_PER_PROCESS)
+    if hasattr(config, "recompile_limit"):  # its newer name; torch reads both
+        config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_PROCESS)
     torch._inductor.config.freezing = True
