@@ -6,8 +6,8 @@ import sys
 from specdemo.app.ui import build_app, serve
 from specdemo.app.zerogpu import at_start
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.static import compile_passes, default_compile
-from specdemo.models import AUTO, EMBEDDED, load_model
+from specdemo.core.static import default_compile
+from specdemo.models import AUTO, EMBEDDED, compiled, load_model
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
         sys.exit(f"error: {error}")
     if default_compile(target.device) if args.compile is None else args.compile:
-        compile_passes(target.model, progress=lambda message: print(message, flush=True))  # the presets loaded later are compiled too
+        target = compiled(target, progress=lambda message: print(message, flush=True))  # the presets loaded later are compiled too
     serve(build_app(target))  # limits: specdemo.app.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
 
 

@@ -23,10 +23,10 @@ from tqdm import tqdm
 from specdemo.bench_table import EAGER, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401 (the bench's names)
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary, guesses_by_source
-from specdemo.core.static import compile_passes, compiled_pass, default_compile
+from specdemo.core.static import default_compile
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
-from specdemo.methods import METHODS, ar, decoded_model, get_method, method_options, settings_of, speculative, token_draft
-from specdemo.models import AUTO, EMBEDDED, LoadedModel, load_model
+from specdemo.methods import METHODS, ar, decoded, get_method, method_options, settings_of, speculative, token_draft
+from specdemo.models import AUTO, EMBEDDED, LoadedModel, compiled, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 8
@@ -47,12 +47,14 @@ Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -
 
 def specdemo_runner(name: str, **fixed) -> Runner:
     """A runner for one of our step-event methods: its Summary gives tokens and passes. `fixed`:
-    keyword arguments it always passes (an eager twin's compiled=False)."""
+    keyword arguments it always passes (an eager twin's passes=None); else it runs on the target's
+    compiled pass, if it has one."""
 
     def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
         method, options = get_method(name).generate, method_options(name, target)
         events = method(
-            target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options, **fixed, **settings
+            target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options,
+            **{"passes": target.passes, **fixed}, **settings
         )
         return run_of(events)
 
@@ -106,21 +108,24 @@ def speculative_token(target: LoadedModel, input_ids: torch.Tensor, max_new_toke
     """Our speculative loop with the token draft (the one `hf_assisted` uses) where `speculative`
     takes the preset's feature draft: how much of the gain is the loop, how much the draft."""
     return run_of(speculative.generate(
-        target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, draft=token_draft(target), **settings
+        target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, draft=token_draft(target),
+        passes=target.passes, **settings
     ))
 
 
 def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
     """AR on the CLLM's weights: the answer `cllm` must equal (the CLLM is a changed model, so
     the base model's AR is not its reference), and the speed of the CLLM without parallel decoding."""
-    return run_of(ar.generate(decoded_model("cllm", target), input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **settings))
+    model, passes = decoded("cllm", target)
+    return run_of(ar.generate(model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, passes=passes,
+                              **settings))
 
 
 # eager twins (`EAGER`): the method with compilation off (transformers' eager passes over DynamicCaches),
 # beside the compiled methods in the same run: what compiling gains, and each method's speedup on
 # either path (an eager twin is checked against, and its speedup reported against, `ar_eager`)
 RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
-    **{twin: specdemo_runner(name, compiled=False) for twin, name in EAGER.items()},
+    **{twin: specdemo_runner(name, passes=None) for twin, name in EAGER.items()},
     "hf_generate": hf_generate,
     "hf_assisted": hf_assisted,
     "speculative_token": speculative_token,
@@ -216,7 +221,7 @@ def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: l
                   and name != reference and name not in OTHER_WEIGHTS and not (name in METHODS and METHODS[name].other_answer)}
         others = {name: answer for name, answer in others.items() if answer != answers[reference]}
         if others:
-            model = decoded_model("cllm", target) if reference == "cllm_ar" else target.model
+            model = decoded("cllm", target)[0] if reference == "cllm_ar" else target.model
             parted |= divergences(model, input_ids, answers[reference], others)
     return parted
 
@@ -228,7 +233,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged."""
     settings = settings or {name: {} for name in methods}
     noise: list[float] = []
-    passes = compiled_pass(target.model)
+    passes = target.passes
     encoded = [(row["question_id"], row.get("category", ""), target.encode_chat(row["turns"][0])) for row in prompts]
     for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
         RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
@@ -373,11 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
     target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
-    if default_compile(target.device) if args.compile is None else args.compile:
-        for model in dict.fromkeys([target.model, *([decoded_model("cllm", target)] if "cllm" in methods else [])]):
-            compile_passes(model, progress=lambda message: print(message, file=sys.stderr, flush=True))
-    elif compiled_pass(target.model):
-        raise SpecDemoError("this process already compiled the target's pass: run the bench with --no-compile in a new process")
+    if default_compile(target.device) if args.compile is None else args.compile:  # its companions compile as they load
+        target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)
     print(format_table(report))
     if args.json:

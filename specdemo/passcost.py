@@ -21,7 +21,7 @@ import torch
 
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import seconds_since
-from specdemo.core.static import compile_passes, request_cache
+from specdemo.core.static import CompiledPass, compile_passes, request_cache
 from specdemo.core.verify import EMPTY, Proposal, target_pass
 from specdemo.models import AUTO, EMBEDDED, load_model
 
@@ -29,13 +29,13 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.inference_mode()
-def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20, compiled: bool = True) -> dict[int, float]:
+def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20, passes: CompiledPass | None = None) -> dict[int, float]:
     """Milliseconds of one target pass feeding w tokens after `context` cached ones, by width:
     the median of `repeats` passes after three warm-ups, each rolled back after it (as a rejected
-    proposal is). `compiled`: the model's compiled static pass where it has one."""
+    proposal is). `passes`: the model's compiled static pass (None: eager)."""
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
-    cache = request_cache(model, context + max(widths) + 1, compiled)
+    cache = request_cache(model, context + max(widths) + 1, passes)
     target_pass(model, cache, prompt[:, :context], EMPTY)
     costs = {}
     for width in widths:
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> dict:
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     widths = tuple(int(width) for width in args.widths.split(","))
     report = {"model": target.source, "device": device_name(target.device), "dtype": str(target.dtype).removeprefix("torch."),
-              "torch": torch.__version__, "context": args.context, "eager": pass_costs(target.model, widths, args.context, args.repeats, compiled=False)}
+              "torch": torch.__version__, "context": args.context, "eager": pass_costs(target.model, widths, args.context, args.repeats)}
     if args.graphs:
-        compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
-        report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats)
+        passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
+        report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

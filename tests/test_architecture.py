@@ -163,3 +163,32 @@ def test_modules_and_functions_fit_a_screen_or_two():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60:
                 too_long.append(f"{path.name}:{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not too_long
+
+
+def test_state_is_in_the_open_no_setattr_and_no_module_cache_of_models():
+    """Nothing in `specdemo` calls `setattr` (a compiled pass is a value the loop receives, never
+    an attribute of the model), declares `global`, or keeps a module-level container that starts
+    empty to be filled at run time (a cache of models or companions would); module-level tables
+    are constants, named in capitals; a cached function takes data, never a model."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                found.append(f"{path.name}:{node.lineno}: setattr")
+            if isinstance(node, ast.Global):
+                found.append(f"{path.name}:{node.lineno}: global")
+            if isinstance(node, ast.FunctionDef) and any("cache" in ast.unparse(d) for d in node.decorator_list):
+                takes = {argument.arg for argument in node.args.args}
+                found += [f"{path.name}:{node.name}: cached on a model" for _ in takes & {"model", "target", "draft", "loaded"}]
+        for node in tree.body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+                value = node.value
+                container = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp) or (
+                    isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in {"dict", "list", "set", "defaultdict", "OrderedDict"})
+                empty = isinstance(value, ast.Call) and not value.args or isinstance(value, ast.Dict | ast.List | ast.Set) and not (
+                    getattr(value, "keys", None) or getattr(value, "elts", None))
+                found += [f"{path.name}:{node.lineno}: {name}" for name in names
+                          if container and (empty or not (name.isupper() or name == "__all__"))]
+    assert not found

@@ -62,25 +62,18 @@ def compiled_models():
     passes = compile_passes(model, buckets=(1, 8, 16, 32))
     assert passes.mode == "cuda-graphs" and not passes.failed
     assert sorted(key[0] for key in passes.graphs.graphs) == [1, 8, 16, 32]
-    return model, other
+    return model, other, passes
 
 
 @pytest.mark.parametrize("run", list(RUNS))
 def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cuda_prompt, run):
-    from specdemo.core.static import ATTRIBUTE
-
-    model, other = compiled_models
+    model, other, passes = compiled_models
     method, options = RUNS[run](model, other)
-    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens  # compiled AR
-    passes = getattr(model, ATTRIBUTE)
-    delattr(model, ATTRIBUTE)
-    try:
-        assert final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens == expected  # eager AR
-    finally:
-        setattr(model, ATTRIBUTE, passes)
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes)).tokens  # compiled AR
+    assert final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens == expected  # eager AR
     before = sum(passes.runs.values())
     replayed = sum(passes.runs[width] for width in passes.buckets)
-    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), **options))
+    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes, **options))
     assert summary.tokens == expected
     assert sum(passes.runs.values()) - before == summary.target_forwards and not passes.failed
     assert sum(passes.runs[width] for width in passes.buckets) - replayed >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph

@@ -11,7 +11,7 @@ from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answer
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import CudaGraphs, Graph
 from specdemo.core.kvcache import StaticKV
-from specdemo.core.static import ATTRIBUTE, CompiledPass, padded_width, request_cache, static_forward, warm_up
+from specdemo.core.static import CompiledPass, padded_width, request_cache, static_forward, warm_up
 
 from conftest import make_tiny_model
 
@@ -39,7 +39,6 @@ class ReplayedGraphs(CudaGraphs):
 def graphed(model, capacity: int = 256):
     """`model` with the graph path `static.compile_passes` builds with CUDA, replayed on a CPU."""
     passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(model, capacity))
-    setattr(model, ATTRIBUTE, passes)
     warm_up(model, passes, None, "target")
     return passes
 
@@ -49,40 +48,40 @@ def graphed_models():
     target, other = make_tiny_model(), make_tiny_model(seed=1)
     configs = configurations(target, other)
     expected = eager_answers(configs)  # eager, on the reference's weights
-    for model in (target, configs["cllm, jacobi"][2]):
-        graphed(model)
-    return target, configs, expected
+    return target, configs, expected, {id(model): graphed(model) for model in (target, configs["cllm, jacobi"][2])}
 
 
 def test_warm_up_captures_one_graph_a_bucket(graphed_models):
-    target, _, _ = graphed_models
-    passes = getattr(target, ATTRIBUTE)
+    target, _, _, graphed = graphed_models
+    passes = graphed[id(target)]
     assert sorted(key[0] for key in passes.graphs.graphs) == list(BUCKETS)
     assert not passes.failed and not passes.runs
 
 
 @pytest.mark.parametrize("name", [name for name in NAMES if name not in ("beam", "contrastive")])
 def test_every_method_gives_ars_answer_through_the_graphs(graphed_models, prompt_ids, name):
-    target, configs, expected = graphed_models
+    target, configs, expected, graphed = graphed_models
     generate, options, reference = configs[name]
-    passes = getattr(reference, ATTRIBUTE)
+    passes = graphed[id(reference)]
     before = sum(passes.runs[width] for width in BUCKETS)
+    given = {"passes": passes, **({"cllm_passes": passes} if name.startswith("cllm") else {})}
     summary = final_summary(generate(reference if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS,
-                                     eos_token_ids=(), **options))
+                                     eos_token_ids=(), **options, **given))
     assert summary.tokens == expected[name]
     assert sum(passes.runs[width] for width in BUCKETS) - before >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph
     assert not passes.failed
 
 
 def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):
-    target, _, _ = graphed_models
-    graphs = getattr(target, ATTRIBUTE).graphs
-    first = request_cache(target, 40)
-    assert graphs.serves(first) and padded_width(target, first) is not None
-    second = request_cache(target, 40)  # the buffer is lent: a buffer of its own, run eagerly
-    assert isinstance(second, StaticKV) and not graphs.serves(second) and padded_width(target, second) is None
+    target, _, _, graphed = graphed_models
+    passes = graphed[id(target)]
+    graphs = passes.graphs
+    first = request_cache(target, 40, passes)
+    assert graphs.serves(first) and padded_width(first) is not None
+    second = request_cache(target, 40, passes)  # the buffer is lent: a buffer of its own, run eagerly
+    assert isinstance(second, StaticKV) and not graphs.serves(second) and padded_width(second) is None
     del first, second
     gc.collect()
-    again = request_cache(target, 40)
+    again = request_cache(target, 40, passes)
     assert graphs.serves(again) and again.get_seq_length() == 0
-    assert not graphs.serves(request_cache(target, 10_000))  # longer than the graphs' buffer
+    assert not graphs.serves(request_cache(target, 10_000, passes))  # longer than the graphs' buffer

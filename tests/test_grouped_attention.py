@@ -107,7 +107,7 @@ def test_a_grouped_model_compiles_and_keeps_ars_answer(prompt_ids):
     eager = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
     passes = compile_passes(model, buckets=(1, 8))
     assert passes.failed is None
-    assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens == eager
+    assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(), passes=passes)).tokens == eager
     assert passes.runs[1] == 11 and passes.runs[8] == 1  # the prompt's pass and every step ran a graph
 
 

@@ -124,17 +124,16 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
 
     def load(spec, dtype, device):
         model = SimpleNamespace(spec=spec, dtype=dtype)
-        loaded.append(model)
+        loaded.append((model, targets.resident))  # what was resident while it loaded
         return model
 
     monkeypatch.setattr(handlers, "load_model", load)
-    monkeypatch.setattr(handlers, "unload", evicted.append)
-    monkeypatch.setattr(handlers, "free_memory", lambda: evicted.append("freed"))
+    monkeypatch.setattr(handlers, "free_memory", lambda: evicted.append(targets.resident))
     targets = handlers.Targets(embedded, (Preset("A", "org/a"), Preset("B", "org/b")))
     a = targets("A", handlers.EXACT)
     assert targets("A", handlers.EXACT) is a and evicted == []  # resident: not loaded again
     b = targets("B", handlers.EXACT)
-    assert evicted == [a, "freed"] and loaded == [a, b]
+    assert evicted == [None] and loaded == [(a, None), (b, None)]  # A dropped, its memory freed, then B loaded
     assert targets(None, handlers.EXACT) is embedded and targets.resident is b  # the start is never evicted
 
 

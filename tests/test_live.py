@@ -126,10 +126,10 @@ def test_greedy_methods_take_a_repetition_penalty_and_n_gram_blocking(embedded, 
     """They verify each prefix as one-token AR with the same processors would, so the app lets a
     person set both, and the answer is AR's under them (cllm: AR's on its own weights; float32)."""
     from specdemo.core.events import final_summary
-    from specdemo.methods import ar, decoded_model
+    from specdemo.methods import ar, decoded
 
     prompt, sampling = "List three fruits, then three more.", SamplingConfig(repetition_penalty=1.3, no_repeat_ngram_size=3)
     _, summary = live.collect(live.run(embedded, Request(prompt, method, 24, sampling)))
-    reference = ar.generate(decoded_model(method, embedded), embedded.encode_chat(prompt), max_new_tokens=24, sampling=sampling,
+    reference = ar.generate(decoded(method, embedded)[0], embedded.encode_chat(prompt), max_new_tokens=24, sampling=sampling,
                             eos_token_ids=embedded.eos_token_ids)
     assert summary.tokens == final_summary(reference).tokens

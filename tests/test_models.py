@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdemo import SpecDemoError, models
-from specdemo.models import EMBEDDED_GGUF, LoadedModel, embedded_gguf_path, load_model
+from specdemo.models import EMBEDDED_GGUF, LoadedModel, embedded_gguf_path
 
 
 def test_embedded_gguf_is_found_without_importing_its_package():
@@ -18,11 +18,6 @@ def test_embedded_model_loads_offline(embedded):
     assert next(embedded.model.parameters()).dtype == torch.float32
     assert embedded.model.config.vocab_size == 49152 and embedded.context_length == 8192
     assert embedded.tokenizer.decode(list(embedded.eos_token_ids)) == "<|im_end|>"
-
-
-def test_loads_once_per_process(embedded):
-    assert load_model("embedded", torch.float32, "cpu") is embedded
-    assert load_model(spec="embedded", dtype="float32", device="cpu", trust_remote_code=False) is embedded
 
 
 def test_chat_template_wraps_the_prompt(embedded):
@@ -41,8 +36,6 @@ def test_auto_dtype_is_bfloat16_only_where_the_hardware_multiplies_it(monkeypatc
     expected = torch.bfloat16 if native else torch.float32
     assert models.parse_dtype("auto", torch.device("cpu")) == models.default_dtype(torch.device("cpu")) == expected
     assert models.default_dtype(torch.device("cuda")) == (torch.bfloat16 if native else torch.float16)
-    if not native:
-        assert load_model("embedded", "auto", "cpu") is embedded  # the same load as asking for float32
     with pytest.raises(SpecDemoError, match="auto, float32"):
         models.parse_dtype("float8")
 

@@ -15,7 +15,7 @@ from specdemo.core.events import final_summary
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY
-from specdemo.core.static import ATTRIBUTE, CompiledPass, compile_passes, compiled_pass, fitted_size, padded, request_cache, static_forward
+from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded, request_cache, static_forward
 from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar, medusa, method_options, speculative
 
@@ -104,9 +104,10 @@ def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_mod
         keep_prefix(cache, 4)
 
 
-def test_a_model_without_a_compiled_pass_keeps_transformers_cache(prompt_ids):
+def test_a_request_without_a_compiled_pass_keeps_transformers_cache(prompt_ids):
     model = make_tiny_model()
     assert isinstance(request_cache(model, 40), DynamicCache)
+    assert not hasattr(model, "passes") and not hasattr(model, "compiled_pass")  # nothing is set on a model
 
 
 @pytest.fixture(scope="module")
@@ -116,22 +117,25 @@ def compiled_models():
     target, other = make_tiny_model(), make_tiny_model(seed=1)
     configs = configurations(target, other)
     expected = eager_answers(configs)  # eager, on the reference's weights
-    for model in (target, configs["cllm, jacobi"][2]):
-        compile_passes(model, buckets=(1, 8, 16))
-    return target, configs, expected
+    passes = {id(model): compile_passes(model, buckets=(1, 8, 16)) for model in (target, configs["cllm, jacobi"][2])}
+    assert not hasattr(target, "compiled_pass")  # the compiled pass is a value: nothing is set on the model
+    return target, configs, expected, passes
 
 
 @pytest.mark.parametrize("name", [name for name in NAMES if name not in ("beam", "contrastive")])
 def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models, prompt_ids, name):
-    target, configs, expected = compiled_models
+    target, configs, expected, compiled = compiled_models
     generate, options, reference = configs[name]
     model = reference  # CLLM decodes its own (compiled) weights
-    assert isinstance(request_cache(model, 40), StaticKV)
-    passes = getattr(model, ATTRIBUTE)
+    passes = compiled[id(model)]
+    assert isinstance(request_cache(model, 40, passes), StaticKV)
     before = sum(passes.runs.values())
-    summary = final_summary(generate(model if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
-    assert summary.tokens == expected[name]
     drafted_by_target = getattr(options.get("draft"), "model", None) is target  # then the draft's passes take the same graphs
+    given = {"passes": passes, **({"cllm_passes": passes} if name.startswith("cllm") else {}),
+             **({"draft_passes": passes} if drafted_by_target else {})}
+    summary = final_summary(generate(model if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS,
+                                     eos_token_ids=(), **options, **given))
+    assert summary.tokens == expected[name]
     assert (sum(passes.runs.values()) - before > summary.target_forwards) if drafted_by_target else \
         (sum(passes.runs.values()) - before == summary.target_forwards)  # every target pass took the static path
     assert not passes.failed
@@ -140,12 +144,12 @@ def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models
 def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_models, prompt_ids):
     """The LM head runs inside the target's graph: a tree's logits [rows, V] are float32 and
     equal the eager pass's over the same tree, and the compiled graph ran (not the eager fallback)."""
-    target, _, _ = compiled_models
+    target, _, _, compiled = compiled_models
     proposal = Proposal((7, 11, 13, 17), (-1, 0, 0, 1), ("draft",) * 4)
-    passes = getattr(target, ATTRIBUTE)
+    passes = compiled[id(target)]
     with torch.inference_mode():
         results, ran = [], []
-        for cache in (request_cache(target, 40), DynamicCache(config=target.config)):
+        for cache in (request_cache(target, 40, passes), DynamicCache(config=target.config)):
             target_pass(target, cache, prompt_ids[:, :-1], Proposal())  # the prompt but its last token
             before = passes.runs[8]
             results.append(target_pass(target, cache, prompt_ids, proposal, features=True))
@@ -159,31 +163,33 @@ def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_model
     long_prompt = torch.arange(1, 41)[None]
     with torch.inference_mode():
         before = passes.runs[0]
-        wide, reference = (target_pass(target, cache, long_prompt, Proposal()) for cache in (request_cache(target, 60), DynamicCache(config=target.config)))
+        wide, reference = (target_pass(target, cache, long_prompt, Proposal())
+                           for cache in (request_cache(target, 60, passes), DynamicCache(config=target.config)))
     assert passes.runs[0] == before + 1 and wide.logits.shape == (1, target.config.vocab_size) and wide.logits.dtype == torch.float32
     torch.testing.assert_close(wide.logits, reference.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_passes_are_padded_to_their_buckets(compiled_models, prompt_ids):
-    target, configs, _ = compiled_models
-    passes = getattr(target, ATTRIBUTE)
+    target, configs, _, compiled = compiled_models
+    passes = compiled[id(target)]
     passes.runs.clear()
-    final_summary(ar.generate(target, prompt_ids, max_new_tokens=10, eos_token_ids=()))
+    final_summary(ar.generate(target, prompt_ids, max_new_tokens=10, eos_token_ids=(), passes=passes))
     assert dict(passes.runs) == {8: 1, 1: 9}  # the 6-token prompt in the 8 bucket, then one token a pass
     passes.runs.clear()
     long_prompt = torch.arange(1, 41)[None]  # wider than every bucket: eager, on the same static cache
-    final_summary(ar.generate(target, long_prompt, max_new_tokens=3, eos_token_ids=()))
+    final_summary(ar.generate(target, long_prompt, max_new_tokens=3, eos_token_ids=(), passes=passes))
     assert dict(passes.runs) == {0: 1, 1: 2}
 
 
 def test_passes_up_to_the_end_of_a_request_reuse_the_graphs_compiled_at_load(compiled_models, prompt_ids):
     """Every pass attends over a window of the buffers (views), up to the request's last: a pass
     over the whole buffer instead recompiled the graph (a minute on a CPU, inside an answer)."""
-    target, _, expected = compiled_models
+    target, _, expected, compiled = compiled_models
     graphs = lambda: len(torch._dynamo.eval_frame._debug_get_cache_entry_list(static_forward.__code__))  # noqa: E731
     before = graphs()
     for max_new_tokens in (MAX_NEW_TOKENS, 230 - prompt_ids.shape[1]):  # the second runs to a 256-position window
-        summary = final_summary(ar.generate(target, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=()))
+        summary = final_summary(ar.generate(target, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=(),
+                                            passes=compiled[id(target)]))
         assert summary.tokens[:MAX_NEW_TOKENS] == expected["ar"]
     assert graphs() == before
 
@@ -203,8 +209,8 @@ def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
 
 
 def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):
-    target, configs, expected = compiled_models
-    options = {**configs["medusa, dynamic tree"][1], "tree_size": 5, "copy_length": 0}
+    target, configs, expected, compiled = compiled_models
+    options = {**configs["medusa, dynamic tree"][1], "tree_size": 5, "copy_length": 0, "passes": compiled[id(target)]}
     events = list(medusa.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
     summary, steps = events[-1], events[1:-1]  # after the prefill's pass, every pass holds a tree
     assert summary.tokens == expected["ar"]
@@ -214,8 +220,9 @@ def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models,
 def test_a_compiled_draft_tree_fills_each_padded_pass(compiled_models, prompt_ids):
     """The default 6 nodes at depth 2 run as 8 on a CPU: 7 slots, which 2 children per node
     cannot fill (2 + 4), so the tree grows 3 (`draft_tree.children_to_fill`) and holds 7."""
-    target, configs, expected = compiled_models
-    options = {**configs["speculative, feature draft, tree"][1], "gamma": 2, "draft_tree_size": 6, "draft_tree_top_k": 2, "copy_length": 0}
+    target, configs, expected, compiled = compiled_models
+    options = {**configs["speculative, feature draft, tree"][1], "gamma": 2, "draft_tree_size": 6, "draft_tree_top_k": 2, "copy_length": 0,
+               "passes": compiled[id(target)]}
     events = list(speculative.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
     summary, steps = events[-1], [event for event in events[1:-1] if event.proposed]  # the first pass drafts nothing
     assert summary.tokens == expected["ar"]
@@ -224,15 +231,14 @@ def test_a_compiled_draft_tree_fills_each_padded_pass(compiled_models, prompt_id
 
 @pytest.fixture(scope="module")
 def compiled_drafts() -> dict:
-    """Compiled copies of the tiny configurations' drafts, by the id of the eager draft's model."""
+    """The compiled passes of the tiny configurations' drafts, by the id of the draft's model."""
     return {}
 
 
-def compiled_copy(compiled_drafts: dict, draft):
-    """The compiled copy of `draft` (widths 1, 2, 4), made once a module: tests share its graphs."""
+def compiled_draft(compiled_drafts: dict, draft):
+    """The compiled pass of `draft` (widths 1, 2, 4), made once a module: tests share its graphs."""
     if id(draft.model) not in compiled_drafts:
-        compiled_drafts[id(draft.model)] = copy.deepcopy(draft)
-        compile_passes(compiled_drafts[id(draft.model)].model, buckets=(1, 2, 4), role="draft")
+        compiled_drafts[id(draft.model)] = compile_passes(draft.model, buckets=(1, 2, 4), role="draft")
     return compiled_drafts[id(draft.model)]
 
 
@@ -241,30 +247,31 @@ def compiled_copy(compiled_drafts: dict, draft):
 def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models, compiled_drafts, prompt_ids, name):
     """The drafts' passes on the static path (point 5): the same proposals, pass for pass. gamma = 3
     trees feed a third level that looks back at the second's branches: the window of `sees`."""
-    target, configs, expected = compiled_models
+    target, configs, expected, compiled = compiled_models
     generate, options, _ = configs[name]
-    compiled = compiled_copy(compiled_drafts, options["draft"])  # a chain and a tree share their draft's graphs
-    passes = compiled_pass(compiled.model)
+    passes = compiled_draft(compiled_drafts, options["draft"])  # a chain and a tree share their draft's graphs
     passes.runs.clear()
-    runs = [list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}))
-            for draft in (options["draft"], compiled)]
+    runs = [list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options,
+                          passes=compiled[id(target)], draft_passes=draft_passes))
+            for draft_passes in (None, passes)]
     assert [event.proposed for event in runs[1][:-1]] == [event.proposed for event in runs[0][:-1]]
     assert runs[1][-1].tokens == expected[name]
     assert passes.runs[0] and sum(passes.runs[width] for width in (1, 2, 4)) > len(runs[1]) // 2  # the prompt eagerly, steps compiled
     assert not passes.failed
 
 
-def test_compiled_false_runs_the_target_and_its_draft_eagerly(compiled_models, compiled_drafts, prompt_ids):
-    """An eager twin (the bench's `speculative_eager`) on compiled models: no compiled pass runs,
-    the draft's neither, and the answer is the same."""
-    target, configs, expected = compiled_models
+def test_without_the_targets_pass_the_target_and_its_draft_run_eagerly(compiled_models, compiled_drafts, prompt_ids):
+    """An eager twin (the bench's `speculative_eager`) beside compiled models: no compiled pass runs,
+    the draft's neither (it runs only beside the target's), and the answer is the same."""
+    target, configs, expected, compiled = compiled_models
     generate, options, _ = configs["speculative, feature draft, tree"]
-    draft = compiled_copy(compiled_drafts, options["draft"])
-    for passes in (compiled_pass(target), compiled_pass(draft.model)):
+    draft_passes = compiled_draft(compiled_drafts, options["draft"])
+    for passes in (compiled[id(target)], draft_passes):
         passes.runs.clear()
-    summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **{**options, "draft": draft}, compiled=False))
+    summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options,
+                                     passes=None, draft_passes=draft_passes))
     assert summary.tokens == expected["speculative, feature draft, tree"]
-    assert not compiled_pass(target).runs and not compiled_pass(draft.model).runs
+    assert not compiled[id(target)].runs and not draft_passes.runs
 
 
 def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
@@ -277,23 +284,23 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
 
     passes.forward = broken
     with caplog.at_level(logging.WARNING, logger="specdemo.core.static"):
-        tokens = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
+        tokens = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(), passes=passes)).tokens
     assert tokens == expected
     assert passes.failed and "no C++ compiler" in passes.failed
     assert len([r for r in caplog.records if "eagerly" in r.message]) == 1
-    assert isinstance(request_cache(model, 40), DynamicCache)  # the next request is eager from the start
+    assert isinstance(request_cache(model, 40, passes), DynamicCache)  # the next request is eager from the start
 
 
 @pytest.mark.parametrize("method", ["ar", "speculative", "medusa"])
 def test_the_embedded_model_gives_ars_answer_through_the_compiled_pass(compiled_embedded, embedded, method):
     """float32, the shipped draft and heads: the compiled pass changes no token."""
-    model, expected = compiled_embedded
+    model, passes, expected = compiled_embedded
     input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
     generate = {"ar": ar.generate, "speculative": speculative.generate, "medusa": medusa.generate}[method]
     options = method_options(method, embedded)
-    passes = getattr(model, ATTRIBUTE)
     passes.runs.clear()
-    summary = final_summary(generate(model, input_ids, max_new_tokens=40, eos_token_ids=embedded.eos_token_ids, **options))
+    summary = final_summary(generate(model, input_ids, max_new_tokens=40, eos_token_ids=embedded.eos_token_ids, **options,
+                                     passes=passes))
     assert summary.tokens == expected
     assert passes.runs[16] >= 10 and not passes.failed  # compiled passes ran (the prompt, wider, runs eagerly)
 
@@ -307,5 +314,4 @@ def compiled_embedded(embedded):
     input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
     expected = final_summary(decode(embedded.model, input_ids, Proposer(), method="ar", max_new_tokens=40, sampling=GREEDY,
                                     eos_token_ids=embedded.eos_token_ids)).tokens
-    compile_passes(model, buckets=(16,))
-    return model, expected
+    return model, compile_passes(model, buckets=(16,)), expected

@@ -57,12 +57,13 @@ def test_on_zerogpu_the_model_goes_to_cuda_at_start_uncaptured(spaces):
 
 def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
     captured = []
-    monkeypatch.setattr(clicks, "capture", lambda target: captured.append(target.model) or 0.01)
-    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace())
-    clicks.ready(target)  # a fresh process: no graphs on its model yet
+    with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
+    monkeypatch.setattr(clicks, "capture", lambda target: (captured.append(target.model) or with_graphs, 0.01))
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
+    assert clicks.ready(target) is with_graphs  # a fresh process: the call decodes with graphs captured in it
     assert captured == [target.model] and 0.01 <= zerogpu.kept("setup_s", 99.0) < 5
-    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace())
-    clicks.ready(cpu)  # on a CPU nothing is captured in a call
+    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
+    assert clicks.ready(cpu) is cpu  # on a CPU nothing is captured in a call
     assert captured == [target.model]
     fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
     assert fixed < zerogpu.SETUP_S  # the measured setup, not the estimate

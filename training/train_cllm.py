@@ -322,7 +322,7 @@ def main() -> None:
     before, base_answers = jacobi_passes(target.model, eval_ids, args.max_new_tokens, block_size, target.eos_token_ids)
     print(f"base: {before:.3f} tokens per Jacobi pass on {len(eval_ids)} held-out prompts", flush=True)
 
-    model = load_model("embedded", "bfloat16").model  # the cached target: trained in place, restored below
+    model = target.model  # trained in place, its adapters removed below
     start = time.time()
     adapters, history = train_adapters(model, trajectories["records"], epochs=args.epochs, lr=args.lr,
                                        accumulate=args.accumulate, rank=args.rank, scale=args.scale, seed=args.seed, ar_weight=args.ar_weight,

@@ -6,7 +6,7 @@ timings) that cross back to the page's process; `specdemo.app.handlers` draws th
 race's replay runs there too. Nothing here draws.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from specdemo.app.limits import Deadline, time_left
@@ -32,7 +32,7 @@ from specdemo.app.live import (
 )
 from specdemo.app.zerogpu import GpuPlan, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
-from specdemo.methods import METHODS, decoded_model, method_options
+from specdemo.methods import METHODS, decoded, method_options
 from specdemo.models import LoadedModel, capture
 
 UPDATE_EVERY_S = 0.5  # a streamed run's records a second at most: drawing competes with decoding for the CPU
@@ -137,22 +137,25 @@ class RaceOutcome:
     dtype: str
 
 
-def planned(target: LoadedModel, plan: GpuPlan) -> LoadedModel:
-    """The model a click decodes: the page's (`ready` for a GPU call), or its twin on the CPU when ZeroGPU refused the click."""
-    from specdemo.models import load_model
-
+def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], LoadedModel]) -> LoadedModel:
+    """The model a click decodes: the page's (`ready` for a GPU call), or its twin on the CPU
+    (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
     if plan.on_cpu and target.device.type != "cpu":
-        return load_model(target.spec, "auto", "cpu")
-    ready(target)
-    return target
+        return on_cpu(target)
+    return ready(target)
 
 
-def ready(target: LoadedModel) -> None:
-    """In a ZeroGPU call's fresh process, capture the target's CUDA graphs (`models.capture`) before
-    its first pass, and keep what that took for the next click's plan: graphs captured in an
-    earlier call died with its process. Elsewhere the app captured them at start, or was told not to."""
-    if on_zerogpu() and target.device.type == "cuda" and (seconds := capture(target)):
+def ready(target: LoadedModel) -> LoadedModel:
+    """In a ZeroGPU call's fresh process, the target with its CUDA graphs captured (`models.capture`)
+    before its first pass, keeping what that took for the next click's plan: graphs captured in an
+    earlier call died with its process. Elsewhere the target as it is: the app captured its graphs
+    at start, or was told not to."""
+    if not (on_zerogpu() and target.device.type == "cuda"):
+        return target
+    target, seconds = capture(target)
+    if seconds:
         keep(setup_s=seconds)
+    return target
 
 
 def kept(target: LoadedModel, summary: Summary | None) -> None:
@@ -179,7 +182,7 @@ def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Su
     found = Checks(amateur=tuple(amateur.tokens) if amateur else None)
     if request.method == "ar" or METHODS[request.method].other_answer:
         return found
-    if decoded_model(request.method, target) is not target.model:  # a changed model (cllm): is it still a good one?
+    if decoded(request.method, target)[0] is not target.model:  # a changed model (cllm): is it still a good one?
         return replace(found, own_weights=True, quality=cllm_quality(target, request))
     return replace(found, divergence=divergence(target, request, summary, baseline))
 

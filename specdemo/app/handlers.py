@@ -38,7 +38,7 @@ from specdemo.app.zerogpu import GpuPlan, call_with_cpu_fallback, gpu_call, plan
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS
-from specdemo.models import LoadedModel, compile_like, fast_dtype, free_memory, load_model, unload
+from specdemo.models import LoadedModel, compiled, fast_dtype, free_memory, load_model
 from specdemo.presets import Preset, preset_for, preset_named
 
 
@@ -87,11 +87,15 @@ class Targets:
     """The models a page offers: the one it started with, and the presets this machine can run
     (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use. Besides the start,
     one model is resident at a time (a preset, or the start at the other precision): asking for
-    another evicts it first, so a class switching presets never holds more than two in memory."""
+    another evicts it first, so a class switching presets never holds more than two in memory.
+    A compiled start makes every model it loads compiled too. On ZeroGPU, a click the platform
+    refused runs on the start's twin on the CPU (`on_cpu`), loaded once too."""
 
     def __init__(self, start: LoadedModel, presets: tuple[Preset, ...]):
         self.start, self.presets = start, presets
         self.resident: LoadedModel | None = None
+        self.cpu_twin: LoadedModel | None = None
+        self.lock = threading.Lock()  # a class's clicks may ask for a model at once: one loads it
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
         self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
@@ -108,6 +112,10 @@ class Targets:
     def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
         """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
         default: the start's dtype), loaded once."""
+        with self.lock:
+            return self.load(name, precision)
+
+    def load(self, name: str | None, precision: str | None) -> LoadedModel:
         if precision not in (None, "", *self.precisions):
             raise SpecDemoError(f"precision must be one of {', '.join(map(repr, self.precisions))}, got {precision!r}")
         dtype = self.precisions[precision] if precision else str(self.start.dtype).removeprefix("torch.")
@@ -118,12 +126,19 @@ class Targets:
         if self.resident is not None and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype):
             return self.resident
         if self.resident is not None:
-            unload(self.resident)
             self.resident = None
             free_memory()  # before the next load, so two presets never share the GPU
-        self.resident = load_model(spec, dtype, str(self.start.device))
-        compile_like(self.resident, self.start)
+        loaded = load_model(spec, dtype, str(self.start.device))
+        self.resident = compiled(loaded) if self.start.passes else loaded
         return self.resident
+
+    def on_cpu(self, target: LoadedModel) -> LoadedModel:
+        """`target`'s twin on the CPU at its fastest dtype there, loaded on first use and held."""
+        with self.lock:
+            if self.cpu_twin is None or self.cpu_twin.spec != target.spec:
+                self.cpu_twin = None
+                self.cpu_twin = load_model(target.spec, "auto", "cpu")
+            return self.cpu_twin
 
 
 EXACT = "exact (float32)"
@@ -150,7 +165,7 @@ class Handlers:
         stop = click_budget(plan)  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan)
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
             yield from clicks.generate_records(target, self.baselines, dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan, stop)
         except SpecDemoError as error:  # raised in the GPU call's process: a sentence crosses back, not a traceback
             raise gr.Error(str(error)) from error
@@ -226,7 +241,7 @@ class Handlers:
         stop = click_budget(plan)
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan)
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop, RACE_MIN_ROUNDS)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
@@ -273,7 +288,7 @@ def api_generate_for(targets: Targets):
         try:
             sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
             request = Request(text("prompt", prompt or ""), text("method", method), min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
-            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")), plan)
+            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")), plan, targets.on_cpu)
             events, summary = collect(run(target, request, stop))
             clicks.kept(target, summary)
             return target.decode(list(summary.tokens)), {**stats(events, summary), **({"note": plan.note} if plan.note else {})}

@@ -13,8 +13,9 @@ from specdemo.app.limits import LIMITS, budget, time_left
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, committed_by_origin, final_summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import CompiledPass
 from specdemo.divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
-from specdemo.methods import METHODS, ar, cllm, companion, decoded_model, get_method, method_options
+from specdemo.methods import METHODS, ar, cllm, companion, decoded, get_method, method_options
 from specdemo.models import LoadedModel
 
 # Per-request limits of the app, so one visitor cannot hold the model for long (specdemo.app.limits).
@@ -146,6 +147,7 @@ def run(target: LoadedModel, request: Request, stop: threading.Event | None = No
         max_new_tokens=request.max_new_tokens,
         eos_token_ids=target.eos_token_ids,
         stop=stop,
+        passes=target.passes,
         **sampling,
         **options,
         **request.settings,
@@ -204,8 +206,8 @@ class Baselines:
 def own_reference(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary | None:
     """For a method that decodes other weights than the target's (cllm), greedy AR on those
     weights: the answer it must equal. None for the others, whose reference is the target's AR."""
-    model = decoded_model(request.method, target)
-    return None if model is target.model else greedy_answer(model, target, request, stop)
+    model, passes = decoded(request.method, target)
+    return None if model is target.model else greedy_answer(model, target, request, stop, passes)
 
 
 def amateur_reference(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary | None:
@@ -215,12 +217,14 @@ def amateur_reference(target: LoadedModel, request: Request, stop: threading.Eve
     return None if amateur is None else greedy_answer(amateur, target, request, stop)
 
 
-def greedy_answer(model, target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary:
-    """Greedy AR of `model` (a model of the target's vocabulary) on the request's prompt, within
-    the click's budget `stop` (default: a budget of its own)."""
+def greedy_answer(model, target: LoadedModel, request: Request, stop: threading.Event | None = None,
+                  passes: CompiledPass | None = None) -> Summary:
+    """Greedy AR of `model` (a model of the target's vocabulary; `passes`, its compiled pass) on the
+    request's prompt, within the click's budget `stop` (default: a budget of its own)."""
     input_ids = target.encode_chat(request.prompt)
     stop = budget() if stop is None else stop
-    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens, eos_token_ids=target.eos_token_ids, stop=stop))
+    return final_summary(ar.generate(model, input_ids, max_new_tokens=request.max_new_tokens,
+                                     eos_token_ids=target.eos_token_ids, stop=stop, passes=passes))
 
 
 def cllm_quality(target: LoadedModel, request: Request) -> dict | None:
@@ -239,7 +243,7 @@ def divergence_from(target: LoadedModel, request: Request, tokens, reference_tok
     only stops earlier, or when the request samples (a sampled answer may differ anyway)."""
     if request.sampling.do_sample or first_difference(tokens, reference_tokens) is None:
         return None
-    model = decoded_model(request.method, target)
+    model = decoded(request.method, target)[0]
     return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)})["other"]
 
 

@@ -8,7 +8,7 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
   its padded inputs into them, replays, and copies the outputs out before the next replay.
 - One graph per kind of pass: its width (a bucket of `static.BUCKETS`), whether it is fed token
   ids or embeddings (a feature draft), whether the LM head runs inside it (a target pass), and
-  the layers whose hidden states it returns. Each is captured once per process, at
+  the layers whose hidden states it returns. Each is captured once per `CompiledPass`, at
   `static.compile_passes` for the usual kinds and at first use for the others.
 - The buffer is lent to one request at a time (`lease`), as a view sharing its tensors; the
   lease ends when the request drops its view. A request that finds it lent, or needs more
@@ -50,9 +50,10 @@ class CudaGraphs:
         self.lock = threading.Lock()
         self.holder: weakref.ref | None = None  # the view lent to the request running now
 
-    def lease(self, need: int) -> StaticKV | None:
-        """The graphs' buffer as a fresh view of length 0 for a request of up to `need` positions;
-        None when it is too short or lent to a request that still holds it."""
+    def lease(self, need: int, passes) -> StaticKV | None:
+        """The graphs' buffer as a fresh view of length 0, run by `passes` (the `static.CompiledPass`
+        holding these graphs), for a request of up to `need` positions; None when it is too short
+        or lent to a request that still holds it."""
         if need > self.cache.capacity:
             return None
         with self.lock:
@@ -60,7 +61,7 @@ class CudaGraphs:
                 gc.collect()  # a finished request caught in a reference cycle
             if self.holder is not None and self.holder() is not None:
                 return None
-            view = self.cache.shared()
+            view = self.cache.shared(passes)
             self.holder = weakref.ref(view)
             return view
 

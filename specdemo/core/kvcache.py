@@ -79,9 +79,11 @@ class StaticKV(Cache):
     """A KV buffer of `capacity` positions allocated once (gpt-fast's static cache): a pass writes
     at `length` and on, and rollback only moves `length`, so whatever lies past it is stale and
     must never be attended to (the static pass's mask sees to it). `start` is `length` as a
-    tensor at a fixed address, set before each pass, so one compiled graph serves every pass."""
+    tensor at a fixed address, set before each pass, so one compiled graph serves every pass.
+    `passes`: the compiled pass (`static.CompiledPass`) that runs this cache's passes, given when
+    the cache is made (`static.request_cache`); None runs them eagerly."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int):
+    def __init__(self, model: PreTrainedModel, capacity: int, passes=None):
         config = model.config.get_text_config(decoder=True)
         self.start = torch.zeros((), dtype=torch.long, device=model.device)
         super().__init__(layers=[SlotLayer(capacity, self.start) for _ in range(config.num_hidden_layers)])
@@ -95,6 +97,7 @@ class StaticKV(Cache):
             torch._dynamo.maybe_mark_dynamic(layer.values, 2)
         self.capacity = capacity
         self.length = 0
+        self.passes = passes
         self.windows: dict[int, StaticKV] = {}  # by length, built once
 
     def window(self, length: int) -> "StaticKV":
@@ -107,17 +110,17 @@ class StaticKV(Cache):
         if length not in self.windows:
             view = StaticKV.__new__(StaticKV)
             Cache.__init__(view, layers=[layer.window(length) for layer in self.layers])
-            view.start, view.capacity, view.windows = self.start, length, {}
+            view.start, view.capacity, view.windows, view.passes = self.start, length, {}, self.passes
             self.windows[length] = view
         self.windows[length].length = self.length
         return self.windows[length]
 
-    def shared(self) -> "StaticKV":
-        """A second handle on the same buffers and `start`, with a valid length of its own (0):
-        what a request gets of a buffer that outlives it (`graphs.CudaGraphs.lease`)."""
+    def shared(self, passes=None) -> "StaticKV":
+        """A second handle on the same buffers and `start`, with a valid length of its own (0), run
+        by `passes`: what a request gets of a buffer that outlives it (`graphs.CudaGraphs.lease`)."""
         view = StaticKV.__new__(StaticKV)
         Cache.__init__(view, layers=[copy.copy(layer) for layer in self.layers])
-        view.start, view.capacity, view.windows, view.length = self.start, self.capacity, {}, 0
+        view.start, view.capacity, view.windows, view.length, view.passes = self.start, self.capacity, {}, 0, passes
         return view
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -22,7 +22,7 @@ from specdemo.core.errors import SpecDemoError, check_request
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import SamplingConfig, TokenChooser
-from specdemo.core.static import padded_width, request_cache
+from specdemo.core.static import CompiledPass, padded_width, request_cache
 from specdemo.core.steps import Payload
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
@@ -97,15 +97,15 @@ def decode(
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     reach: int = 0,
-    compiled: bool = True,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with `proposer`, one StepEvent a target pass, then a Summary.
     `reach`: how far past the answer's last position a pass feeds tokens (lookahead's window).
-    `compiled`: take the model's compiled static pass when it has one (`specdemo.core.static`)."""
+    `passes`: the target's compiled static pass (`static.compile_passes`); None: the eager pass."""
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), reach)
-    # holds the committed tokens but the last few (at least the root); static when the model is compiled
-    cache = request_cache(model, input_ids.shape[1] + max_new_tokens + reach, compiled)
-    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids), padded_width(model, cache))
+    # holds the committed tokens but the last few (at least the root); static, run by `passes`, when given
+    cache = request_cache(model, input_ids.shape[1] + max_new_tokens + reach, passes)
+    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids), padded_width(cache))
     recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     sequence = input_ids  # [1, n] prompt + committed tokens
     events = []  # this run's events, for the proposer's totals

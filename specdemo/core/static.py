@@ -7,14 +7,16 @@ masked out, so one graph serves every pass of that width whatever the cache hold
 built inside the graph from the cache's `start` tensor. A pass wider than the largest bucket (a
 prompt) runs the same function eagerly.
 
-`compile_passes(model)` builds the graphs once per process and attaches them to the model as
-`model.compiled_pass`: with CUDA, hand-captured CUDA graphs over a buffer they own
-(`specdemo.core.graphs`: a pass costs one launch instead of hundreds); on a CPU, `torch.compile`
-with inductor (the buffers' length a dynamic dimension, so requests of every length share the
-graphs). `verify.target_pass` takes this path whenever the loop gave it a `StaticKV`, which
-`request_cache` does for a model that has graphs. A draft (the token draft, the feature draft's
-decoder layer) gets graphs the same way for its own widths (`DRAFT_BUCKETS`), and its passes go
-through `decoder_pass`.
+`compile_passes(model)` builds the graphs of one model and returns them as a `CompiledPass`, a
+value its caller holds beside the model (a `models.LoadedModel`, a draft's options) and passes
+on: with CUDA, hand-captured CUDA graphs over a buffer they own (`specdemo.core.graphs`: a pass
+costs one launch instead of hundreds); on a CPU, `torch.compile` with inductor (the buffers'
+length a dynamic dimension, so requests of every length share the graphs). Nothing is set on
+the model. `request_cache(model, need, passes)` makes a request's `StaticKV`, which carries the
+pass that runs it, so every pass over that cache (`verify.target_pass`, a draft's
+`decoder_pass`) takes the compiled path; without `passes` a request gets transformers'
+DynamicCache and the eager pass. A draft (the token draft, the feature draft's decoder layer)
+gets graphs the same way for its own widths (`DRAFT_BUCKETS`).
 """
 
 import functools
@@ -40,7 +42,6 @@ DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # a draft's: the pairs a step adds (accepted t
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
 WINDOW_STEP = 64  # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
 CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
-ATTRIBUTE = "compiled_pass"  # where `compile_passes` leaves its `CompiledPass` on the model
 
 
 def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
@@ -107,28 +108,21 @@ def default_compile(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def compiled_pass(model: PreTrainedModel) -> CompiledPass | None:
-    return getattr(model, ATTRIBUTE, None)
-
-
-def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS, progress: Callable[[str], None] | None = None,
-                   role: str = "target") -> CompiledPass:
-    """Compile the static pass of `model` for every bucket and warm each up once (the compile
-    happens then, not in a user's first answer), reporting through `progress`. A target's
-    graphs hold its LM head (`verify.target_pass`); a draft's (`role` "draft") its decoder alone
-    (`decoder_pass`). If compiling
-    fails, say so once and leave the model eager. Idempotent: a model keeps its first graphs.
-    On a CPU the graphs hold the weights as constants (freezing): compile a model once its
-    weights are final (a CLLM after its adapters are merged)."""
-    if compiled := compiled_pass(model):
-        return compiled
+def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS,
+                   progress: Callable[[str], None] | None = None, role: str = "target") -> CompiledPass:
+    """The compiled static pass of `model` for every bucket, each warmed up once (the compile
+    happens now, not in a user's first answer), reporting through `progress`. A target's graphs
+    hold its LM head (`verify.target_pass`); a draft's (`role` "draft") its decoder alone
+    (`decoder_pass`). If compiling fails, it says so once and every pass runs eagerly.
+    Each call compiles anew: the caller keeps the value. On a CPU the graphs hold the weights as
+    constants (freezing): compile a model once its weights are final (a CLLM after its adapters
+    are merged)."""
     if model.device.type == "cuda":  # hand-captured CUDA graphs: no compiler, captured in milliseconds
         compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
                                 graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY)))
     else:
         compiling_on_cpu()  # process-wide: dynamo's limits, inductor's freezing (`core.process` says why)
         compiled = CompiledPass(torch.compile(static_forward, dynamic=False), tuple(sorted(buckets)), None)
-    setattr(model, ATTRIBUTE, compiled)  # still found on the model: passing it to the loop as a value is the redesign's
     warm_up(model, compiled, progress, role)
     return compiled
 
@@ -138,7 +132,7 @@ def warm_up(model: PreTrainedModel, compiled: CompiledPass, progress: Callable[[
     not in a user's first answer."""
     verb = "capturing a CUDA graph of" if compiled.graphs else "compiling"
     with torch.inference_mode():
-        cache = request_cache(model, 1 + max(compiled.buckets))
+        cache = request_cache(model, 1 + max(compiled.buckets), compiled)
         for number, width in enumerate(compiled.buckets, 1):
             if progress:
                 progress(f"{verb} the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
@@ -166,24 +160,24 @@ def capacity(model: PreTrainedModel, need: int) -> int:
     return min(rounded, limit) if limit and need <= limit else rounded
 
 
-def request_cache(model: PreTrainedModel, need: int, compiled: bool = True) -> Cache:
+def request_cache(model: PreTrainedModel, need: int, passes: CompiledPass | None = None) -> Cache:
     """A model's cache (a target's, a draft's) for a request that may feed up to `need` positions:
-    a `StaticKV` when the model has a compiled pass (and `compiled`), else transformers' DynamicCache."""
-    passes = compiled_pass(model)
-    if not compiled or passes is None or passes.failed:
+    a `StaticKV` run by `passes` (the model's compiled pass) when given, else transformers'
+    DynamicCache, run eagerly."""
+    if passes is None or passes.failed:
         return DynamicCache(config=model.config)
-    if passes.graphs and (lent := passes.graphs.lease(need + max(passes.buckets))):
+    if passes.graphs and (lent := passes.graphs.lease(need + max(passes.buckets), passes)):
         return lent
     # the last pass's padded nodes are written too, and a window past them stays a view shorter than the
     # buffers: a graph compiled on views recompiled (a minute on a CPU) for the whole buffer
-    return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP))
+    return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP), passes)
 
 
-def padded_width(model: PreTrainedModel, cache: Cache) -> Callable[[int], int] | None:
-    """For a request on the compiled path (`cache` a `StaticKV`), the width a pass of n fed tokens
-    runs at: its bucket (n where none fits). A proposer may fill the padded slots with nodes that
-    cost nothing more. None on the eager path, where a pass costs what it feeds."""
-    passes = compiled_pass(model)
+def padded_width(cache: Cache) -> Callable[[int], int] | None:
+    """For a request on the compiled path (`cache` a `StaticKV` run by a compiled pass), the width
+    a pass of n fed tokens runs at: its bucket (n where none fits). A proposer may fill the padded
+    slots with nodes that cost nothing more. None on the eager path, where a pass costs what it feeds."""
+    passes = getattr(cache, "passes", None)
     if passes is None or not passes.serves(cache):
         return None
     return lambda width: width if passes.failed else passes.bucket(width) or width
@@ -239,7 +233,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     are `with_layers`' (a graph for those layers is compiled at their first pass).
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
     width = inputs.shape[1]
-    passes = compiled_pass(model)
+    passes = cache.passes
     bucket = passes.bucket(width) if passes and passes.serves(cache) and sees.shape[1] == width else None
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
@@ -274,7 +268,7 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
     [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `allowed` is None;
     else token i attends to cached position or new token j where `allowed[i, j]` ([w, cached + w]:
     the branches of a draft tree), at `position_ids`. On a `StaticKV` the static path
-    (compiled when the model has graphs, `compile_passes`); on any other cache transformers' pass."""
+    (compiled when the cache carries a compiled pass, `request_cache`); on any other cache transformers' pass."""
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
         tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype), "position_ids": position_ids}

@@ -3,9 +3,10 @@
 A spec holds the method's generator function, what it accepts (sampling, logits processors, its
 own settings, read from the function's signature), whether its answer must equal AR's, and its
 descriptions. Every generator takes (model, input_ids, *, max_new_tokens, sampling,
-eos_token_ids, stop, ...) and yields the step events of `specdemo.core.events`; `method_options`
-loads what a method needs beyond that (a draft, heads...) for a given target, once, and holds it
-with the target (`LoadedModel.companions`).
+eos_token_ids, stop, passes, ...) and yields the step events of `specdemo.core.events`; `passes` is
+the target's compiled pass (`LoadedModel.passes`), None for the eager pass. `method_options`
+loads what a method needs beyond that (a draft, heads... and, for a compiled target, their
+compiled passes) for a given target, once, and holds it with the target (`LoadedModel.companions`).
 Adding a method is one module and one entry here (docs/architecture.md).
 """
 
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from transformers import PreTrainedModel
+
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.static import DRAFT_BUCKETS, compile_passes, compiled_pass
+from specdemo.core.static import DRAFT_BUCKETS, CompiledPass, compile_passes
 from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft, load_draft
 from specdemo.methods.eagle import load_feature_draft
@@ -28,7 +31,8 @@ from specdemo.presets import preset_for
 log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
-LOADED = frozenset({"draft", "heads", "cllm_model", "amateur", "datastore", "method_name", "compiled"})  # companions `method_options` loads, and internals
+# companions `method_options` loads, the target's compiled pass, and internals
+LOADED = frozenset({"draft", "draft_passes", "heads", "cllm_model", "cllm_passes", "amateur", "datastore", "method_name", "passes"})
 
 
 @dataclass(frozen=True)
@@ -187,28 +191,29 @@ def get_method(name: str) -> MethodSpec:
 
 
 def method_options(name: str, target: LoadedModel) -> MappingProxyType:
-    """The keyword arguments method `name` needs for `target` beyond the common ones, loaded from
-    the companions its preset names (`specdemo.presets`), once, and held with the target
-    (`LoadedModel.companions`)."""
+    """The keyword arguments method `name` needs for `target` beyond the common ones and `passes`,
+    loaded from the companions its preset names (`specdemo.presets`), once, and held with the
+    target (`LoadedModel.companions`). A compiled target's companions that decode (a draft, a
+    CLLM) come with compiled passes of their own."""
     get_method(name)
-    return target.companions.get(f"options of {name}", lambda: MappingProxyType(load_options(name, target)))
+    key = f"options of {name}" + (" compiled" if target.passes else "")
+    return target.companions.get(key, lambda: MappingProxyType(load_options(name, target)))
 
 
 def load_options(name: str, target: LoadedModel) -> dict:
     if name == "speculative":  # the feature draft where the preset has one, as it drafts better
         feature_draft = getattr(preset_for(target.spec), "feature_draft", None)
         draft = token_draft(target) if feature_draft is None else load_feature_draft(Path(feature_draft), target.model)
-        if compiled_pass(target.model):  # a compiled target's draft passes take the compiled static path too
-            compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft")
-        return {"draft": draft, **datastore_of(target)}
-    if name == "medusa":
-        heads = medusa.load_heads(companion(target, "medusa_heads"), target.model)
-        preset = preset_for(target.spec)
-        if heads.choices is None and preset.medusa_tree:  # published heads bring no tree: the preset's is their default
-            heads.choices = [list(path) for path in preset.medusa_tree]  # set once, as loaded, before any run holds them
+        passes = compile_passes(draft.model, DRAFT_BUCKETS, progress=log.info, role="draft") if target.passes else None
+        return {"draft": draft, "draft_passes": passes, **datastore_of(target)}
+    if name == "medusa":  # published heads bring no tree: the preset's is their default
+        tree = getattr(preset_for(target.spec), "medusa_tree", None)
+        heads = medusa.load_heads(companion(target, "medusa_heads"), target.model, tree and [list(path) for path in tree])
         return {"heads": heads, **datastore_of(target)}
     if name == "cllm":
-        return {"cllm_model": target.companions.get("cllm", lambda: cllm.load_cllm(companion(target, "cllm"), target)), **datastore_of(target)}
+        model = target.companions.get("cllm", lambda: cllm.load_cllm(companion(target, "cllm"), target))
+        passes = compile_passes(model, progress=log.info) if target.passes else None
+        return {"cllm_model": model, "cllm_passes": passes, **datastore_of(target)}
     if name == "lookahead":
         return datastore_of(target)
     if name == "contrastive":  # the amateur is the token draft: a small LM of its own, which a feature draft is not
@@ -251,7 +256,10 @@ def companion(target: LoadedModel, kind: str) -> str | Path:
     return spec
 
 
-def decoded_model(name: str, target: LoadedModel):
-    """The weights method `name` decodes, whose greedy AR answer it must equal: the target's,
-    except for a method that brings its own (cllm's consistency-trained copy)."""
-    return method_options(name, target).get("cllm_model", target.model)
+def decoded(name: str, target: LoadedModel) -> tuple[PreTrainedModel, CompiledPass | None]:
+    """The weights method `name` decodes, whose greedy AR answer it must equal, and their compiled
+    pass: the target's, except for a method that brings its own (cllm's consistency-trained copy)."""
+    options = method_options(name, target)
+    if "cllm_model" in options:
+        return options["cllm_model"], options["cllm_passes"]
+    return target.model, target.passes

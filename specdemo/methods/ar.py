@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import CompiledPass
 
 
 def generate(
@@ -24,9 +25,9 @@ def generate(
     sampling: SamplingConfig = GREEDY,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
-    compiled: bool = True,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after the prompt `input_ids` [1, L], one token per target pass. `compiled`: take the
-    model's compiled static pass when it has one (False: the eager pass, for a comparison)."""
+    """Decode after the prompt `input_ids` [1, L], one token per target pass. `passes`: the model's
+    compiled static pass (`static.compile_passes`); None: the eager pass."""
     return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  compiled=compiled)
+                  passes=passes)

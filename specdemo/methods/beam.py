@@ -53,6 +53,7 @@ from specdemo.core.errors import SpecDemoError, check_request, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import GREEDY, SamplingConfig, logits_processors
+from specdemo.core.static import CompiledPass
 from specdemo.core.steps import BeamStep
 
 NO_BEAM = -1e9  # log_prob of the beams that do not exist yet at the first step (transformers' value)
@@ -79,8 +80,10 @@ def generate(
     sampling: SamplingConfig = GREEDY,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Beam search after the prompt `input_ids` [1, L] with `num_beams` beams (k)."""
+    """Beam search after the prompt `input_ids` [1, L] with `num_beams` beams (k). `passes`: the
+    target's compiled pass, taken by the registry's common call; the batched passes run eagerly."""
     prompt_length = check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_beam_settings(num_beams, length_penalty, early_stopping, sampling)
     eos = resolve_eos(model, eos_token_ids)

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import CompiledPass
 from specdemo.methods import jacobi, lookahead
 from specdemo.methods.retrieval import Datastore
 from specdemo.models import LoadedModel, load_model
@@ -59,6 +60,7 @@ def generate(
     input_ids: torch.Tensor,
     *,
     cllm_model: PreTrainedModel,
+    cllm_passes: CompiledPass | None = None,
     max_new_tokens: int = 128,
     sampling: SamplingConfig = GREEDY,
     decoder: str = DECODERS[0],
@@ -71,14 +73,17 @@ def generate(
     datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` with `cllm_model` by `decoder`: "jacobi" over blocks of
     `block_size`, or "lookahead" with its `window`, `ngram`, `candidates`, `copy_length` and
     `retrieve` from `datastore` (`specdemo.methods.lookahead`). `model`, the target, only has to share its vocabulary (the
-    prompt was tokenized for it)."""
+    prompt was tokenized for it). The CLLM's passes run by `cllm_passes`, its own compiled pass, beside a compiled
+    target's `passes` (None: eager)."""
     if cllm_model.config.vocab_size != model.config.vocab_size:
         raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
-    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop, method_name="cllm")
+    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop, method_name="cllm",
+                  passes=cllm_passes if passes else None)
     if decoder == "jacobi":
         return jacobi.generate(cllm_model, input_ids, block_size=block_size, **common)
     if decoder == "lookahead":

@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specdemo.core.errors import SpecDemoError, check_request, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
+from specdemo.core.static import CompiledPass
 from specdemo.core.steps import ContrastiveStep
 
 ALPHA = 0.1  # the plausibility threshold of the paper's experiments
@@ -76,8 +77,10 @@ def generate(
     top_candidates: int = 8,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after the prompt `input_ids` [1, L], one expert pass and one amateur pass a token."""
+    """Decode after the prompt `input_ids` [1, L], one expert pass and one amateur pass a token.
+    `passes`: the expert's compiled pass, taken by the registry's common call; these passes run eagerly."""
     check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_temperature, top_candidates)
     eos = resolve_eos(model, eos_token_ids)
     recorder = StepRecorder("contrastive", max_new_tokens, eos, stop)

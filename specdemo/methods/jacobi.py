@@ -23,6 +23,7 @@ from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import CompiledPass
 from specdemo.core.steps import JacobiStep
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 
@@ -39,12 +40,15 @@ def generate(
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     method_name: str = "jacobi",
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
-    """Decode after `input_ids` [1, L] by Jacobi iteration over blocks of `block_size` tokens."""
+    """Decode after `input_ids` [1, L] by Jacobi iteration over blocks of `block_size` tokens.
+    `passes`: the model's compiled static pass (None: eager)."""
     check_greedy(sampling, method_name)
     check_whole("block_size", block_size, 1, MAX_BLOCK_SIZE)
     proposer = JacobiIteration(block_size)
-    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop)
+    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
+                  passes=passes)
 
 
 class JacobiIteration(Proposer):

@@ -34,6 +34,7 @@ from specdemo.core.errors import check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
+from specdemo.core.static import CompiledPass
 from specdemo.core.steps import LookaheadStep
 from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
@@ -91,12 +92,14 @@ def generate(
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     method_name: str = "lookahead",
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next one
     guessed as long from `datastore`, the target's earlier answers). The defaults are the fastest we measured
-    on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little."""
+    on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little.
+    `passes`: the model's compiled static pass (None: eager)."""
     check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
         check_whole(name, value, low, high)
@@ -105,7 +108,7 @@ def generate(
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     reach = max(window + ngram - 3, 0)
     return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling,
-                  eos_token_ids=eos_token_ids, stop=stop, reach=reach)
+                  eos_token_ids=eos_token_ids, stop=stop, reach=reach, passes=passes)
 
 
 class Lookahead(Proposer):

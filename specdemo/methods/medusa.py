@@ -27,7 +27,7 @@ from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
-from specdemo.core.static import fitted_size
+from specdemo.core.static import CompiledPass, fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
 from specdemo.methods.draft_tree import DraftTree, expand
@@ -55,7 +55,7 @@ def generate(
     tree_top_k: int = 3,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
-    compiled: bool = True,
+    passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
     `tree`: "dynamic" (each pass, the `tree_size` nodes of highest value by the heads'
@@ -73,7 +73,7 @@ def generate(
     Heads that read their path (Hydra) grow a dynamic tree as EAGLE-2 grows a draft's
     (`draft_tree.expand`): level by level, the `tree_top_k` nodes of highest value each get their
     `tree_top_k` likeliest children, then the `tree_size` best nodes stay.
-    `compiled`: take the model's compiled static pass when it has one."""
+    `passes`: the model's compiled static pass (None: eager)."""
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     if tree == "dynamic":
         static, dynamic_size = None, check_dynamic_size(heads, tree_size)
@@ -85,7 +85,7 @@ def generate(
     check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
     proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k, datastore if retrieve else None)
     return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  compiled=compiled)
+                  passes=passes)
 
 
 class MedusaTree(Proposer):

@@ -189,10 +189,11 @@ class MedusaHeads(nn.Module):
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
-def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
+def load_heads(folder: str | Path, target: PreTrainedModel, choices: list[list[int]] | None = None) -> MedusaHeads:
     """Heads from `folder`: ours (medusa_heads.safetensors, sharing the target's LM head) or the
     published Medusa format (medusa_lm_head.pt with a config giving medusa_num_heads and
-    medusa_num_layers; each head has its own LM head). `folder` may be a Hub id of such files."""
+    medusa_num_layers; each head has its own LM head). `folder` may be a Hub id of such files.
+    `choices`: the tree paths to use where the heads bring none (published heads bring none)."""
     folder = local_folder(folder, (HEADS_FILE, CONFIG_FILE, PUBLISHED_FILE, PUBLISHED_CONFIG))
     hidden, vocab = target.config.hidden_size, target.config.vocab_size
     if (folder / HEADS_FILE).exists():
@@ -210,6 +211,7 @@ def load_heads(folder: str | Path, target: PreTrainedModel) -> MedusaHeads:
         heads.load_state_dict(published_to_ours(torch.load(folder / PUBLISHED_FILE, map_location="cpu", weights_only=True), heads.num_layers))
     else:
         raise SpecDemoError(f"no Medusa heads in {folder}: expected {HEADS_FILE} or {PUBLISHED_FILE}")
+    heads.choices = heads.choices or choices
     if any(p.shape[-1] != hidden for p in heads.blocks.parameters() if p.dim() == 2):
         raise SpecDemoError(f"the heads in {folder} were trained for another model (hidden size differs from {hidden})")
     parameter = next(target.parameters())

@@ -32,7 +32,7 @@ from specdemo.core.events import StepEvent, Summary, acceptance_by_position
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
-from specdemo.core.static import fitted_size, request_cache
+from specdemo.core.static import CompiledPass, fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
@@ -63,7 +63,8 @@ def generate(
     datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
-    compiled: bool = True,
+    passes: CompiledPass | None = None,
+    draft_passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L]; each target pass verifies up to `gamma` draft tokens.
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
@@ -74,13 +75,15 @@ def generate(
     Where the text offers no copy, `retrieve` takes the branch from `datastore` (earlier answers
     of the target: `retrieval`, REST), and below the draft's likeliest branch the tree gets up to
     EXTEND_LENGTH (at most `copy_length`) tokens guessed the same way (`draft_tree.extend_likeliest`).
-    `compiled`: take the compiled static passes (target and draft) where the models have them."""
+    `passes`, `draft_passes`: the target's and the draft's compiled static passes (None: eager); the
+    draft's run only beside the target's."""
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
-    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, datastore if retrieve else None)
+    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, datastore if retrieve else None,
+                             draft_passes if passes else None)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  compiled=compiled)
+                  passes=passes)
 
 
 class DraftProposer(Proposer):
@@ -92,10 +95,11 @@ class DraftProposer(Proposer):
     target computed. The first pass therefore drafts nothing."""
 
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int,
-                 datastore: Datastore | None = None):
+                 datastore: Datastore | None = None, draft_passes: CompiledPass | None = None):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
+        self.draft_passes = draft_passes  # the draft's compiled pass, which its cache carries (None: eager)
         self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
         self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
         self.step_gamma = 0  # draft positions this pass may propose
@@ -103,8 +107,8 @@ class DraftProposer(Proposer):
         self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        if self.cache is None:  # static when the draft is compiled and the target's pass is (the prefix, what may still come, a step's deepest feed)
-            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1), compiled=context.bucket is not None)
+        if self.cache is None:  # static when the draft has a compiled pass (the prefix, what may still come, a step's deepest feed)
+            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1), self.draft_passes)
         ready = self.target_features is not None or not self.features
         self.step_gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and self.step_gamma:
