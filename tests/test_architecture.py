@@ -11,7 +11,7 @@ CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attentio
 METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi",
            "cllm", "beam", "contrastive"}
 VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}  # a package: its `__init__` and its modules
-APP = {"ui", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks"}
+APP = {"ui", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks", "wiring"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 

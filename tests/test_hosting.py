@@ -30,8 +30,8 @@ def test_a_budget_is_a_deadline_that_comes_when_its_seconds_have_passed():
 
 
 def handler(app, name: str):
-    """The function behind one of the page's events (`on_generate`, `on_race`...)."""
-    return next(block.fn for block in app.fns.values() if getattr(block.fn, "__name__", "") == name)
+    """The handler behind one of the page's events (`on_generate`, `on_race`...): its updates keyed by name."""
+    return next(block.fn.__wrapped__ for block in app.fns.values() if getattr(block.fn, "__name__", "") == name)
 
 
 def test_a_race_takes_known_methods_once_each():
@@ -48,7 +48,7 @@ def test_a_hostile_race_runs_each_method_once(embedded, monkeypatch):
     runs = []
     monkeypatch.setattr(live, "run", lambda target, request, stop=None: runs.append(request.method) or real_run(target, request, stop))
     race = handler(ui.build_app(embedded, presets=()), "on_race")
-    *_, (table, _, _) = race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4)
+    table = list(race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4))[-1]["table"]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| method")]
     assert [row.split("|")[1].strip() for row in rows] == ["ar", "lookahead", "jacobi"]
     assert runs == ["ar", "lookahead", "jacobi", "jacobi", "lookahead", "ar"]
@@ -72,8 +72,9 @@ def test_stop_ends_a_race_between_two_passes(embedded, monkeypatch):
     monkeypatch.setattr(live, "TICK_S", 0.01)
     race = handler(ui.build_app(embedded, presets=()), "on_race")
     updates = race(None, None, "Count from one to two hundred, one number a line.", ["jacobi", "lookahead"], 120)
-    for table, _, _ in updates:
-        if started == ["ar", "lookahead"] and "lookahead running" in table:  # a tick while lookahead runs, after ar's run
+    for update in updates:
+        # a tick while lookahead runs, after ar's run
+        if started == ["ar", "lookahead"] and "lookahead running" in update.get("table", ""):
             break
     updates.close()  # what the Stop button does
     assert [method for method, _ in summaries] == ["ar", "lookahead"]  # jacobi never started

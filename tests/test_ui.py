@@ -96,7 +96,8 @@ def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
 
 
 def handler(app, name):
-    return [f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == name]
+    """The handlers behind the page's events of that name: their updates keyed by name, as `ui.wire` takes them."""
+    return [f.fn.__wrapped__ for f in app.fns.values() if getattr(f.fn, "__name__", "") == name]
 
 
 def test_step_through_follows_every_run_and_stops_at_its_last_step(embedded):
@@ -140,17 +141,18 @@ def test_the_app_refuses_a_model_it_cannot_load_with_a_sentence():
 def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded):
     """The first run of a prompt streams AR before the method, drawn as the method is (so both pay
     the same for drawing); the next run of the same prompt reuses it and streams the method at once."""
-    app = build_app(embedded, presets=())
-    on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
+    on_generate = handler(build_app(embedded, presets=()), "on_generate")[0]
     inputs = page_inputs("Name a colour.", "speculative", 8)
     updates = list(on_generate(*inputs))
-    baseline = [u for u in updates if isinstance(u[0], str) and "First the AR baseline" in u[0]]
-    assert all((u[8], u[9]) == ("", "") for u in baseline)  # no statistics nor verdict beside the streaming baseline
-    assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1][0]
-    streamed = [u[0] for u in updates if isinstance(u[0], str)]
-    assert "data-speedup" in updates[-1][8] and "data-done" in updates[-1][8] and '<span class="tok" data-origin="ar"' not in streamed[-1]
+    baseline = [u for u in updates if "First the AR baseline" in u.get("answer", "")]
+    # no statistics nor verdict beside the streaming baseline
+    assert all((u["stats"], u["why"]) == ("", "") for u in baseline)
+    assert baseline and '<span class="tok" data-origin="ar"' in baseline[-1]["answer"]
+    streamed = [u["answer"] for u in updates if "answer" in u]
+    assert "data-speedup" in updates[-1]["stats"] and "data-done" in updates[-1]["stats"]
+    assert '<span class="tok" data-origin="ar"' not in streamed[-1]
     again = list(on_generate(*inputs))
-    assert not any(isinstance(u[0], str) and "First the AR baseline" in u[0] for u in again)
+    assert not any("First the AR baseline" in u.get("answer", "") for u in again)
 
 
 def test_a_step_explanation_shows_tokens_as_written(embedded):
@@ -159,7 +161,7 @@ def test_a_step_explanation_shows_tokens_as_written(embedded):
 
     on_step = handler(build_app(embedded, presets=()), "on_step")[0]
     history = ([StepEvent("ar", step=0, committed=(5,))], None, {5: "<b>**"}.get, None)
-    explained = on_step(history, 1)[-1]
+    explained = on_step(history, 1)["explanation"]
     assert "&lt;b&gt;**" in explained and "<b>" not in explained
 
 
@@ -220,10 +222,9 @@ def test_an_answer_the_clicks_budget_cannot_time_again_says_so(embedded, monkeyp
     from specdemo.app import clicks
 
     monkeypatch.setattr(clicks, "MARGIN_S", 10_000.0)  # as if the budget were nearly spent
-    app = build_app(embedded, presets=())
-    on_generate = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "on_generate")
+    on_generate = handler(build_app(embedded, presets=()), "on_generate")[0]
     inputs = page_inputs("Name a fruit.", "speculative", 6)
-    table = list(on_generate(*inputs))[-1][8]
+    table = list(on_generate(*inputs))[-1]["stats"]
     assert "Not timed again" in table and "one drawn run each: no range" in table and "data-done" in table
 
 
@@ -233,11 +234,11 @@ def test_an_autoplay_tick_never_turns_the_timer_back_on():
     from specdemo.app.handlers import Handlers
 
     history = [[object()] * 3]
-    step, timer = Handlers.on_tick(1, history)
-    assert step == 2 and not isinstance(timer, gr.Timer)  # gr.skip(): the timer stays as Play or Pause left it
-    step, timer = Handlers.on_tick(2, history)
-    assert step == 3 and isinstance(timer, gr.Timer) and timer.active is False
-    assert Handlers.on_tick(3, history)[1].active is False
+    ticked = Handlers.on_tick(1, history)
+    assert ticked["step"] == 2 and "timer" not in ticked  # unnamed: the timer stays as Play or Pause left it
+    ticked = Handlers.on_tick(2, history)
+    assert ticked["step"] == 3 and isinstance(ticked["timer"], gr.Timer) and ticked["timer"].active is False
+    assert Handlers.on_tick(3, history)["timer"].active is False
 
 
 def test_the_retrieve_box_reaches_every_method_that_guesses_from_earlier_answers():
@@ -269,14 +270,20 @@ def test_a_run_locks_its_settings_and_clears_the_last_runs_outputs():
     statistics, "why" and verdict are emptied; the lesson note stays only over its own step's run."""
     from specdemo.app import lesson, one_run
 
-    button, *locks, status, note, busy, answer = one_run.start(lesson.TITLES[1], "speculative", lesson.CODE)[:8]
+    settings = ("prompt", "method", "max_new_tokens")
+    started = one_run.start(lesson.TITLES[1], "speculative", lesson.CODE)
+    button, locks = started["generate"], [started[name] for name in settings]
     assert button.interactive is False and button.value == one_run.RUNNING and all(lock.interactive is False for lock in locks)
-    assert (status.visible, busy, answer) == (False, True, "") and note == gr.skip()
-    last_run = one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)[7:]
-    assert last_run[-3:] == ("", "", None) and len(last_run) == one_run.LAST_RUN_SIZE  # statistics, why, download
-    assert one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)[5] == ""  # step 2's note never stands over a Medusa run
-    button, *locks, busy = one_run.finish()
-    assert button.interactive is True and button.value == one_run.GENERATE and all(lock.interactive for lock in locks) and busy is False
+    assert (started["run_status"].visible, started["busy"], started["answer"]) == (False, True, "")
+    assert "lesson_note" not in started
+    last_run = one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)
+    assert [last_run[name] for name in ("stats", "why", "download")] == ["", "", None]
+    assert set(one_run.LAST_RUN) <= last_run.keys()
+    assert last_run["lesson_note"] == ""  # step 2's note never stands over a Medusa run
+    finished = one_run.finish()
+    button, locks = finished["generate"], [finished[name] for name in settings]
+    assert button.interactive is True and button.value == one_run.GENERATE and all(lock.interactive for lock in locks)
+    assert finished["busy"] is False
 
 
 def test_a_lesson_step_during_a_run_is_set_up_only_once_the_run_has_ended():
@@ -286,21 +293,28 @@ def test_a_lesson_step_during_a_run_is_set_up_only_once_the_run_has_ended():
     from specdemo.app import lesson, one_run
 
     medusa = lesson.TITLES[2]
+    set_up = ("method", "prompt", "max_new_tokens")
     during = one_run.lesson_setup(medusa, True)
-    assert all(update == gr.skip() for position, update in enumerate(during) if position not in (4, 5))
-    assert one_run.STOPPING in during[5].value
-    method, prompt, tokens, note, _, status, shown, *last_run = one_run.settle(medusa, lesson.TITLES[1])
-    assert (method, prompt, tokens, shown) == ("medusa", lesson.CODE, 64, medusa) and lesson.TITLES[2] in note
-    assert one_run.STOPPED_FOR_STEP in status.value and status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE
-    assert one_run.lesson_setup(medusa, False)[:3] == ("medusa", lesson.CODE, 64)
-    assert all(update == gr.skip() for update in one_run.settle(medusa, medusa))
-    assert "Press Race" in one_run.settle(lesson.TITLES[-1], medusa)[5].value  # the race's step opens the Race tab
+    assert during.keys() == {"tabs", "run_status"}
+    assert one_run.STOPPING in during["run_status"].value
+    settled = one_run.settle(medusa, lesson.TITLES[1])
+    assert [settled[name] for name in (*set_up, "shown_step")] == ["medusa", lesson.CODE, 64, medusa]
+    assert lesson.TITLES[2] in settled["lesson_note"]
+    status = settled["run_status"]
+    assert one_run.STOPPED_FOR_STEP in status.value and status.visible
+    assert settled["answer"] == "" and set(one_run.LAST_RUN) <= settled.keys()
+    at_once = one_run.lesson_setup(medusa, False)
+    assert [at_once[name] for name in set_up] == ["medusa", lesson.CODE, 64]
+    assert one_run.settle(medusa, medusa) == {}
+    # the race's step opens the Race tab
+    assert "Press Race" in one_run.settle(lesson.TITLES[-1], medusa)["run_status"].value
 
 
 def test_an_example_during_a_run_leaves_the_runs_prompt_alone():
     from specdemo.app import lesson, one_run
 
-    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, True)
-    assert prompt == gr.skip() and one_run.EXAMPLE_REFUSED in status.value and all(update == gr.skip() for update in last_run)
-    prompt, status, *last_run = one_run.example_chosen(lesson.LIST, False)
-    assert prompt == lesson.LIST and not status.visible and last_run[0] == "" and len(last_run) == one_run.LAST_RUN_SIZE
+    refused = one_run.example_chosen(lesson.LIST, True)
+    assert refused.keys() == {"run_status"} and one_run.EXAMPLE_REFUSED in refused["run_status"].value
+    chosen = one_run.example_chosen(lesson.LIST, False)
+    assert chosen["prompt"] == lesson.LIST and not chosen["run_status"].visible
+    assert chosen["answer"] == "" and set(one_run.LAST_RUN) <= chosen.keys()

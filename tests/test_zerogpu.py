@@ -133,7 +133,7 @@ def test_generate_is_drawn_outside_its_gpu_call(embedded, spaces, monkeypatch):
     as_visitor("drawer")
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))
-    assert outputs and len(spaces.CALLS) == 1 and "Same answer as AR?" in outputs[-1][9]
+    assert outputs and len(spaces.CALLS) == 1 and "Same answer as AR?" in outputs[-1]["why"]
     assert {name for name, _ in drawn} == set(names) and not any(inside for _, inside in drawn)
 
 

@@ -26,9 +26,10 @@ def plan_html(plan: GpuPlan) -> str:
 PLOTS = ("timeline", "detail", "trajectory", "tree", "best")
 
 
-def view_updates(view: dict) -> list:
-    """Gradio updates for the method's plots (hidden when the method has none of that kind) and its HTML."""
-    return [gr.Plot(value=view[name], visible=view[name] is not None) for name in PLOTS] + [view["html"]]
+def view_updates(view: dict) -> dict:
+    """Updates for the method's plots (hidden when the method has none of that kind) and its HTML, by name."""
+    plots = {name: gr.Plot(value=view[name], visible=view[name] is not None) for name in PLOTS}
+    return {**plots, "method_html": view["html"]}
 
 
 def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent], measured: Spread | None = None) -> str:
@@ -122,51 +123,56 @@ def same_as_ar_html(request: Request, summary, baseline_summary, checks: clicks.
 
 
 class GenerateDrawing:
-    """The page's updates for one Generate click's records (`specdemo.app.clicks`), in the order of
-    the click's outputs: the answer, the method's pictures, the speed figure, the statistics, the
-    verdict, the step-through's history, the export and the step slider."""
+    """The page's updates for one Generate click's records (`specdemo.app.clicks`), each keyed by the
+    name of what it changes: the answer, the method's pictures (`view_updates`), "speed_plot", "stats",
+    "why" (the verdict), the step-through's "history", the "download" and the "step" slider. What an
+    update does not name stays as it is."""
 
     def __init__(self, target: LoadedModel, request: Request, baselines: Baselines):
         self.target, self.request, self.baselines = target, request, baselines
         self.decode = decoder(target)
         self.plan = zerogpu.unplanned(request.max_new_tokens, 0.0)
-        self.shown, self.finished, self.verdict, self.pending = (), (), "", False
+        self.shown, self.finished, self.verdict, self.pending = {}, {}, "", False
         self.answered: clicks.Answered | None = None
 
-    def draw(self, record) -> tuple | None:
+    def draw(self, record) -> dict | None:
         return getattr(self, f"on_{type(record).__name__.lower()}")(record)
 
-    def pictures(self, events: list[StepEvent], baseline: list[StepEvent] | None) -> tuple:
-        return (views.stream_html(events, self.decode, self.target.decode), *view_updates(views.method_pictures(events, self.decode)),
-                views.speed_figure(events, baseline))
+    def pictures(self, events: list[StepEvent], baseline: list[StepEvent] | None) -> dict:
+        return {"answer": views.stream_html(events, self.decode, self.target.decode),
+                **view_updates(views.method_pictures(events, self.decode)),
+                "speed_plot": views.speed_figure(events, baseline)}
 
-    def after_answer(self, table: str) -> tuple:
+    def after_answer(self, table: str) -> dict:
         """The table, with the answer's last picture and its verdict the first time after the answer."""
         if self.pending:
             self.pending = False
-            return (*self.shown, table, *self.finished)
-        return (*[gr.skip()] * len(self.shown), table, *[gr.skip()] * len(self.finished))
+            return {**self.shown, "stats": table, **self.finished}
+        return {"stats": table}
 
     def on_gpuplan(self, plan: GpuPlan) -> None:
         self.plan = plan
 
-    def on_streaming(self, record: clicks.Streaming) -> tuple:
+    def on_streaming(self, record: clicks.Streaming) -> dict:
         if record.baseline is None:  # the AR baseline: no statistics nor verdict while it streams
-            stream, *pictures = self.pictures(record.events, None)
-            return BASELINE_NOTE + stream, *pictures, "", "", *[gr.skip()] * 3
+            pictures = self.pictures(record.events, None)
+            return {**pictures, "answer": BASELINE_NOTE + pictures["answer"], "stats": "", "why": ""}
         self.shown = self.pictures(record.events, record.baseline)
-        return *self.shown, views.stats_html(stats(record.events)), "", *[gr.skip()] * 2, gr.Slider()  # no verdict while the answer streams
+        # no verdict while the answer streams
+        return {**self.shown, "stats": views.stats_html(stats(record.events)), "why": "", "step": gr.Slider()}
 
     def on_baseline(self, record: clicks.Baseline) -> None:
         if not self.plan.on_cpu:  # a CPU twin's run is no baseline for the page's model
             self.baselines.put(self.target, self.request, (record.events, record.summary))
 
-    def on_answered(self, record: clicks.Answered) -> tuple | None:
+    def on_answered(self, record: clicks.Answered) -> dict | None:
         self.answered, self.shown = record, self.pictures(record.events, record.baseline_events)
         self.verdict = plan_html(self.plan) + verdict_html(self.request, record, self.decode, self.target.decode) + budget_note(record.summary)
         steps = max(len(record.events), 1)
-        self.finished = (self.verdict, (record.events, record.summary, self.decode, self.target.decode),
-                         export_events(record.events, record.summary), gr.Slider(maximum=steps, value=steps))
+        self.finished = {"why": self.verdict,
+                         "history": (record.events, record.summary, self.decode, self.target.decode),
+                         "download": export_events(record.events, record.summary),
+                         "step": gr.Slider(maximum=steps, value=steps)}
         self.pending = True
         return self.after_answer(views.stats_html(self.run_stats, done=True)) if record.summary.finish_reason == "stopped" else None
 
@@ -174,22 +180,22 @@ class GenerateDrawing:
     def run_stats(self) -> dict:
         return stats(self.answered.events, self.answered.summary)
 
-    def on_untimed(self, record: clicks.Untimed) -> tuple:
+    def on_untimed(self, record: clicks.Untimed) -> dict:
         ar_speed = stats(self.answered.baseline_events, self.answered.baseline_summary)["tokens_per_s"]
         single = spread([self.run_stats["tokens_per_s"]], [ar_speed])
         note = NOT_TIMED.format(left=record.left_s)
         return self.after_answer(views.stats_html(self.run_stats, single, ar_speed, note=note, done=True, drawn=True))
 
-    def on_timing(self, record: clicks.Timing) -> tuple:
+    def on_timing(self, record: clicks.Timing) -> dict:
         return self.after_answer(views.stats_html(self.run_stats, note=f"{TIMING} Round {record.round_} of {record.rounds}: {record.done} of 2 runs done."))
 
-    def on_stopped(self, record: clicks.Stopped) -> tuple:
+    def on_stopped(self, record: clicks.Stopped) -> dict:
         return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True))
 
-    def on_timed(self, record: clicks.Timed) -> tuple:
+    def on_timed(self, record: clicks.Timed) -> dict:
         table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured, record.ar_speed, done=True)
         why = why_html(record.method_stats, record.ar_stats, self.answered.events, record.measured)
-        return *[gr.skip()] * len(self.shown), table, why + self.verdict, *[gr.skip()] * (len(self.finished) - 1)
+        return {"stats": table, "why": why + self.verdict}
 
 
 def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="", measured: Spread | None = None) -> str:

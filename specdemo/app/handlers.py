@@ -1,6 +1,8 @@
 """What the page's events do: each handler turns the page's named inputs into a request, runs it
 through `specdemo.app.live` and returns what the page shows (drawn by `specdemo.app.views`).
-The layout and the wiring are `specdemo.app.ui`'s."""
+A handler's every return or yield is a dict of updates keyed by the name of what it changes
+("answer", "stats", "speed_plot"...); what it does not name stays as it is. The layout, and
+which component each name is for each event, are `specdemo.app.ui`'s."""
 
 import contextlib
 import dataclasses
@@ -192,25 +194,28 @@ class Handlers:
         except SpecDemoError as error:  # a sentence for the person, not a traceback
             raise gr.Error(str(error)) from error
 
-    def on_step(self, history, step):
+    def on_step(self, history, step) -> dict:
         """Step through: step n shows the answer after the n-th target pass, that pass's tokens
-        outlined, its beats (draft, verify, accept) and sentence; step 0 is before the first pass."""
+        outlined, its beats (draft, verify, accept) and sentence ("explanation"); step 0 is before the first pass."""
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
-            return "", *view_updates(views.method_pictures([], decode)), "Generate an answer first, then walk through it step by step here."
+            return {"answer": "", **view_updates(views.method_pictures([], decode)),
+                    "explanation": "Generate an answer first, then walk through it step by step here."}
         step = max(0, min(int(step), len(events)))  # the slider counts passes from 1, the events from 0
         if step == 0:
             before = "<p>Step 0: before the first target pass. Nothing is committed yet; press Play or Next to watch each pass.</p>"
-            return "", *view_updates(views.before_pictures(events, decode)), before
+            return {"answer": "", **view_updates(views.before_pictures(events, decode)), "explanation": before}
         event = events[step - 1]
         shown = view_updates(views.method_pictures(events[:step], decode))
         # as HTML, escaped: a token such as '*' or '_' would be Markdown's formatting
         explained = views.beats_html(event, decode) + f"<p>{html.escape(views.explain_step(event, decode))}</p>"
-        return views.stream_html(events[:step], decode, decode_tokens, current=True), *shown, explained
+        answer = views.stream_html(events[:step], decode, decode_tokens, current=True)
+        return {"answer": answer, **shown, "explanation": explained}
 
     def on_race(self, model_name, precision, prompt, methods, max_new_tokens, replay_speed="real time"):
         """The race, as the page calls it: decoded and timed in one GPU call (`decode_race`), then
-        replayed and drawn here, outside it, so a GPU's time is spent on decoding alone."""
+        replayed and drawn here, outside it, so a GPU's time is spent on decoding alone. Its updates
+        name the race's "table", its "streams" (the replay, then the answers) and its "plot"."""
         try:
             names = ["ar", *race_methods(methods)]
             request = Request(text("prompt", prompt or ""), "ar", whole("max_new_tokens", max_new_tokens))
@@ -227,9 +232,11 @@ class Handlers:
                 elif isinstance(record, clicks.Timing):
                     note = (f"Timing every method the same way, without drawing: round {record.round_} of {record.rounds}, "
                             f"{record.done} of {record.runs} runs done; {record.running} running.")
-                    yield views.race_table([views.race_note(m, note if m == record.running else "") for m in names]), "", gr.skip()
+                    notes = [views.race_note(m, note if m == record.running else "") for m in names]
+                    yield {"table": views.race_table(notes), "streams": ""}
                 elif isinstance(record, clicks.Stopped):
-                    yield views.race_table([views.race_note(m, STOPPED) for m in names]), "", None
+                    notes = [views.race_note(m, STOPPED) for m in names]
+                    yield {"table": views.race_table(notes), "streams": "", "plot": None}
                 else:
                     outcome = record
         if outcome is not None:
@@ -255,30 +262,32 @@ class Handlers:
         names, medians = [part.method for part in outcome.raced], [part.events for part in outcome.raced]
         slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
         for frame in views.replay_frames(list(zip(names, medians)), REPLAY_EVERY_S * slow):
-            yield gr.skip(), views.race_grid([(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]), gr.skip()
+            streams = [(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]
+            yield {"streams": views.race_grid(streams)}
             time.sleep(REPLAY_EVERY_S)
         answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens)) for m, events in zip(names, medians)])
         rows = [race_row(part.method, part.stats, None, part.differs, part.summary, decode, part.reference, part.own_differs,
                          difference_note(part.divergence, outcome.dtype, decode), measured=part.measured) for part in outcome.raced]
         results = [{"method": part.method, "speedup": part.measured, "tokens_per_pass": part.tokens_per_pass} for part in outcome.raced]
         quality = views.cllm_quality_html(outcome.quality) if "cllm" in names else ""
-        yield views.race_table(rows), plan_html(plan) + quality + answers, views.race_figure(results)
+        yield {"table": views.race_table(rows), "streams": plan_html(plan) + quality + answers,
+               "plot": views.race_figure(results)}
 
     @staticmethod
-    def on_tick(step, history):
+    def on_tick(step, history) -> dict:
         """Autoplay: the next step, or the end of the answer, where the timer stops. A tick never
         turns the timer on: one answered after Pause would undo it."""
         total = len(history[0]) if history and history[0] else 0
         step = int(step or 0)
         if step >= total:
-            return gr.skip(), gr.Timer(active=False)
-        return step + 1, (gr.skip() if step + 1 < total else gr.Timer(active=False))
+            return {"timer": gr.Timer(active=False)}
+        return {"step": step + 1, **({} if step + 1 < total else {"timer": gr.Timer(active=False)})}
 
     @staticmethod
-    def on_play(step, history):
+    def on_play(step, history) -> dict:
         """Play from the current step (from step 0 when at the end); nothing to play without an answer."""
         total = len(history[0]) if history and history[0] else 0
-        return (0 if int(step or 0) >= total else gr.skip()), gr.Timer(active=total > 0)
+        return {**({"step": 0} if int(step or 0) >= total else {}), "timer": gr.Timer(active=total > 0)}
 
 
 def api_generate_for(targets: Targets):

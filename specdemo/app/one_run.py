@@ -12,24 +12,30 @@ Rules:
   statistics or verdict.
 - An example chosen during a run leaves the run's prompt alone, and says so; chosen after, it
   replaces the prompt and clears the last answer.
-- The lesson note stays over a run only when the run is the chosen step's (its method and prompt)."""
+- The lesson note stays over a run only when the run is the chosen step's (its method and prompt).
+
+Each function returns a dict of updates keyed by the name of what it changes (the names of
+`ui.GenerateTab`'s and `ui.Page`'s fields, the last run's by `LAST_RUN`); what it does not name stays as it is."""
 
 import gradio as gr
 
 from specdemo.app import lesson
+from specdemo.app.drawing import PLOTS
 
 GENERATE = "Generate"
 RUNNING = "Running… (Stop ends it)"
 STOPPING = "Stopping the answer that is running, to set up the step chosen…"
 STOPPED_FOR_STEP = "Stopped the answer that was running, to set up this step."
 EXAMPLE_REFUSED = "An answer is running: the prompt stays its own. Press Stop first to try an example."
-LAST_RUN_SIZE = 11  # the outputs `cleared` empties, in the page's order (`ui.GenerateTab.last_run`)
+LAST_RUN = ("answer", *PLOTS, "method_html", "speed_plot", "stats", "why", "download")  # what `cleared` empties
 
 
-def cleared() -> list:
+def cleared() -> dict:
     """The run's outputs emptied: the answer, the method's plots (all but the first hidden), its
     HTML, the speed plot, the statistics, "why" with the verdict, and the events' download."""
-    return ["", gr.Plot(value=None), *[gr.Plot(value=None, visible=False) for _ in range(4)], "", None, "", "", None]
+    first, *others = PLOTS
+    return {"answer": "", first: gr.Plot(value=None), **{name: gr.Plot(value=None, visible=False) for name in others},
+            "method_html": "", "speed_plot": None, "stats": "", "why": "", "download": None}
 
 
 def said(sentence: str) -> gr.HTML:
@@ -37,9 +43,10 @@ def said(sentence: str) -> gr.HTML:
     return gr.HTML(f'<p class="specdemo-status">{sentence}</p>' if sentence else "", visible=bool(sentence))
 
 
-def locked(locking: bool) -> list:
+def locked(locking: bool) -> dict:
     """The prompt, method and length, locked while a run of them is on and unlocked after."""
-    return [gr.Textbox(interactive=not locking), gr.Dropdown(interactive=not locking), gr.Number(interactive=not locking)]
+    return {"prompt": gr.Textbox(interactive=not locking), "method": gr.Dropdown(interactive=not locking),
+            "max_new_tokens": gr.Number(interactive=not locking)}
 
 
 def is_steps_run(title: str | None, method: str, prompt: str) -> bool:
@@ -49,63 +56,66 @@ def is_steps_run(title: str | None, method: str, prompt: str) -> bool:
     return (chosen.method, chosen.prompt) == (method, prompt)
 
 
-def start(title: str | None, method: str, prompt: str) -> tuple:
+def start(title: str | None, method: str, prompt: str) -> dict:
     """A Generate click, before its run is queued: Generate says the run is on, its settings lock,
     the last run's outputs and the status line clear, the lesson note stays only over its own step.
-    Outputs: generate, prompt, method, max_new_tokens, status, lesson_note, busy, *last_run."""
-    note = gr.skip() if is_steps_run(title, method, prompt) else ""
-    return (gr.Button(RUNNING, interactive=False), *locked(True), said(""), note, True, *cleared())
+    Names: generate, prompt, method, max_new_tokens, run_status, lesson_note, busy and `LAST_RUN`."""
+    note = {} if is_steps_run(title, method, prompt) else {"lesson_note": ""}
+    return {"generate": gr.Button(RUNNING, interactive=False), **locked(True), "run_status": said(""), **note,
+            "busy": True, **cleared()}
 
 
-def finish() -> tuple:
+def finish() -> dict:
     """The run ended (its end, Stop, a lesson step, an error): Generate and the settings open again.
-    Outputs: generate, prompt, method, max_new_tokens, busy."""
-    return (gr.Button(GENERATE, interactive=True), *locked(False), False)
+    Names: generate, prompt, method, max_new_tokens, busy."""
+    return {"generate": gr.Button(GENERATE, interactive=True), **locked(False), "busy": False}
 
 
-def set_up(title: str, status: str) -> tuple:
+def set_up(title: str, status: str) -> dict:
     """Lesson step `title` on Generate: its method, prompt and length, what to look at, the last
     answer cleared, `status` beside Generate, and the tab the step opens (Race for the race's step).
-    Outputs: method, prompt, max_new_tokens, lesson_note, tabs, status, shown_step, *last_run."""
+    Names: method (but for the race's step), prompt, max_new_tokens, lesson_note, tabs, run_status,
+    shown_step and `LAST_RUN`."""
     chosen = lesson.step_named(title)
-    return (chosen.method or gr.skip(), chosen.prompt, chosen.max_new_tokens, lesson.notice_html(chosen), step_tab(chosen), said(status), title,
-            *cleared())
+    return {**({"method": chosen.method} if chosen.method else {}), "prompt": chosen.prompt,
+            "max_new_tokens": chosen.max_new_tokens, "lesson_note": lesson.notice_html(chosen),
+            "tabs": step_tab(chosen), "run_status": said(status), "shown_step": title, **cleared()}
 
 
 def step_tab(chosen: lesson.Step) -> gr.Tabs:
     return gr.Tabs(selected="race-tab" if not chosen.method else "generate")
 
 
-def lesson_setup(title: str, busy: bool) -> tuple:
+def lesson_setup(title: str, busy: bool) -> dict:
     """A lesson step chosen. With no run on, it is set up at once (`set_up`). With a run on, the
     page stops the run (the event cancels it) and says so; the step is set up by `settle` once the
     run has ended, so no late update of the stopped run can land beside the new step.
-    Outputs: as `set_up`'s."""
+    Names: among `set_up`'s."""
     if title not in lesson.TITLES:
-        return gr.skip(), gr.skip(), gr.skip(), "", gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * LAST_RUN_SIZE
+        return {"lesson_note": ""}
     if busy:
-        return *[gr.skip()] * 4, step_tab(lesson.step_named(title)), said(STOPPING), gr.skip(), *[gr.skip()] * LAST_RUN_SIZE
+        return {"tabs": step_tab(lesson.step_named(title)), "run_status": said(STOPPING)}
     return set_up(title, "")
 
 
-def settle(title: str | None, shown_step: str | None) -> tuple:
+def settle(title: str | None, shown_step: str | None) -> dict:
     """After a run ended: a lesson step chosen while it ran, and not yet on screen, is set up now,
-    saying that the run was stopped for it. Outputs: as `set_up`'s."""
+    saying that the run was stopped for it. Names: among `set_up`'s."""
     if title not in lesson.TITLES or title == shown_step:
-        return *[gr.skip()] * 7, *[gr.skip()] * LAST_RUN_SIZE
+        return {}
     button = "Generate" if lesson.step_named(title).method else "Race (on the Race tab)"
     return set_up(title, f"{STOPPED_FOR_STEP} Press {button} to run it.")
 
 
-def method_chosen(how: str) -> tuple:
+def method_chosen(how: str) -> dict:
     """A new method: how it works (`how`), and the last run's outputs cleared.
-    Outputs: how, *last_run."""
-    return how, *cleared()
+    Names: how and `LAST_RUN`."""
+    return {"how": how, **cleared()}
 
 
-def example_chosen(example: str, busy: bool) -> tuple:
+def example_chosen(example: str, busy: bool) -> dict:
     """An example clicked: the prompt, and the last answer cleared; during a run, nothing but a
-    sentence saying why. Outputs: prompt, status, *last_run."""
+    sentence saying why. Names: prompt, run_status and `LAST_RUN`."""
     if busy:
-        return gr.skip(), said(EXAMPLE_REFUSED), *[gr.skip()] * LAST_RUN_SIZE
-    return example, said(""), *cleared()
+        return {"run_status": said(EXAMPLE_REFUSED)}
+    return {"prompt": example, "run_status": said(""), **cleared()}

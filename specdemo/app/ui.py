@@ -3,8 +3,10 @@ running a method `specdemo.app.live`'s, drawing `specdemo.app.views`'; this modu
 Gradio components and connects them: one builder per tab returns its components (`lesson_tab`,
 `generate_tab`, `step_through_tab`, `race_tab`, and `header` above them), one function per group
 of events wires them (`wire_generate`, `wire_race`, `wire_controls`, `wire_step_through`), and
-`build_app` composes the two in the page's order."""
+`build_app` composes the two in the page's order. A handler's updates are keyed by name; each
+event is wired with its outputs by those names (`specdemo.app.wiring`)."""
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -16,6 +18,7 @@ from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
 from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
+from specdemo.app.wiring import Outputs, wire
 from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
 from specdemo.presets import Preset, available_presets
@@ -71,7 +74,7 @@ class Header:
 class GenerateTab:
     """The Generate tab: the prompt and its run's buttons, the lesson note, how the method works,
     the examples, what a run draws (`run_view`: the answer, the method's plots and HTML, the speed
-    plot, the statistics and "why", in `handlers.on_generate`'s order), the sampling and method
+    plot, the statistics and "why", by the names of `handlers.on_generate`'s updates), the sampling and method
     settings (`settings`, by their GENERATE_INPUTS names) and the run's events to download."""
 
     prompt: gr.Textbox
@@ -83,25 +86,26 @@ class GenerateTab:
     lesson_note: gr.HTML
     how: gr.Markdown
     examples: gr.Dataset
-    run_view: tuple[gr.components.Component, ...]
+    run_view: Outputs
     settings: dict[str, gr.components.Component]
     download: gr.File
 
     @property
-    def last_run(self) -> list:
+    def last_run(self) -> Outputs:
         """What a new run, a lesson step or a new method clears (`one_run.cleared`)."""
-        return [*self.run_view, self.download]
+        return {**self.run_view, "download": self.download}
 
     @property
-    def locked(self) -> list:
+    def locked(self) -> Outputs:
         """Generate and the settings a run locks while it is on (`one_run.start`, `one_run.finish`)."""
-        return [self.generate, self.prompt, self.method, self.max_new_tokens]
+        return {"generate": self.generate, "prompt": self.prompt, "method": self.method,
+                "max_new_tokens": self.max_new_tokens}
 
 
 @dataclass(frozen=True)
 class StepThroughTab:
     """The Step through tab: the step slider, its buttons and autoplay, and the step drawn (`outputs`:
-    its answer so far, plots, HTML and explanation, in `handlers.on_step`'s order)."""
+    its answer so far, plots, HTML and explanation, by the names of `handlers.on_step`'s updates)."""
 
     step: gr.Slider
     back: gr.Button
@@ -110,7 +114,12 @@ class StepThroughTab:
     pause: gr.Button
     pace: gr.Slider
     timer: gr.Timer
-    outputs: tuple[gr.components.Component, ...]
+    outputs: Outputs
+
+    @property
+    def autoplay(self) -> Outputs:
+        """What Play and the timer's tick change (`handlers.on_play`, `handlers.on_tick`)."""
+        return {"step": self.step, "timer": self.timer}
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,11 @@ class RaceTab:
     table: gr.Markdown
     plot: gr.Plot
     streams: gr.HTML
+
+    @property
+    def outputs(self) -> Outputs:
+        """The race drawn, by the names of `handlers.on_race`'s updates."""
+        return {"table": self.table, "streams": self.streams, "plot": self.plot}
 
 
 @dataclass(frozen=True)
@@ -150,10 +164,12 @@ class Page:
         return [named[name] for name in GENERATE_INPUTS]
 
     @property
-    def lesson_shown(self) -> list:
+    def lesson_shown(self) -> Outputs:
         """What setting up a lesson step writes (`one_run.set_up`)."""
         run = self.generate
-        return [run.method, run.prompt, run.max_new_tokens, run.lesson_note, self.tabs, run.run_status, self.shown_step, *run.last_run]
+        return {"method": run.method, "prompt": run.prompt, "max_new_tokens": run.max_new_tokens,
+                "lesson_note": run.lesson_note, "tabs": self.tabs, "run_status": run.run_status,
+                "shown_step": self.shown_step, **run.last_run}
 
 
 def header(targets: Targets, target: LoadedModel) -> Header:
@@ -224,7 +240,8 @@ def generate_tab() -> GenerateTab:
                 speed_plot = gr.Plot(label="Tokens over time, against AR on this prompt", elem_id="speedup-plot")
         settings = {**sampling_settings(), **method_settings()}
         download = gr.File(label="This run's events (JSON)", elem_id="export")
-    run_view = (stream, view_plot, detail_plot, trajectory_plot, tree_plot, best_plot, view_html, speed_plot, run_stats, why)
+    run_view = dict(answer=stream, timeline=view_plot, detail=detail_plot, trajectory=trajectory_plot, tree=tree_plot,
+                    best=best_plot, method_html=view_html, speed_plot=speed_plot, stats=run_stats, why=why)
     return GenerateTab(prompt, generate, stop, run_status, method, max_new_tokens, lesson_note, how, examples, run_view, settings, download)
 
 
@@ -314,9 +331,11 @@ def step_through_tab() -> StepThroughTab:
         explanation = gr.HTML(elem_id="explanation")
         stream = gr.HTML(elem_id="step-stream")
         gr.HTML(views.legend_html())
-        plots = tuple(gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS)  # titled as on Generate, not "Plot"
+        # titled as on Generate, not "Plot"
+        plots = {name: gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS}
         html = gr.HTML()
-    return StepThroughTab(step, back, forward, play, pause, pace, timer, outputs=(stream, *plots, html, explanation))
+    return StepThroughTab(step, back, forward, play, pause, pace, timer,
+                          outputs={"answer": stream, **plots, "method_html": html, "explanation": explanation})
 
 
 def race_tab() -> RaceTab:
@@ -343,26 +362,28 @@ def wire_generate(page: Page, handlers: Handlers) -> Dependency:
     run, shown = page.generate, page.step_through
     # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then the
     # run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
-    starting = gr.on([run.generate.click, run.prompt.submit], one_run.start, inputs=[page.lesson_step, run.method, run.prompt],
-                     outputs=[*run.locked, run.run_status, run.lesson_note, page.busy, *run.last_run], api_visibility="private",
-                     trigger_mode="once", queue=False, show_progress="hidden")
-    running = starting.then(handlers.on_generate, inputs=page.generate_inputs(), outputs=[*run.run_view, page.history, run.download, shown.step],
-                            api_visibility="private", **ONE_AT_A_TIME)
-    ended = running.then(one_run.finish, outputs=[*run.locked, page.busy], api_visibility="private", queue=False, show_progress="hidden")
-    ended.then(one_run.settle, inputs=[page.lesson_step, page.shown_step], outputs=page.lesson_shown, api_visibility="private", queue=False,
-               show_progress="hidden")
+    clicked = functools.partial(gr.on, [run.generate.click, run.prompt.submit])
+    cheap = dict(api_visibility="private", queue=False, show_progress="hidden")
+    started = {**run.locked, "run_status": run.run_status, "lesson_note": run.lesson_note, "busy": page.busy,
+               **run.last_run}
+    starting = wire(clicked, one_run.start, started, inputs=[page.lesson_step, run.method, run.prompt],
+                    trigger_mode="once", **cheap)
+    drawn = {**run.run_view, "history": page.history, "download": run.download, "step": shown.step}
+    running = wire(starting.then, handlers.on_generate, drawn, inputs=page.generate_inputs(), api_visibility="private",
+                   **ONE_AT_A_TIME)
+    ended = wire(running.then, one_run.finish, {**run.locked, "busy": page.busy}, **cheap)
+    wire(ended.then, one_run.settle, page.lesson_shown, inputs=[page.lesson_step, page.shown_step], **cheap)
     # the slider fires no change when a new run ends on the same step number as the last one
-    running.then(handlers.on_step, inputs=[page.history, shown.step], outputs=shown.outputs, api_visibility="private")
+    wire(running.then, handlers.on_step, shown.outputs, inputs=[page.history, shown.step], api_visibility="private")
     return running
 
 
 def wire_race(page: Page, handlers: Handlers, running: Dependency) -> None:
     """Race, and the two Stop buttons, each of which ends a run or a race."""
     run, race = page.generate, page.race
-    racing = race.button.click(
-        handlers.on_race, inputs=[page.header.model, page.header.precision, run.prompt, race.choice, run.max_new_tokens, race.replay_speed],
-        outputs=[race.table, race.streams, race.plot], api_visibility="private", trigger_mode="once", **ONE_AT_A_TIME
-    )
+    inputs = [page.header.model, page.header.precision, run.prompt, race.choice, run.max_new_tokens, race.replay_speed]
+    racing = wire(race.button.click, handlers.on_race, race.outputs, inputs=inputs, api_visibility="private",
+                  trigger_mode="once", **ONE_AT_A_TIME)
     # closing the generator ends the decoding loop between passes
     run.stop.click(None, cancels=[running, racing], queue=False)
     race.stop.click(None, cancels=[running, racing], queue=False)
@@ -375,29 +396,29 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     header.answer_only.change(None, inputs=header.answer_only, js=body_class_js("specdemo-answer-only"), queue=False)
     header.large_text.change(None, inputs=header.large_text, js=body_class_js("specdemo-large"), queue=False)
     # cheap events never wait behind a decode: off the queue, answered at once
-    run.method.change(lambda chosen: one_run.method_chosen(how_for(chosen)), inputs=run.method, outputs=[run.how, *run.last_run],
-                      api_visibility="private", queue=False, show_progress="hidden")
-    page.lesson_step.change(
-        one_run.lesson_setup, inputs=[page.lesson_step, page.busy], outputs=page.lesson_shown,
-        api_visibility="private", queue=False, cancels=[running], show_progress="hidden",
-    )
-    run.examples.click(lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy), inputs=[run.examples, page.busy],
-                       outputs=[run.prompt, run.run_status, *run.last_run], api_visibility="private", queue=False, show_progress="hidden")
+    wire(run.method.change, lambda chosen: one_run.method_chosen(how_for(chosen)), {"how": run.how, **run.last_run},
+         inputs=run.method, api_visibility="private", queue=False, show_progress="hidden")
+    wire(page.lesson_step.change, one_run.lesson_setup, page.lesson_shown, inputs=[page.lesson_step, page.busy],
+         api_visibility="private", queue=False, cancels=[running], show_progress="hidden")
+    wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
+         {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
+         api_visibility="private", queue=False, show_progress="hidden")
     header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private", queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:
     """The step slider, Back and Next, and autoplay: Play, Pause, its pace and its timer."""
     shown, history = page.step_through, page.history
-    shown.step.change(handlers.on_step, inputs=[history, shown.step], outputs=shown.outputs, api_visibility="private", queue=False)
+    off_queue = dict(api_visibility="private", queue=False)
+    wire(shown.step.change, handlers.on_step, shown.outputs, inputs=[history, shown.step], **off_queue)
     shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, api_visibility="private", queue=False)
     # the slider refuses a value past its maximum, and would then refuse every later one too
     shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[shown.step, history], outputs=shown.step,
                         api_visibility="private", queue=False)
-    shown.play.click(handlers.on_play, inputs=[shown.step, history], outputs=[shown.step, shown.timer], api_visibility="private", queue=False)
+    wire(shown.play.click, handlers.on_play, shown.autoplay, inputs=[shown.step, history], **off_queue)
     shown.pause.click(lambda: gr.Timer(active=False), outputs=shown.timer, api_visibility="private", queue=False)
     shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer, api_visibility="private", queue=False)
-    shown.timer.tick(handlers.on_tick, inputs=[shown.step, history], outputs=[shown.step, shown.timer], api_visibility="private", queue=False)
+    wire(shown.timer.tick, handlers.on_tick, shown.autoplay, inputs=[shown.step, history], **off_queue)
 
 
 def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:

@@ -1,0 +1,43 @@
+"""How a handler's updates reach the page: a handler returns or yields dicts keyed by name
+(`specdemo.app.handlers`, `specdemo.app.one_run`), free of Gradio's components; an event is
+wired with its outputs by the same names (`specdemo.app.ui`), and `keyed` gives Gradio each
+update keyed by component. An output an update does not name stays as it is."""
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable
+
+import gradio as gr
+from gradio.events import Dependency
+
+Outputs = dict[str, gr.components.Component]  # an event's outputs, by the names its handler's updates use
+
+
+def keyed(handler: Callable, outputs: Outputs) -> Callable:
+    """`handler` as Gradio calls it: each update it returns or yields (a dict keyed by name) keyed
+    instead by the components `outputs` names so, which Gradio matches to the event's outputs and
+    leaves the others as they are. A name `outputs` lacks raises: the handler and its wiring disagree."""
+
+    def by_component(update: dict):
+        # to Gradio, {} is too few values; skip() leaves them all
+        return {outputs[name]: value for name, value in update.items()} or gr.skip()
+
+    if inspect.isgeneratorfunction(handler):  # streamed: Gradio streams only from a generator function
+        @functools.wraps(handler)
+        def streamed(*values):
+            # Stop closes this generator, and with it the handler's
+            with contextlib.closing(handler(*values)) as updates:
+                for update in updates:
+                    yield by_component(update)
+        return streamed
+
+    @functools.wraps(handler)
+    def answered(*values):
+        return by_component(handler(*values))
+    return answered
+
+
+def wire(listener: Callable, handler: Callable, outputs: Outputs, **options) -> Dependency:
+    """`handler` on `listener` (an event, `.then`, or `gr.on` with its triggers), its updates to `outputs` by name."""
+    return listener(keyed(handler, outputs), outputs=list(outputs.values()), **options)
