@@ -6,10 +6,11 @@ tied the other pass may pick the second. `divergence` measures that at the first
 position i of an answer:
 
 - `margin`: logit(AR's token) - logit(the other answer's token) in the very passes AR made (the
-  prompt in one pass, then one token a pass): how far AR preferred its token. When the other
-  answer took AR's runner-up, as a rounding flip does, it is AR's top-two gap (`top_two`);
-- `wide_gap`: the same difference in one pass over the prompt and the whole shared prefix, a pass
-  as wide as a verification pass: negative when such a pass prefers the other token.
+  prompt in one pass, then one token a pass, replayed by AR's own loop: `ar.replay`): how far AR
+  preferred its token. When the other answer took AR's runner-up, as a rounding flip does, it is
+  AR's top-two gap (`top_two`);
+- `wide_gap`: the same difference in one target pass over the prompt and the whole shared prefix,
+  a pass as wide as a verification pass: negative when such a pass prefers the other token.
 
 A near-tie flipped by rounding has a small margin; a margin above `SUSPECT_MARGIN` is too large for
 rounding to flip (a method that commits a wrong token, even at a near-tie, shows one), so it is
@@ -20,7 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from specdemo.core.static import request_cache
+from specdemo.core.verify import Proposal, target_pass
+from specdemo.methods import ar
 
 # Twice the largest logit-gap change bfloat16 rounding made between AR's one-token passes and one
 # wide pass over the same text (0.50, 26 Spec-Bench prompts x 128 tokens; every bfloat16 divergence
@@ -51,25 +56,19 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-@torch.inference_mode()
 def ar_logits(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int], upto: int) -> torch.Tensor:
     """[upto + 1, V] float32: the logits AR's passes gave for answer positions 0..upto, replayed
-    as `ar.generate` runs them (the prompt in one pass, then one token a pass, one KV cache)."""
-    cache = DynamicCache(config=model.config)
-    pending, rows = input_ids, []
-    for t in range(upto + 1):
-        rows.append(model(pending, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float())
-        if t < upto:
-            pending = torch.tensor([[answer[t]]], device=input_ids.device)
-    return torch.stack(rows)
+    through AR's own loop and pass (`ar.replay`: the compiled static pass where `ar.generate` takes it)."""
+    return ar.replay(model, input_ids, answer[: upto + 1])
 
 
 @torch.inference_mode()
 def wide_logits(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int], upto: int) -> torch.Tensor:
-    """[upto + 1, V] float32: the logits for answer positions 0..upto from one pass over the
-    prompt and answer[:upto], as wide as a verification pass."""
-    fed = torch.cat([input_ids, torch.tensor([list(answer[:upto])], device=input_ids.device, dtype=input_ids.dtype)], dim=-1)
-    return model(fed, logits_to_keep=upto + 1).logits[0].float()
+    """[upto + 1, V] float32: the logits for answer positions 0..upto from one target pass over the
+    prompt and answer[:upto] on a fresh cache, the shared prefix fed as a verification pass feeds a
+    chain (`verify.target_pass`)."""
+    cache = request_cache(model, input_ids.shape[1] + upto)
+    return target_pass(model, cache, input_ids, Proposal.chain(answer[:upto], "answer")).logits
 
 
 def top_two_gap(logits: torch.Tensor) -> torch.Tensor:
