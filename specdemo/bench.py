@@ -221,8 +221,8 @@ def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: l
                   and name != reference and name not in OTHER_WEIGHTS and not (name in METHODS and METHODS[name].other_answer)}
         others = {name: answer for name, answer in others.items() if answer != answers[reference]}
         if others:
-            model = decoded("cllm", target)[0] if reference == "cllm_ar" else target.model
-            parted |= divergences(model, input_ids, answers[reference], others)
+            model, passes = decoded("cllm", target) if reference == "cllm_ar" else (target.model, None if reference in EAGER else target.passes)
+            parted |= divergences(model, input_ids, answers[reference], others, passes)
     return parted
 
 
@@ -267,7 +267,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                     }
                 )
             if rounding:
-                noise.append(rounding_noise(target.model, input_ids, runs["ar"][0].tokens))
+                noise.append(rounding_noise(target.model, input_ids, runs["ar"][0].tokens, target.passes))
     return {
         "model": target.spec,
         "device": str(target.device),

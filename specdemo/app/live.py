@@ -243,8 +243,8 @@ def divergence_from(target: LoadedModel, request: Request, tokens, reference_tok
     only stops earlier, or when the request samples (a sampled answer may differ anyway)."""
     if request.sampling.do_sample or first_difference(tokens, reference_tokens) is None:
         return None
-    model = decoded(request.method, target)[0]
-    return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)})["other"]
+    model, passes = decoded(request.method, target)
+    return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)}, passes)["other"]
 
 
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:

@@ -10,6 +10,8 @@ The engine runs the target once over a proposal (`target_pass`: tree attention w
 tokens branch, Medusa's Sec. 2.1.2), reads the target's choice after every node
 (`choices_after`), accepts the deepest node whose whole path the target agrees with
 (`accept_greedy`, `deepest`), and keeps that path's KV entries and nothing else (`commit`).
+Beam search's k beams, side by side, take `batch_pass`: the same pass for one row, transformers'
+batched one for more.
 Greedy acceptance gives exactly AR's answer whatever the proposal holds: each accepted token
 is the target's own argmax after the tokens before it.
 """
@@ -20,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers import Cache, DynamicCache, PreTrainedModel
 
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
 from specdemo.core.kvcache import StaticKV, keep_positions
 from specdemo.core.sampling import TokenChooser
-from specdemo.core.static import static_pass, with_layers
+from specdemo.core.static import CompiledPass, request_cache, static_pass, with_layers
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,24 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     keep = len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows, device=fed.device)
     logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0]
     return TargetPass(logits.float(), None, cached, pending)
+
+
+def batch_cache(model: PreTrainedModel, need: int, rows: int, passes: CompiledPass | None = None) -> Cache:
+    """The target's cache for `rows` sequences decoded side by side (beam search's k beams) that may
+    feed up to `need` positions: `static.request_cache`'s for one row (static, run by `passes`, when
+    given); transformers' DynamicCache for more, whose passes run eagerly (a `StaticKV` holds one row)."""
+    return request_cache(model, need, passes) if rows == 1 else DynamicCache(config=model.config)
+
+
+def batch_pass(model: PreTrainedModel, cache: Cache, sequences: torch.Tensor) -> torch.Tensor:
+    """The target's logits [k, V] (float32) after each row of `sequences` [k, n]: one pass over the
+    tokens the cache has not seen (as many in every row), nothing proposed. One row is `target_pass`
+    with the empty proposal (the static path on a `StaticKV`); k rows are transformers' batched pass
+    over the cache `batch_cache` made for them."""
+    if sequences.shape[0] == 1:
+        return target_pass(model, cache, sequences, EMPTY).logits
+    fed = sequences[:, cache.get_seq_length() :]  # [k, pending]
+    return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()
 
 
 def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:

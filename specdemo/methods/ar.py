@@ -2,19 +2,21 @@
 
 Greedy (argmax) or sampled (repetition penalty, temperature, top-k, top-p; seeded), with the KV
 cache reused between passes: the decoding loop (`loop.decode`) with a proposer of nothing.
-Yields one StepEvent per pass, then a Summary.
+Yields one StepEvent per pass, then a Summary. `replay` runs the same passes along a given answer
+and returns their logits (the divergence margin reads AR's own passes: `specdemo.divergence`).
 """
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Proposer, decode
+from specdemo.core.loop import Context, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
+from specdemo.core.verify import Proposal, TargetPass
 
 
 def generate(
@@ -31,3 +33,26 @@ def generate(
     compiled static pass (`static.compile_passes`); None: the eager pass."""
     return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
                   passes=passes)
+
+
+class Replay(Proposer):
+    """AR's proposer of nothing, committing the tokens of a given answer instead of choosing them,
+    and keeping the logits [V] each pass gave (float32): AR's passes along that answer."""
+
+    def __init__(self, answer: Sequence[int]):
+        self.answer, self.rows = list(answer), []
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+        self.rows.append(verified.logits[0])
+        return Verdict([], self.answer[len(self.rows) - 1])
+
+
+def replay(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int], passes: CompiledPass | None = None) -> torch.Tensor:
+    """[len(answer), V] float32: the logits AR's passes give for answer positions 0.. after the
+    prompt `input_ids` [1, L], fed `answer` (not their own choices): `generate`'s loop, cache and
+    pass (the compiled static one with `passes`, as `generate` takes it), EOS ignored."""
+    replayed = Replay(answer)
+    for _ in decode(model, input_ids, replayed, method="ar", max_new_tokens=len(answer), sampling=GREEDY, eos_token_ids=(),
+                    passes=passes):
+        pass
+    return torch.stack(replayed.rows)

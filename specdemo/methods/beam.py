@@ -11,7 +11,10 @@ The rules are those of transformers' `GenerationMixin._beam_search` (5.x), resta
      tokens, EOS included); the k best finished hypotheses are kept.
   3. The k best candidates (by log_prob) that did not end are the next step's beams; the
      KV cache rows are reordered to them (the prompt is fed once, [1, L], and its cache copied
-     to the k rows; every later pass feeds the k beams' last tokens together, [k, 1]).
+     to the k rows; every later pass feeds the k beams' last tokens together, [k, 1]). The
+     passes are the engine's (`verify.batch_pass`): one beam's is the target pass AR takes, the
+     compiled static one where the model has it; k beams run transformers' batched pass eagerly
+     on its cache (`verify.batch_cache`: a static cache holds one row).
   4. The search ends at max_new_tokens; or once k hypotheses are finished, either at once
      (early_stopping=True) or when the best beam cannot beat the worst kept finished one:
      its log_prob / L ** length_penalty is not above it, L being its current length
@@ -47,7 +50,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_request, check_whole
 from specdemo.core.events import StepEvent, Summary
@@ -55,6 +58,7 @@ from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import GREEDY, SamplingConfig, logits_processors
 from specdemo.core.static import CompiledPass
 from specdemo.core.steps import BeamStep
+from specdemo.core.verify import batch_cache, batch_pass
 
 NO_BEAM = -1e9  # log_prob of the beams that do not exist yet at the first step (transformers' value)
 
@@ -83,7 +87,7 @@ def generate(
     passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Beam search after the prompt `input_ids` [1, L] with `num_beams` beams (k). `passes`: the
-    target's compiled pass, taken by the registry's common call; the batched passes run eagerly."""
+    target's compiled static pass, which one beam takes (None: eager); k beams' batched passes run eagerly."""
     prompt_length = check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     check_beam_settings(num_beams, length_penalty, early_stopping, sampling)
     eos = resolve_eos(model, eos_token_ids)
@@ -91,18 +95,17 @@ def generate(
     processors = logits_processors(sampling)
     k = num_beams
     width = max(2, 1 + len(recorder.eos_token_ids)) * k  # candidates per step: enough for k that do not end
-    cache = DynamicCache(config=model.config)
+    cache = batch_cache(model, prompt_length + max_new_tokens, k, passes)  # static for one beam when the model is compiled
     sequences = input_ids.expand(k, -1)  # [k, L + t]: prompt and new tokens of each beam
     beam_log_probs = torch.full((k,), NO_BEAM, device=input_ids.device)  # [k]
     beam_log_probs[0] = 0.0
     finished: list[Hypothesis] = []
-    step_input = input_ids  # [1, L] the prompt once, then [k, 1] each beam's last token
     while not recorder.done:
-        # 1. one target pass for all beams
-        logits = model(step_input, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [1 or k, V]
-        if recorder.target_forwards == 0:
+        # 1. one target pass for all beams: the prompt once [1, L], then each beam's last token together [k, 1]
+        logits = batch_pass(model, cache, sequences[:1] if recorder.target_forwards == 0 else sequences)  # [1 or k, V]
+        if recorder.target_forwards == 0 and k > 1:
             cache.batch_repeat_interleave(k)  # every beam starts from the prompt's keys and values
-        log_probs = next_log_probs(processors, sequences, logits.float().expand(k, -1))  # [k, V]
+        log_probs = next_log_probs(processors, sequences, logits.expand(k, -1))  # [k, V]
         # 2. the best (beam, token) pairs
         candidate_log_probs, parents, tokens = top_candidates(log_probs, beam_log_probs, width)  # [w] each
         length = sequences.shape[1] - prompt_length + 1  # new tokens of every candidate
@@ -124,8 +127,8 @@ def generate(
         yield recorder.step(committed=certain[len(recorder.tokens) :], data=data)
         if over:
             break
-        cache.reorder_cache(parents[kept])
-        step_input = sequences[:, -1:]
+        if k > 1:
+            cache.reorder_cache(parents[kept])
     answer = {"log_prob": finished[0].log_prob, "score": finished[0].score} if recorder.finish_reason != "stopped" else {}
     yield recorder.summary(extra={"num_beams": k} | answer)
 

@@ -3,7 +3,10 @@
 Li et al. 2023, "Contrastive Decoding: Open-ended Text Generation as Optimization" (ACL 2023).
 The target `model` is the expert, a smaller LM of the same vocabulary the amateur. Each step,
 one pass of each (both with their own KV cache, one new token each after the prefill) gives
-log p_EXP and log p_AMA over the vocabulary; then (§3.2, §3.3)
+log p_EXP and log p_AMA over the vocabulary. The expert's pass is the engine's target pass with
+nothing proposed (`verify.target_pass`, on `static.request_cache`: the compiled static pass where
+the expert has one), as AR's is; the amateur, another model, runs its own eager pass on
+transformers' cache. Then (§3.2, §3.3)
 
     V_head   = {x : p_EXP(x) >= α · max_w p_EXP(w)}             the adaptive plausibility constraint
     score(x) = log p_EXP(x) - log p_AMA(x)   if x in V_head,   -inf otherwise
@@ -41,8 +44,9 @@ from transformers import DynamicCache, PreTrainedModel
 from specdemo.core.errors import SpecDemoError, check_request, check_whole
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.recorder import StepRecorder, resolve_eos
-from specdemo.core.static import CompiledPass
+from specdemo.core.static import CompiledPass, request_cache
 from specdemo.core.steps import ContrastiveStep
+from specdemo.core.verify import EMPTY, target_pass
 
 ALPHA = 0.1  # the plausibility threshold of the paper's experiments
 AMATEUR_TEMPERATURE = 0.5  # τ of the paper's GPT-2 runs (§3.4; the authors' run_generation.py example)
@@ -80,21 +84,24 @@ def generate(
     passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after the prompt `input_ids` [1, L], one expert pass and one amateur pass a token.
-    `passes`: the expert's compiled pass, taken by the registry's common call; these passes run eagerly."""
+    `passes`: the expert's compiled static pass (None: eager); the amateur's passes run eagerly."""
     check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_temperature, top_candidates)
     eos = resolve_eos(model, eos_token_ids)
     recorder = StepRecorder("contrastive", max_new_tokens, eos, stop)
-    expert_cache, amateur_cache = DynamicCache(config=model.config), DynamicCache(config=amateur.config)
-    pending = input_ids  # tokens the caches have not seen yet: the whole prompt, then one token
+    expert_cache = request_cache(model, input_ids.shape[1] + max_new_tokens, passes)  # static when the expert is compiled
+    amateur_cache = DynamicCache(config=amateur.config)
+    sequence = input_ids  # [1, n] prompt + committed tokens
+    pending = input_ids  # tokens the amateur's cache has not seen yet: the whole prompt, then one token
     while not recorder.done:
-        # 1. One pass of each model over the same new tokens.
-        expert_logits = model(pending, past_key_values=expert_cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
+        # 1. One pass of each model over the same new tokens: the expert's is the engine's target pass.
+        expert_logits = target_pass(model, expert_cache, sequence, EMPTY).logits[0]  # [V]
         amateur_logits = amateur(pending, past_key_values=amateur_cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
         # 2. Score the plausible tokens by how much more the expert likes them; take the best.
         log_p_expert, log_p_amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)  # [V] each
         scores, plausible = contrastive_scores(log_p_expert, log_p_amateur, alpha)
         chosen = int(scores.argmax())
         pending = torch.tensor([[chosen]], device=input_ids.device)  # [1, 1]
+        sequence = torch.cat([sequence, pending], dim=-1)
         data = step_data(log_p_expert, log_p_amateur, scores, plausible, chosen, alpha, top_candidates)
         yield recorder.step(committed=(chosen,), draft_forwards=1, data=data)
     yield recorder.summary()
