@@ -19,17 +19,18 @@ after the text's last few tokens. It is verified like any other branch.
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
-from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
+from specdemo.core.verify import TargetPass, deepest, scores_after
 from specdemo.methods.draft_tree import DraftTree, expand
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401 (the library's `medusa.load_heads`, as before the split)
 from specdemo.methods.medusa_tree import MAX_TREE_SIZE, Tree, cached_tree, check_dynamic_size, dynamic_paths, proposal, resolve_tree, tree_tokens
@@ -88,6 +89,15 @@ def generate(
                   compiled=compiled)
 
 
+@dataclass(frozen=True)
+class HeadsPass:
+    """What one pass proposed: the candidate tree, and where its copied chain came from (the text,
+    "copy", or the datastore, "retrieved")."""
+
+    tree: Tree
+    copy_source: str
+
+
 class MedusaTree(Proposer):
     """Proposes the heads' candidate tree (and a chain copied from the text) after the last
     committed token; learns the hidden state the heads read next: the accepted node's."""
@@ -98,20 +108,18 @@ class MedusaTree(Proposer):
                  top_k: int = 3, datastore: Datastore | None = None):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
         self.datastore = datastore
-        self.copy_source = "copy"  # where this pass's chain came from: the text ("copy") or the datastore ("retrieved")
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
-        self.tree: Tree | None = None  # this pass's tree
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         if self.hidden is None:  # the prefill: its last hidden state gives the first token and the first proposals
-            return EMPTY
+            return NOTHING
         # The heads read the hidden state of the last committed token's parent position; a static tree
         # takes their top tokens, a dynamic one first chooses which paths by their confidences. Near the
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
-        copied, self.copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
+        copied, copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
         root = int(sequence[0, -1])
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
@@ -120,8 +128,9 @@ class MedusaTree(Proposer):
                 token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size, eos=context.eos))
             else:
                 token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
-            self.tree = cached_tree(tuple(sorted(token_at)), len(copied))
-            return proposal(self.tree, [root, *(token_at[path] for path in self.tree.paths), *copied], self.copy_source)
+            tree = cached_tree(tuple(sorted(token_at)), len(copied))
+            tokens = [root, *(token_at[path] for path in tree.paths), *copied]
+            return Proposed(proposal(tree, tokens, copy_source), HeadsPass(tree, copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
@@ -129,31 +138,35 @@ class MedusaTree(Proposer):
         else:
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
-        self.tree = cached_tree(paths, len(copied))
-        return proposal(self.tree, [*tree_tokens(self.tree, root, top), *copied], self.copy_source)
+        tree = cached_tree(paths, len(copied))
+        tokens = [*tree_tokens(tree, root, top), *copied]
+        return Proposed(proposal(tree, tokens, copy_source), HeadsPass(tree, copy_source))
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
         return int(sequence[0, -1]) if self.heads.reads_token else None
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy verification, or typical acceptance (`typical_verdicts`) when sampling."""
+        proposal = proposed.proposal
         if self.typical is None or not proposal.size:
-            return super().accept(context, sequence, proposal, verified)
+            return super().accept(context, sequence, proposed, verified)
         probs = torch.softmax(scores_after(context.choose, sequence, proposal, verified.logits).float(), dim=-1)  # [n, V]
         tokens = [int(sequence[0, -1]), *proposal.tokens]
-        token_probs = probs_after_parents(self.tree, tokens, probs)
-        verdicts, thresholds = typical_verdicts(self.tree, token_probs, probs, *self.typical)
+        token_probs = probs_after_parents(proposed.step.tree, tokens, probs)
+        verdicts, thresholds = typical_verdicts(proposed.step.tree, token_probs, probs, *self.typical)
         path = deepest(proposal, verdicts[1:], token_probs[1:])
         token = int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1, generator=context.choose.generator))
         return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
         node = verdict.path[-1] + 1 if verdict.path else 0  # the accepted node, 0 the root
         self.hidden = verified.hidden[0, verified.root_row + node]
+        proposal = proposed.proposal
         if not proposal.size:  # the prefill: an empty chain
             return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))
-        tree, tokens = self.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
+        tree, tokens = proposed.step.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
         best = tree.candidate_through[node]
         return Learned(
             rejected=[tokens[i] for i in best[len(verdict.path) + 1 :]],
@@ -161,7 +174,7 @@ class MedusaTree(Proposer):
                 tree_tokens=tokens,
                 tree_parents=list(tree.parents),
                 tree_depths=list(tree.depths),
-                tree_sources=["head"] * len(tree.paths) + [self.copy_source] * tree.copy_depth,
+                tree_sources=["head"] * len(tree.paths) + [proposed.step.copy_source] * tree.copy_depth,
                 accepted_path=[0, *(n + 1 for n in verdict.path)],
                 best_candidate=list(best),
                 accept_length=len(verdict.path),
