@@ -19,7 +19,6 @@ after the text's last few tokens. It is verified like any other branch.
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -29,8 +28,8 @@ from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import fitted_size
-from specdemo.core.steps import ChainStep, TreeStep
-from specdemo.core.verify import TargetPass, deepest, scores_after
+from specdemo.core.steps import ChainStep, tree_step
+from specdemo.core.verify import TargetPass, deepest, first_leaf_path, scores_after
 from specdemo.methods.draft_tree import DraftTree, expand
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401 (the library's `medusa.load_heads`, as before the split)
 from specdemo.methods.medusa_tree import MAX_TREE_SIZE, Tree, cached_tree, check_dynamic_size, dynamic_paths, proposal, resolve_tree, tree_tokens
@@ -89,15 +88,6 @@ def generate(
                   compiled=compiled)
 
 
-@dataclass(frozen=True)
-class HeadsPass:
-    """What one pass proposed: the candidate tree, and where its copied chain came from (the text,
-    "copy", or the datastore, "retrieved")."""
-
-    tree: Tree
-    copy_source: str
-
-
 class MedusaTree(Proposer):
     """Proposes the heads' candidate tree (and a chain copied from the text) after the last
     committed token; learns the hidden state the heads read next: the accepted node's."""
@@ -129,8 +119,7 @@ class MedusaTree(Proposer):
             else:
                 token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
             tree = cached_tree(tuple(sorted(token_at)), len(copied))
-            tokens = [root, *(token_at[path] for path in tree.paths), *copied]
-            return Proposed(proposal(tree, tokens, copy_source), HeadsPass(tree, copy_source))
+            return Proposed(proposal(tree, [*(token_at[path] for path in tree.paths), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
@@ -139,8 +128,7 @@ class MedusaTree(Proposer):
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
         tree = cached_tree(paths, len(copied))
-        tokens = [*tree_tokens(tree, root, top), *copied]
-        return Proposed(proposal(tree, tokens, copy_source), HeadsPass(tree, copy_source))
+        return Proposed(proposal(tree, [*tree_tokens(tree, top), *copied], copy_source))
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
@@ -151,37 +139,30 @@ class MedusaTree(Proposer):
         proposal = proposed.proposal
         if self.typical is None or not proposal.size:
             return super().accept(context, sequence, proposed, verified)
-        probs = torch.softmax(scores_after(context.choose, sequence, proposal, verified.logits).float(), dim=-1)  # [n, V]
-        tokens = [int(sequence[0, -1]), *proposal.tokens]
-        token_probs = probs_after_parents(proposed.step.tree, tokens, probs)
-        verdicts, thresholds = typical_verdicts(proposed.step.tree, token_probs, probs, *self.typical)
-        path = deepest(proposal, verdicts[1:], token_probs[1:])
+        scores = scores_after(context.choose, sequence, proposal, verified.logits)  # [1 + n, V]: root, nodes
+        probs = torch.softmax(scores.float(), dim=-1)
+        token_probs = probs_after_parents(proposal.parents, proposal.tokens, probs)
+        verdicts, thresholds = typical_verdicts(proposal.parents, token_probs, probs, *self.typical)
+        path = deepest(proposal, verdicts, token_probs)
         token = int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1, generator=context.choose.generator))
-        return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
+        # as the step draws the tree: the root first (`steps.tree_step`), its own token sure
+        return Verdict(path, token, {"token_probs": [1.0, *token_probs], "thresholds": thresholds})
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:
-        node = verdict.path[-1] + 1 if verdict.path else 0  # the accepted node, 0 the root
-        self.hidden = verified.hidden[0, verified.root_row + node]
+        node = verdict.path[-1] if verdict.path else -1  # the accepted node, -1 the root
+        self.hidden = verified.hidden[0, verified.row(node)]
         proposal = proposed.proposal
         if not proposal.size:  # the prefill: an empty chain
             return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))
-        tree, tokens = proposed.step.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
-        best = tree.candidate_through[node]
+        best = first_leaf_path(proposal.parents, node)
         return Learned(
-            rejected=[tokens[i] for i in best[len(verdict.path) + 1 :]],
-            data=TreeStep(
-                tree_tokens=tokens,
-                tree_parents=list(tree.parents),
-                tree_depths=list(tree.depths),
-                tree_sources=["head"] * len(tree.paths) + [proposed.step.copy_source] * tree.copy_depth,
-                accepted_path=[0, *(n + 1 for n in verdict.path)],
-                best_candidate=list(best),
-                accept_length=len(verdict.path),
-                proposer="heads",
+            rejected=[proposal.tokens[i] for i in best[len(verdict.path) :]],
+            data=tree_step(
+                proposal.tokens, proposal.parents, proposal.depths, proposal.sources,
+                int(sequence[0, -len(verdict.path) - 2]), verdict.path, best, proposer="heads",
                 tree_kind="static" if self.static is not None else "dynamic",
-                acceptance_rule="typical" if self.typical else "greedy",
-                **verdict.details,
+                acceptance_rule="typical" if self.typical else "greedy", **verdict.details,
             ),
         )
 
@@ -244,17 +225,20 @@ def check_acceptance(sampling: SamplingConfig, typical_acceptance: bool, epsilon
         raise SpecDemoError(f"typical acceptance needs 0 < epsilon <= 1 and 0 < alpha <= 1, got {epsilon} and {alpha}")
 
 
-def probs_after_parents(tree: Tree, tokens: list[int], probs: torch.Tensor) -> list[float]:
-    """Each node's token's probability under the target after its parent (1 for the root), one gather."""
-    return [1.0, *probs[list(tree.parents[1:]), tokens[1:]].tolist()]
+def probs_after_parents(parents: Sequence[int], tokens: Sequence[int], probs: torch.Tensor) -> list[float]:
+    """Each node's token's probability under the target after its parent (`probs` [1 + n, V]: row 0
+    after the root, row 1 + i after node i), one gather."""
+    return probs[[parent + 1 for parent in parents], list(tokens)].tolist()
 
 
-def typical_verdicts(tree: Tree, token_probs: list[float], probs: torch.Tensor, epsilon: float, alpha: float) -> tuple[list[bool], list[float]]:
+def typical_verdicts(parents: Sequence[int], token_probs: list[float], probs: torch.Tensor, epsilon: float,
+                     alpha: float) -> tuple[list[bool], list[float]]:
     """Typical acceptance (Cai et al. 2024, Sec. 2.3.1): a node passes when the target gives its
     token, after its parent, a probability (`token_probs`) above min(ε, α exp(-H(p))), H the
-    entropy of the target's distribution p there (`probs` [n, V]). It accepts plausible tokens,
-    more of them where the target is unsure; it is NOT distribution-preserving (unlike speculative
-    sampling's rejection rule). Returns the verdicts and each node's threshold (for the token after it)."""
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [n]
+    entropy of the target's distribution p there (`probs` [1 + n, V], row 0 after the root). It
+    accepts plausible tokens, more of them where the target is unsure; it is NOT distribution-preserving
+    (unlike speculative sampling's rejection rule). Returns each node's verdict and each row's
+    threshold (for the token after the root, then after each node)."""
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [1 + n]
     thresholds = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy)).tolist()
-    return [True, *(token_probs[node] > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
+    return [token_probs[node] > thresholds[parent + 1] for node, parent in enumerate(parents)], thresholds

@@ -34,7 +34,7 @@ from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
 from specdemo.core.static import fitted_size, request_cache
-from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
+from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep, tree_step
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
@@ -163,7 +163,7 @@ class DraftProposer(Proposer):
         proposal, tree = proposed.proposal, proposed.step.tree
         if tree:
             turned_down = tree.best_continuation(path[-1] if path else -1)
-            data = tree_step(tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
+            data = drawn_tree(tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
             rejected, draft_passes = [tree.tokens[node] for node in turned_down], tree.draft_passes
         else:
             numbers = dict(gamma=proposal.size, accept_length=len(path), target_token=verdict.token)
@@ -179,20 +179,10 @@ class DraftProposer(Proposer):
         return {"acceptance_by_position": acceptance_by_position(events)}
 
 
-def tree_step(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
-    """A verified draft tree for the event, node 0 the root, as in Medusa's events."""
-    return TreeStep(
-        tree_tokens=[root, *tree.tokens],
-        tree_parents=[-1, *(p + 1 for p in tree.parents)],
-        tree_depths=[0, *tree.depths],
-        tree_sources=tree.sources,
-        accepted_path=[0, *(node + 1 for node in path)],
-        best_candidate=[0, *(node + 1 for node in [*path, *rejected])],
-        accept_length=len(path),
-        gamma=max(tree.depths),
-        target_token=token,
-        tree_scores=tree.scores,
-    )
+def drawn_tree(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
+    """A verified draft tree for the event (`steps.tree_step`)."""
+    return tree_step(tree.tokens, tree.parents, tree.depths, tree.sources, root, path, [*path, *rejected],
+                     gamma=max(tree.depths), target_token=token, tree_scores=tree.scores)
 
 
 AUTO_TREE_SIZE = 7  # with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,
