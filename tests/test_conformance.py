@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdemo.core.events import StepEvent, Summary, final_summary
-from specdemo.core.loop import Proposer, decode
+from specdemo.core.loop import Proposed, Proposer, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.verify import Proposal
 from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
@@ -138,13 +138,13 @@ class Scripted(Proposer):
         wanted = self.answer[done : done + min(self.depth, room - 1)]
         tokens = wanted if self.right else [(t + 1) % self.vocab_size for t in wanted]
         if not self.tree:
-            return Proposal.chain(tokens, "script")
+            return Proposed(Proposal.chain(tokens, "script"))
         nodes, parents, parent = [], [], -1
         for token in tokens:  # a decoy, then the scripted token, each under the scripted path so far
             nodes += [(token + 2) % self.vocab_size, token]
             parents += [parent, parent]
             parent = len(nodes) - 1
-        return Proposal(tuple(nodes), tuple(parents), ("script",) * len(nodes))
+        return Proposed(Proposal(tuple(nodes), tuple(parents), ("script",) * len(nodes)))
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])

@@ -12,7 +12,7 @@ from specdemo.core.attention import additive_mask, chain_positions
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.kvcache import keep_positions
 from specdemo.core.sampling import SamplingConfig
-from specdemo.core.verify import accept_greedy, deepest
+from specdemo.core.verify import accept_greedy, deepest, path_to, tree_mask
 from specdemo.methods import ar, medusa, medusa_heads, medusa_tree
 from specdemo.methods.medusa import probs_after_parents, typical_verdicts
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads
@@ -23,22 +23,27 @@ CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
 def test_tree_mask_and_positions_match_the_reference():
     tree = build_tree(CHOICES)
-    nodes = [()] + list(tree.paths)  # node 0: the root
+    nodes = list(tree.paths)  # the root (parent -1) is the last committed token, at position 10
     reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])  # each node sees exactly its ancestors
-    assert torch.equal(tree.sees, reference)
-    assert chain_positions(tree.sees, 10)[0].tolist() == [10 + len(path) for path in nodes]
+    assert torch.equal(tree_mask(tree.parents), reference)
+    assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
+    assert tree.depths == tuple(len(path) for path in nodes)
     assert tree.top_k == (3, 2, 1)
     assert sorted(tuple(nodes[n] for n in c)[-1] for c in tree.candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
 
 
 def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
     tree = build_tree(CHOICES, copy_depth=3)
-    nodes = [(), *tree.paths, ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
+    nodes = [*tree.paths, ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
     reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])
-    assert torch.equal(tree.sees, reference)
-    assert chain_positions(tree.sees, 10)[0].tolist() == [10 + len(path) for path in nodes]
-    assert tree.top_k == (3, 2, 1) and tree.ancestry[-1] == (0, 8, 9, 10)
-    assert tree.ancestry[-1] in tree.candidates  # its leaf is a candidate like the heads' leaves
+    assert torch.equal(tree_mask(tree.parents), reference)
+    assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
+    assert tree.top_k == (3, 2, 1) and path_to(tree.parents, tree.size - 1) == [7, 8, 9]
+    assert (7, 8, 9) in tree.candidates  # its leaf is a candidate like the heads' leaves
+    # every candidate, by brute force: the ancestry of each node that is no one's parent
+    leaves = [n for n in range(len(nodes)) if not any(other[:-1] == nodes[n] for other in nodes)]
+    ancestry = lambda n: tuple(m for m in range(len(nodes)) if nodes[n][: len(nodes[m])] == nodes[m])  # noqa: E731
+    assert tree.candidates == tuple(ancestry(n) for n in leaves)
 
 
 def test_tree_presets_and_size(tiny_model, prompt_ids):
@@ -89,31 +94,33 @@ def test_a_dynamic_tree_goes_deep_where_the_heads_are_sure_and_wide_where_they_a
 
 
 def test_verification_keeps_the_deepest_accepted_node():
-    tree = build_tree(CHOICES)  # nodes: 0 root; 1 (0,) 2 (1,) 3 (2,); 4 (0,0) 5 (0,1) 6 (1,0); 7 (0,0,0)
-    tokens = [50, 11, 12, 13, 21, 22, 23, 31]
-    # the target follows the root with 12 (node 2), then 23 (node 6): node 6, not the deeper node 7
-    # whose parent (node 4) the target never reaches
-    choices = [12, 21, 23, 0, 31, 0, 99, 0]
-    proposal = medusa_tree.proposal(tree, tokens)  # the engine numbers nodes from the root's children: node i is i + 1 here
-    deepest_node = lambda choices: ([0] + [n + 1 for n in accept_greedy(proposal, choices)[0]])[-1]  # noqa: E731
-    assert deepest_node(choices) == 6
-    assert deepest_node([0] * 8) == 0  # nothing accepted: the root
+    tree = build_tree(CHOICES)  # nodes: -1 root; 0 (0,) 1 (1,) 2 (2,); 3 (0,0) 4 (0,1) 5 (1,0); 6 (0,0,0)
+    tokens = [11, 12, 13, 21, 22, 23, 31]
+    # the target follows the root with 12 (node 1), then 23 (node 5): node 5, not the deeper node 6
+    # whose parent (node 3) the target never reaches
+    choices = [12, 21, 23, 0, 31, 0, 99, 0]  # after the root, then after each node
+    proposal = medusa_tree.proposal(tree, tokens)
+    deepest_node = lambda choices: ([-1] + accept_greedy(proposal, choices)[0])[-1]  # noqa: E731
+    assert deepest_node(choices) == 5
+    assert deepest_node([0] * 8) == -1  # nothing accepted: the root
     choices[0] = 11  # now (0,) -> (0,0) -> (0,0,0) holds all the way down
-    assert deepest_node(choices) == 7
+    assert deepest_node(choices) == 6
 
 
 def test_typical_acceptance_threshold_and_ties():
     """p(x) > min(ε, α exp(-H)): a sure target (low entropy) keeps the ε bar, an unsure one lowers it."""
-    tree = build_tree([(0,), (1,)])  # root, then two siblings
+    tree = build_tree([(0,), (1,)])  # two siblings under the root
     sure = torch.tensor([0.9, 0.05, 0.05, 0.0])  # H = 0.394: α e^-H = 0.202 > ε, so the bar is ε = 0.09
     probs = torch.stack([sure, sure, sure])
-    verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
-    assert verdicts == [True, True, False] and thresholds[0] == pytest.approx(0.09)
+    token_probs = probs_after_parents(tree.parents, [0, 1], probs)
+    verdicts, thresholds = typical_verdicts(tree.parents, token_probs, probs, epsilon=0.09, alpha=0.3)
+    assert verdicts == [True, False] and thresholds[0] == pytest.approx(0.09)
     flat = torch.full((4,), 0.25)  # H = ln 4: the bar is α / 4 = 0.075, so both siblings (0.25) pass
     probs = torch.stack([flat, flat, flat])
-    verdicts, thresholds = typical_verdicts(tree, probs_after_parents(tree, [3, 0, 1], probs), probs, epsilon=0.09, alpha=0.3)
-    assert verdicts == [True, True, True] and thresholds[0] == pytest.approx(0.075)
-    assert deepest(medusa_tree.proposal(tree, [3, 0, 1]), verdicts[1:], [0.2, 0.3]) == [1]  # same depth: the likelier path (node 2)
+    token_probs = probs_after_parents(tree.parents, [0, 1], probs)
+    verdicts, thresholds = typical_verdicts(tree.parents, token_probs, probs, epsilon=0.09, alpha=0.3)
+    assert verdicts == [True, True] and thresholds[0] == pytest.approx(0.075)
+    assert deepest(medusa_tree.proposal(tree, [0, 1]), verdicts, [0.2, 0.3]) == [1]  # same depth: the likelier (node 1)
 
 
 def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, prompt_ids):
@@ -147,11 +154,11 @@ def test_a_tree_pass_gives_the_logits_of_each_path_run_alone(tiny_model, prompt_
     tree = build_tree(CHOICES)
     tokens = [int(t) for t in torch.randint(97, (tree.size,), generator=torch.Generator().manual_seed(1))]
     cache = DynamicCache(config=tiny_model.config)
-    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)
+    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)  # the prompt's last token is the root
     length = prompt_ids.shape[1]
-    fed = torch.tensor([tokens])
+    fed, sees = torch.tensor([tokens]), tree_mask(tree.parents)
     tree_logits = tiny_model(
-        fed, attention_mask=additive_mask(tree.sees, length, torch.float32), position_ids=chain_positions(tree.sees, length),
+        fed, attention_mask=additive_mask(sees, length, torch.float32), position_ids=chain_positions(sees, length),
         past_key_values=cache, use_cache=True,
     ).logits[0]
     for path in tree.candidates:
@@ -164,13 +171,14 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
     tokens = list(range(10, 10 + tree.size))
     length = prompt_ids.shape[1]
     cache = DynamicCache(config=tiny_model.config)
-    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)
+    tiny_model(prompt_ids, past_key_values=cache, use_cache=True)  # the prompt's last token is the root
+    sees = tree_mask(tree.parents)
     tiny_model(
-        torch.tensor([tokens]), attention_mask=additive_mask(tree.sees, length, torch.float32),
-        position_ids=chain_positions(tree.sees, length), past_key_values=cache, use_cache=True,
+        torch.tensor([tokens]), attention_mask=additive_mask(sees, length, torch.float32),
+        position_ids=chain_positions(sees, length), past_key_values=cache, use_cache=True,
     )
-    path = max(tree.candidates, key=len)  # root, (0,), (0, 0), (0, 0, 0): not contiguous in fed order
-    keep_positions(cache, length + 1, [length + node for node in path[1:]])
+    path = max(tree.candidates, key=len)  # (0,), (0, 0), (0, 0, 0): not contiguous in fed order
+    keep_positions(cache, length, [length + node for node in path])
     direct = DynamicCache(config=tiny_model.config)
     tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1), past_key_values=direct, use_cache=True)
     for kept, expected in zip(cache.layers, direct.layers):

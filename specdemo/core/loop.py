@@ -2,9 +2,12 @@
 
 Every method that decodes by verifying proposals (speculative, Medusa, lookahead, Jacobi and
 CLLM) is a `Proposer` in this loop, and AR is the proposer of nothing. A proposer says what to
-check (`propose`), may bring its own acceptance rule (`accept`: the default is greedy, or a
-sample from the target when nothing is proposed) and updates its state from the verdict
-(`learn`: a draft's cache, an n-gram pool, a Jacobi block), returning what its event shows.
+check (`propose`, which returns the proposal with its own record of the pass: `Proposed`), may
+bring its own acceptance rule (`accept`: the default is greedy, or a sample from the target when
+nothing is proposed) and updates its state from the verdict (`learn`: a draft's cache, an n-gram
+pool, a Jacobi block), returning what its event shows. What a pass proposed, and why, travels
+through the loop from `propose` to `accept` and `learn`; what a proposer keeps across passes
+only `learn` changes.
 The loop owns the target's KV cache, the stop rules (`recorder.StepRecorder`) and the events
 (`events.StepEvent`); a proposer never touches the target's cache. Beam search and contrastive
 decoding keep loops of their own: they optimise other objectives than the target's greedy path.
@@ -14,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -37,6 +41,19 @@ class Context:
     bucket: Callable[[int], int] | None = None  # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
 
 
+@dataclass(frozen=True)
+class Proposed:
+    """What `propose` returns: the proposal the target checks, and the proposer's own record of
+    this pass (what it proposed and why: a draft tree, a sampled chain's q, the candidates tried),
+    which the loop hands to `accept` and `learn`; None where the proposal says it all."""
+
+    proposal: Proposal
+    step: Any = None
+
+
+NOTHING = Proposed(EMPTY)
+
+
 @dataclass
 class Verdict:
     """What a target pass accepted: the path of proposal nodes and the target's own token after it."""
@@ -57,17 +74,23 @@ class Learned:
 
 
 class Proposer:
-    """A method's strategy. The base class proposes nothing: that is AR."""
+    """A method's strategy. The base class proposes nothing: that is AR.
+
+    A proposer's attributes are its settings and the state it keeps across passes (a draft's
+    cache, an n-gram pool, a Jacobi block, an adaptive γ), which only `learn` changes; what one
+    pass proposed travels in `Proposed.step`. A draft's cache is made with its proposer, and
+    drafting feeds it past what it keeps: `learn` rolls it back to what the target kept."""
 
     features: bool | tuple[int, ...] = False  # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`); layers: theirs before them
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         """The tokens to verify after `sequence` [1, n]; at most `room` more tokens may be committed."""
-        return EMPTY
+        return NOTHING
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy acceptance (exactly AR's answer); with nothing proposed, the target's next token
         by the decoding rule, sampled when sampling."""
+        proposal = proposed.proposal
         if context.choose.config.do_sample:
             if proposal.size:
                 raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or speculative to sample")
@@ -75,9 +98,10 @@ class Proposer:
         path, token = accept_greedy(proposal, choices_after(context.choose, sequence, proposal, verified.logits))
         return Verdict(path, token)
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
-        """Update from the verdict; `sequence` [1, n] now ends with the committed tokens, of which
-        the stop rules let `kept` into the answer."""
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
+        """Update the state kept across passes from the verdict; `sequence` [1, n] now ends with the
+        committed tokens, of which the stop rules let `kept` into the answer."""
         return Learned()
 
     def summary(self, events: list[StepEvent]) -> dict:
@@ -111,21 +135,22 @@ def decode(
     events = []  # this run's events, for the proposer's totals
     while not recorder.done:
         # 1. Propose: the tokens the target checks this pass (none for AR).
-        proposal = proposer.propose(context, sequence, recorder.room)
+        proposed = proposer.propose(context, sequence, recorder.room)
+        proposal = proposed.proposal
         # 2. Verify: one target pass over the committed tokens it has not seen and every proposed node.
         started = time.perf_counter()
         verified = target_pass(model, cache, sequence, proposal, features=proposer.features)
         target_s = seconds_since(started, verified.logits.device)
         # 3. Accept: the path the target agrees with, and its own token after it.
-        verdict = proposer.accept(context, sequence, proposal, verified)
+        verdict = proposer.accept(context, sequence, proposed, verified)
         # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
         commit(cache, verified, verdict.path)
         accepted = [proposal.tokens[node] for node in verdict.path]
         committed = [*accepted, verdict.token]
         kept = recorder.kept(committed)
         sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
-        # 5. Learn: the proposer updates its state and says what its event shows.
-        learned = proposer.learn(context, sequence, proposal, verified, verdict, kept)
+        # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows.
+        learned = proposer.learn(context, sequence, proposed, verified, verdict, kept)
         events.append(recorder.step(
             committed=committed,
             proposed=proposal.tokens[: proposal.candidates],

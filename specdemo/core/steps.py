@@ -1,9 +1,12 @@
 """Typed step payloads: what each kind of method tells about one target pass (`StepEvent.data`).
 
 One frozen dataclass a kind of pass; the views dispatch on the type. AR's events carry none.
-Tree nodes count from 0, the root (the last committed token), as in Medusa's papers' figures.
+A tree step draws the root (the last committed token) as node 0, as in Medusa's papers' figures,
+and a proposal's node i (parent -1: the root, as in `verify.Proposal`) as node i + 1: `tree_step`
+numbers them so, for every tree.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -50,6 +53,17 @@ class TreeStep:
     acceptance_rule: str = "greedy"  # medusa: "greedy" or "typical"
     token_probs: list[float] | None = None  # typical acceptance: each node's token's probability after its parent
     thresholds: list[float] | None = None  # typical acceptance: the bar after each node
+
+
+def tree_step(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int], sources: Sequence[str], root: int,
+              path: Sequence[int], best: Sequence[int], **fields) -> TreeStep:
+    """A verified tree as the step draws it: `tokens`, `parents`, `depths` and `sources` per proposal
+    node (parent -1 and depth 0: the root, holding `root`), `path` the accepted nodes and `best` that
+    path continued by what the proposer liked best; `fields` TreeStep's own (per drawn node, the root first)."""
+    drawn = lambda nodes: [0, *(node + 1 for node in nodes)]  # noqa: E731
+    return TreeStep(tree_tokens=[root, *tokens], tree_parents=[-1, *(parent + 1 for parent in parents)],
+                    tree_depths=[0, *depths], tree_sources=list(sources), accepted_path=drawn(path),
+                    best_candidate=drawn(best), accept_length=len(path), **fields)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The verification engine: what every proposing method shares, written once.
 
 A `Proposal` is what a method offers one target pass: tokens hanging as a forest from the root
-(the last committed token). A chain (a speculative draft, a Jacobi block) is a forest of one
-path; a tree (EAGLE-2's draft tree, Medusa's candidates) is many; lookahead's candidates are
-several chains from the root, and its Jacobi window rides along as work tokens the pass feeds
-but never accepts. AR is the empty proposal.
+(the last committed token), each given by its parent (-1: the root), the one tree every method
+and the engine share: its mask (`tree_mask`), depths (`tree_depths`) and candidates
+(`leaf_paths`, Medusa's retrieval indices) are pure functions of its parents. A chain (a
+speculative draft, a Jacobi block) is a forest of one path; a tree (EAGLE-2's draft tree,
+Medusa's candidates) is many; lookahead's candidates are several chains from the root, and its
+Jacobi window rides along as work tokens the pass feeds but never accepts. AR is the empty proposal.
 
 The engine runs the target once over a proposal (`target_pass`: tree attention where the
 tokens branch, Medusa's Sec. 2.1.2), reads the target's choice after every node
@@ -61,6 +63,11 @@ class Proposal:
     def is_chain(self) -> bool:
         return self.parents == tuple(range(-1, self.size - 1))
 
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Each node's depth, 1 for the root's children (`tree_depths`)."""
+        return tree_depths(self.parents)
+
     def ancestry(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node`, itself included ([] for the root, -1)."""
         return path_to(self.parents, node)
@@ -78,6 +85,36 @@ def path_to(parents: Sequence[int], node: int) -> list[int]:
     return path[::-1]
 
 
+@functools.lru_cache(maxsize=1024)  # a tree of one shape recurs every pass: build its mask once
+def tree_mask(parents: tuple[int, ...]) -> torch.Tensor:
+    """`sees` [n, n] (bool) of a forest given by `parents` (-1: the root): node i sees node j when j
+    is i or one of its ancestors (`attention.sees_from_parents`). Shared between calls: never write to it."""
+    return sees_from_parents(list(parents))
+
+
+@functools.lru_cache(maxsize=1024)
+def tree_depths(parents: tuple[int, ...]) -> tuple[int, ...]:
+    """Each node's depth in a forest given by `parents` (-1: the root), 1 for the root's children."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return tuple(depths)
+
+
+@functools.lru_cache(maxsize=1024)
+def leaf_paths(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The candidates a forest given by `parents` holds: the path from the root's child to each leaf,
+    leaves in node order (Medusa's retrieval indices, Cai et al. 2024, Sec. 2.1.2)."""
+    has_child = set(parents)
+    return tuple(tuple(path_to(parents, node)) for node in range(len(parents)) if node not in has_child)
+
+
+def first_leaf_path(parents: tuple[int, ...], node: int) -> tuple[int, ...]:
+    """The first candidate (`leaf_paths`) through `node` (-1: the root, so the first candidate)."""
+    above = tuple(path_to(parents, node))
+    return next(path for path in leaf_paths(parents) if path[: len(above)] == above)
+
+
 @dataclass
 class TargetPass:
     """What the target's pass over a proposal returned."""
@@ -92,10 +129,9 @@ class TargetPass:
         """Index of the root among the fed positions (the rows of `hidden`)."""
         return self.pending - 1
 
-
-@functools.lru_cache(maxsize=1024)  # a tree of one shape recurs every pass: build its mask once
-def _sees(parents: tuple[int, ...]) -> torch.Tensor:
-    return sees_from_parents(list(parents))
+    def row(self, node: int) -> int:
+        """Index of proposal node `node` (-1: the root) among the fed positions (the rows of `hidden`)."""
+        return self.pending + node
 
 
 def fed_parents(pending: int, proposal: Proposal) -> tuple[int, ...]:
@@ -121,12 +157,12 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
-        sees = _sees(fed_parents(pending, proposal)).to(fed.device)
+        sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
         hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)  # [1, f, H], [rows, V]
         return TargetPass(logits, hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
-        sees = _sees(fed_parents(pending, proposal)).to(fed.device)
+        sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
         tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
     if features:
         out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **tree)

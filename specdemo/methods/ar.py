@@ -13,10 +13,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Context, Proposer, Verdict, decode
+from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
-from specdemo.core.verify import Proposal, TargetPass
+from specdemo.core.verify import TargetPass
 
 
 def generate(
@@ -42,9 +42,13 @@ class Replay(Proposer):
     def __init__(self, answer: Sequence[int]):
         self.answer, self.rows = list(answer), []
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
+        return Verdict([], self.answer[len(self.rows)])
+
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass, verdict: Verdict,
+              kept: list[int]) -> Learned:
         self.rows.append(verified.logits[0])
-        return Verdict([], self.answer[len(self.rows) - 1])
+        return Learned()
 
 
 def replay(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int], passes: CompiledPass | None = None) -> torch.Tensor:

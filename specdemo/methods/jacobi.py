@@ -15,13 +15,14 @@ The model is a parameter: CLLM runs this same code on consistency-trained weight
 
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
 from specdemo.core.steps import JacobiStep
@@ -51,53 +52,70 @@ def generate(
                   passes=passes)
 
 
+@dataclass(frozen=True)
+class Block:
+    """A block under Jacobi iteration: its tokens as guessed now, where it starts in the answer,
+    how many of its leading positions are committed, the block as fed at each iteration, and the
+    iteration from which each position held its final token."""
+
+    tokens: list[int] = field(default_factory=list)
+    start: int = 0
+    settled: int = 0
+    trajectory: tuple[list[int], ...] = ()
+    correct_since: tuple[int | None, ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return self.settled >= len(self.tokens)
+
+
 class JacobiIteration(Proposer):
     """Proposes the unsettled rest of the current block as a chain; learns the block's Jacobi update."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
-        self.block: list[int] = []  # the current block as guessed now
-        self.settled = 0  # leading block positions already committed
-        self.block_start = 0  # answer position of the block's first token
-        self.trajectory: list[list[int]] = []  # the block as fed at each iteration
-        self.correct_since: list[int | None] = []  # iteration from which a position held its final token
+        self.block = Block()  # the block as the last pass left it
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        if self.settled >= len(self.block):  # a new block: an initial guess
-            self.block_start += self.settled
-            self.block, self.settled, self.trajectory = initial_guess(sequence, min(self.block_size, room)), 0, []
-            self.correct_since = [None] * len(self.block)
-        self.trajectory.append(self.block)
-        return Proposal.chain(self.block[self.settled :], "guess")
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
+        block = self.block
+        if block.done:  # a new block: an initial guess
+            guess = initial_guess(sequence, min(self.block_size, room))
+            block = Block(guess, block.start + block.settled, correct_since=(None,) * len(guess))
+        fed = Block(block.tokens, block.start, block.settled, (*block.trajectory, block.tokens), block.correct_since)
+        return Proposed(Proposal.chain(fed.tokens[fed.settled :], "guess"), fed)
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
-        guess, choices, accept_length = list(proposal.tokens), verdict.details["choices"], len(verdict.path)
-        next_block = self.block[: self.settled] + choices[: len(guess)]  # the Jacobi update of every unsettled position
-        iteration = len(self.trajectory) - 1
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
+        block: Block = proposed.step
+        guess, choices, accept_length = list(proposed.proposal.tokens), verdict.details["choices"], len(verdict.path)
+        next_block = block.tokens[: block.settled] + choices[: len(guess)]  # each unsettled position's Jacobi update
+        iteration = len(block.trajectory) - 1
         # only what enters the answer settles: block positions after an EOS never do
-        newly_correct = mark_correct(self.correct_since, self.trajectory, self.settled, kept, accept_length, iteration)
+        correct_since = list(block.correct_since)
+        newly_correct = mark_correct(correct_since, list(block.trajectory), block.settled, kept, accept_length,
+                                     iteration)
         learned = Learned(
             rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],  # guesses this pass replaced
             data=JacobiStep(
-                block_start=self.block_start,
+                block_start=block.start,
                 iteration=iteration,
-                state=self.block,
+                state=block.tokens,
                 next_state=next_block,
-                settled=self.settled,
+                settled=block.settled,
                 accept_length=accept_length,
-                correct_since=list(self.correct_since),
-                fast_forwarded=[i for i in newly_correct if is_fast_forwarded(self.correct_since, i)],
-                fixed_early=[i for i in newly_correct if is_fixed_early(self.correct_since, i)],
+                correct_since=list(correct_since),
+                fast_forwarded=[i for i in newly_correct if is_fast_forwarded(correct_since, i)],
+                fixed_early=[i for i in newly_correct if is_fixed_early(correct_since, i)],
             ),
         )
-        self.settled += accept_length + 1
-        self.block = next_block
+        settled = block.settled + accept_length + 1
+        self.block = Block(next_block, block.start, settled, block.trajectory, tuple(correct_since))
         return learned
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy acceptance, keeping the target's choices: they are the block's next state."""
-        choices = choices_after(context.choose, sequence, proposal, verified.logits)
-        path, token = accept_greedy(proposal, choices)
+        choices = choices_after(context.choose, sequence, proposed.proposal, verified.logits)
+        path, token = accept_greedy(proposed.proposal, choices)
         return Verdict(path, token, {"choices": choices})
 
 

@@ -26,13 +26,14 @@ phrases the target keeps writing, before its own window has produced them.
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from specdemo.core.errors import check_whole
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
 from specdemo.core.steps import LookaheadStep
@@ -111,6 +112,14 @@ def generate(
                   eos_token_ids=eos_token_ids, stop=stop, reach=reach, passes=passes)
 
 
+@dataclass(frozen=True)
+class Tried:
+    """The candidates one pass verifies, each a chain from the root, and where each came from."""
+
+    candidates: list[tuple[int, ...]]
+    sources: list[str]
+
+
 class Lookahead(Proposer):
     """Proposes the pool's n-grams (and a copy, and a guess from earlier answers) as chains from the
     root, with the Jacobi window as work nodes; learns a new window level and the n-grams down its columns."""
@@ -121,33 +130,34 @@ class Lookahead(Proposer):
         if copy_length:  # text n-grams: the prompt's go into the pool too
             self.pool.insert_text(input_ids[0].tolist())
         self.levels = initial_window(input_ids, window, ngram - 1)  # [N - 1][W] Jacobi iterates, oldest first
-        self.tried: list[tuple[int, ...]] = []
-        self.sources: list[str] = []
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        self.tried, self.sources = choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1, self.datastore, context.eos)
-        return proposal(self.tried, self.sources, self.levels)
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
+        tried = Tried(*choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1, self.datastore,
+                                         context.eos))
+        return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
+        tried, sources = proposed.step.candidates, proposed.step.sources
         # the lookahead branch: a new level (the target's argmax after the last one), and an n-gram down each column
-        new_level = verified.logits[1 + proposal.candidates :].argmax(dim=-1).tolist()
+        new_level = verified.logits[1 + proposed.proposal.candidates :].argmax(dim=-1).tolist()
         for column in range(self.window):
             self.pool.insert([level[column] for level in self.levels] + [new_level[column]])
-        accept_lengths = candidate_accept_lengths(self.tried, verdict.path)
-        best = candidate_of(self.tried, verdict.path[-1]) if verdict.path else 0
+        accept_lengths = candidate_accept_lengths(tried, verdict.path)
+        best = candidate_of(tried, verdict.path[-1]) if verdict.path else 0
         accept_length = len(verdict.path)
         committed = len(verdict.path) + 1
         if self.copy_length:  # the n-grams that end in the tokens just committed
             self.pool.insert_text(sequence[0, -(self.ngram + committed - 1) :].tolist())
         learned = Learned(
-            rejected=list(self.tried[best][accept_length:]) if self.tried else [],
+            rejected=list(tried[best][accept_length:]) if tried else [],
             data=LookaheadStep(
                 window=self.levels,
                 new_level=new_level,
-                candidates=[list(c) for c in self.tried],
-                candidate_sources=self.sources,
+                candidates=[list(c) for c in tried],
+                candidate_sources=sources,
                 candidate_accept_lengths=accept_lengths,
-                best_candidate=best if self.tried else None,
+                best_candidate=best if tried else None,
                 accept_length=accept_length,
                 pool_size=len(self.pool),
             ),

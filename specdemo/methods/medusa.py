@@ -25,11 +25,11 @@ from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
-from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass, fitted_size
-from specdemo.core.steps import ChainStep, TreeStep
-from specdemo.core.verify import EMPTY, Proposal, TargetPass, deepest, scores_after
+from specdemo.core.steps import ChainStep, tree_step
+from specdemo.core.verify import TargetPass, deepest, first_leaf_path, scores_after
 from specdemo.methods.draft_tree import DraftTree, expand
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401 (the library's `medusa.load_heads`, as before the split)
 from specdemo.methods.medusa_tree import MAX_TREE_SIZE, Tree, cached_tree, check_dynamic_size, dynamic_paths, proposal, resolve_tree, tree_tokens
@@ -98,20 +98,18 @@ class MedusaTree(Proposer):
                  top_k: int = 3, datastore: Datastore | None = None):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
         self.datastore = datastore
-        self.copy_source = "copy"  # where this pass's chain came from: the text ("copy") or the datastore ("retrieved")
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
-        self.tree: Tree | None = None  # this pass's tree
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         if self.hidden is None:  # the prefill: its last hidden state gives the first token and the first proposals
-            return EMPTY
+            return NOTHING
         # The heads read the hidden state of the last committed token's parent position; a static tree
         # takes their top tokens, a dynamic one first chooses which paths by their confidences. Near the
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
-        copied, self.copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
+        copied, copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
         root = int(sequence[0, -1])
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
@@ -120,8 +118,8 @@ class MedusaTree(Proposer):
                 token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size, eos=context.eos))
             else:
                 token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
-            self.tree = cached_tree(tuple(sorted(token_at)), len(copied))
-            return proposal(self.tree, [root, *(token_at[path] for path in self.tree.paths), *copied], self.copy_source)
+            tree = cached_tree(tuple(sorted(token_at)), len(copied))
+            return Proposed(proposal(tree, [*(token_at[path] for path in tree.paths), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
@@ -129,46 +127,42 @@ class MedusaTree(Proposer):
         else:
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
-        self.tree = cached_tree(paths, len(copied))
-        return proposal(self.tree, [*tree_tokens(self.tree, root, top), *copied], self.copy_source)
+        tree = cached_tree(paths, len(copied))
+        return Proposed(proposal(tree, [*tree_tokens(tree, top), *copied], copy_source))
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
         return int(sequence[0, -1]) if self.heads.reads_token else None
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy verification, or typical acceptance (`typical_verdicts`) when sampling."""
+        proposal = proposed.proposal
         if self.typical is None or not proposal.size:
-            return super().accept(context, sequence, proposal, verified)
-        probs = torch.softmax(scores_after(context.choose, sequence, proposal, verified.logits).float(), dim=-1)  # [n, V]
-        tokens = [int(sequence[0, -1]), *proposal.tokens]
-        token_probs = probs_after_parents(self.tree, tokens, probs)
-        verdicts, thresholds = typical_verdicts(self.tree, token_probs, probs, *self.typical)
-        path = deepest(proposal, verdicts[1:], token_probs[1:])
+            return super().accept(context, sequence, proposed, verified)
+        scores = scores_after(context.choose, sequence, proposal, verified.logits)  # [1 + n, V]: root, nodes
+        probs = torch.softmax(scores.float(), dim=-1)
+        token_probs = probs_after_parents(proposal.parents, proposal.tokens, probs)
+        verdicts, thresholds = typical_verdicts(proposal.parents, token_probs, probs, *self.typical)
+        path = deepest(proposal, verdicts, token_probs)
         token = int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1, generator=context.choose.generator))
-        return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
+        # as the step draws the tree: the root first (`steps.tree_step`), its own token sure
+        return Verdict(path, token, {"token_probs": [1.0, *token_probs], "thresholds": thresholds})
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
-        node = verdict.path[-1] + 1 if verdict.path else 0  # the accepted node, 0 the root
-        self.hidden = verified.hidden[0, verified.root_row + node]
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
+        node = verdict.path[-1] if verdict.path else -1  # the accepted node, -1 the root
+        self.hidden = verified.hidden[0, verified.row(node)]
+        proposal = proposed.proposal
         if not proposal.size:  # the prefill: an empty chain
             return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))
-        tree, tokens = self.tree, [int(sequence[0, -len(verdict.path) - 2]), *proposal.tokens]
-        best = tree.candidate_through[node]
+        best = first_leaf_path(proposal.parents, node)
         return Learned(
-            rejected=[tokens[i] for i in best[len(verdict.path) + 1 :]],
-            data=TreeStep(
-                tree_tokens=tokens,
-                tree_parents=list(tree.parents),
-                tree_depths=list(tree.depths),
-                tree_sources=["head"] * len(tree.paths) + [self.copy_source] * tree.copy_depth,
-                accepted_path=[0, *(n + 1 for n in verdict.path)],
-                best_candidate=list(best),
-                accept_length=len(verdict.path),
-                proposer="heads",
+            rejected=[proposal.tokens[i] for i in best[len(verdict.path) :]],
+            data=tree_step(
+                proposal.tokens, proposal.parents, proposal.depths, proposal.sources,
+                int(sequence[0, -len(verdict.path) - 2]), verdict.path, best, proposer="heads",
                 tree_kind="static" if self.static is not None else "dynamic",
-                acceptance_rule="typical" if self.typical else "greedy",
-                **verdict.details,
+                acceptance_rule="typical" if self.typical else "greedy", **verdict.details,
             ),
         )
 
@@ -231,17 +225,20 @@ def check_acceptance(sampling: SamplingConfig, typical_acceptance: bool, epsilon
         raise SpecDemoError(f"typical acceptance needs 0 < epsilon <= 1 and 0 < alpha <= 1, got {epsilon} and {alpha}")
 
 
-def probs_after_parents(tree: Tree, tokens: list[int], probs: torch.Tensor) -> list[float]:
-    """Each node's token's probability under the target after its parent (1 for the root), one gather."""
-    return [1.0, *probs[list(tree.parents[1:]), tokens[1:]].tolist()]
+def probs_after_parents(parents: Sequence[int], tokens: Sequence[int], probs: torch.Tensor) -> list[float]:
+    """Each node's token's probability under the target after its parent (`probs` [1 + n, V]: row 0
+    after the root, row 1 + i after node i), one gather."""
+    return probs[[parent + 1 for parent in parents], list(tokens)].tolist()
 
 
-def typical_verdicts(tree: Tree, token_probs: list[float], probs: torch.Tensor, epsilon: float, alpha: float) -> tuple[list[bool], list[float]]:
+def typical_verdicts(parents: Sequence[int], token_probs: list[float], probs: torch.Tensor, epsilon: float,
+                     alpha: float) -> tuple[list[bool], list[float]]:
     """Typical acceptance (Cai et al. 2024, Sec. 2.3.1): a node passes when the target gives its
     token, after its parent, a probability (`token_probs`) above min(ε, α exp(-H(p))), H the
-    entropy of the target's distribution p there (`probs` [n, V]). It accepts plausible tokens,
-    more of them where the target is unsure; it is NOT distribution-preserving (unlike speculative
-    sampling's rejection rule). Returns the verdicts and each node's threshold (for the token after it)."""
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [n]
+    entropy of the target's distribution p there (`probs` [1 + n, V], row 0 after the root). It
+    accepts plausible tokens, more of them where the target is unsure; it is NOT distribution-preserving
+    (unlike speculative sampling's rejection rule). Returns each node's verdict and each row's
+    threshold (for the token after the root, then after each node)."""
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # [1 + n]
     thresholds = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy)).tolist()
-    return [True, *(token_probs[node] > thresholds[tree.parents[node]] for node in range(1, tree.size))], thresholds
+    return [token_probs[node] > thresholds[parent + 1] for node, parent in enumerate(parents)], thresholds

@@ -14,11 +14,8 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from specdemo.core.attention import sees_from_parents
 from specdemo.core.errors import SpecDemoError, check_whole
-from specdemo.core.verify import Proposal
+from specdemo.core.verify import Proposal, leaf_paths, tree_depths
 from specdemo.methods.medusa_heads import MedusaHeads
 
 TREES = ("dynamic", "static", "chain")  # or a list of paths
@@ -27,31 +24,34 @@ MAX_TREE_SIZE = 128  # heads' nodes in a dynamic tree
 
 @dataclass(frozen=True)
 class Tree:
-    """A candidate tree. Node 0 is the root (the last committed token); node i > 0 follows
-    `paths[i - 1]`, heads' nodes ordered by depth, so a parent always comes before its children;
-    then `copy_depth` nodes chained from the root hold tokens copied from the text."""
+    """A candidate tree's shape. Node i follows `paths[i]`, the heads' nodes ordered by depth, so a
+    parent always comes before its children; then `copy_depth` nodes chained from the root hold
+    tokens copied from the text. Parent -1 is the root (the last committed token), as in every
+    `verify.Proposal`: its mask, depths and candidates are functions of `parents` (`verify.tree_mask`)."""
 
     paths: tuple[tuple[int, ...], ...]
     copy_depth: int
     parents: tuple[int, ...]  # parent node of each node; -1 for the root
-    sees: torch.Tensor  # [n, n] bool: node i sees node j (its ancestors and itself)
-    ancestry: tuple[tuple[int, ...], ...]  # node indices from the root to each node, itself included
-    candidates: tuple[tuple[int, ...], ...]  # the ancestry of each leaf
-    candidate_through: tuple[tuple[int, ...], ...]  # per node, the first candidate that passes through it
-    depths: tuple[int, ...]  # per node, its depth (the root's is 0)
     top_k: tuple[int, ...]  # how many top tokens each head must supply
 
     @property
     def size(self) -> int:
         return len(self.parents)
 
-    def depth(self, node: int) -> int:
-        return self.depths[node]
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Per node, its depth (1 for the root's children)."""
+        return tree_depths(self.parents)
+
+    @property
+    def candidates(self) -> tuple[tuple[int, ...], ...]:
+        """The path from the root's child to each leaf (`verify.leaf_paths`)."""
+        return leaf_paths(self.parents)
 
 
 @functools.lru_cache(maxsize=1024)  # dynamic trees of one size take a few hundred shapes
 def cached_tree(choices: tuple[tuple[int, ...], ...], copy_depth: int = 0) -> Tree:
-    """`build_tree`, once per distinct tree: its mask and depths are reused by every pass and run."""
+    """`build_tree`, once per distinct tree: every pass and run of that shape reuses it."""
     return build_tree(choices, copy_depth)
 
 
@@ -60,22 +60,13 @@ def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Tree:
     paths = sorted({tuple(int(i) for i in path) for path in choices}, key=lambda path: (len(path), path))
     if not paths or any(not path or min(path) < 0 for path in paths):
         raise SpecDemoError("a Medusa tree is a non-empty list of non-empty paths of top-k indices (0 = the best)")
-    index = {(): 0, **{path: i + 1 for i, path in enumerate(paths)}}
+    index = {(): -1, **{path: i for i, path in enumerate(paths)}}
     missing = [path for path in paths if path[:-1] not in index]
     if missing:
         raise SpecDemoError(f"the tree path {missing[0]} has no parent {missing[0][:-1]}: list every prefix too")
-    parents = (-1, *(index[path[:-1]] for path in paths))
-    ancestry = ((0,), *((0, *(index[path[:d]] for d in range(1, len(path) + 1))) for path in paths))
-    for node in range(len(parents), len(parents) + copy_depth):  # the copied chain, from the root
-        parents += (0 if node == len(paths) + 1 else node - 1,)
-        ancestry += ((*ancestry[parents[-1]], node),)
-    has_child = set(parents)
-    candidates = tuple(nodes for node, nodes in enumerate(ancestry) if node not in has_child)
-    candidate_through = tuple(next(c for c in candidates if c[: len(nodes)] == nodes) for nodes in ancestry)
-    depth = max(len(path) for path in paths)
-    top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(depth))
-    depths = tuple(len(nodes) - 1 for nodes in ancestry)
-    return Tree(tuple(paths), copy_depth, parents, sees_from_parents(list(parents)), ancestry, candidates, candidate_through, depths, top_k)
+    copied = tuple(-1 if step == 0 else len(paths) + step - 1 for step in range(copy_depth))  # a chain from the root
+    top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(max(map(len, paths))))
+    return Tree(tuple(paths), copy_depth, (*(index[path[:-1]] for path in paths), *copied), top_k)
 
 
 def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, ...], ...]:
@@ -105,10 +96,10 @@ def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, .
 
 
 def proposal(tree: Tree, tokens: list[int], copy_source: str = "copy") -> Proposal:
-    """The proposal of a tree whose node i holds `tokens[i]` (node 0, the root, is the last
-    committed token); its copied chain came from `copy_source` ("copy" or "retrieved")."""
+    """The proposal of a tree whose node i holds `tokens[i]`; its copied chain came from
+    `copy_source` ("copy" or "retrieved")."""
     sources = ("head",) * len(tree.paths) + (copy_source,) * tree.copy_depth
-    return Proposal(tuple(tokens[1:]), tuple(parent - 1 for parent in tree.parents[1:]), sources)
+    return Proposal(tuple(tokens), tree.parents, sources)
 
 
 def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Tree:
@@ -141,6 +132,6 @@ def check_tree_size(tree_size: int, largest: int, what: str) -> None:
     check_whole("tree_size", tree_size, 1, largest, what)
 
 
-def tree_tokens(tree: Tree, root: int, top: list[list[int]]) -> list[int]:
-    """The token at every node: the root, then for path p head len(p)-1's p[-1]-th best token."""
-    return [root, *(top[len(path) - 1][path[-1]] for path in tree.paths)]
+def tree_tokens(tree: Tree, top: list[list[int]]) -> list[int]:
+    """The token at each heads' node: for path p, head len(p)-1's p[-1]-th best token."""
+    return [top[len(path) - 1][path[-1]] for path in tree.paths]

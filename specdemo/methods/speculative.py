@@ -23,6 +23,7 @@ Sampling drafts the chain, whose rejection rule above keeps the target's distrib
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from transformers import Cache, PreTrainedModel
@@ -30,10 +31,10 @@ from transformers import Cache, PreTrainedModel
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, acceptance_by_position
 from specdemo.core.kvcache import keep_prefix
-from specdemo.core.loop import Context, Learned, Proposer, Verdict, decode
+from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
 from specdemo.core.static import CompiledPass, fitted_size, request_cache
-from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
+from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep, tree_step
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
@@ -80,10 +81,24 @@ def generate(
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
-    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, datastore if retrieve else None,
-                             draft_passes if passes else None)
+    # the draft's cache holds the prompt, what may still come and a step's deepest feed; static, run by
+    # the draft's compiled pass, beside a compiled target's
+    cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + MAX_GAMMA * (draft_tree_top_k + 1),
+                          draft_passes if passes else None)
+    proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
+                             datastore if retrieve else None)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
                   passes=passes)
+
+
+@dataclass(frozen=True)
+class DraftPass:
+    """What one pass drafted: γ for this pass (0: nothing, the first pass of a feature draft),
+    the draft tree (None for a chain) and a sampled chain's distributions q."""
+
+    gamma: int
+    tree: draft_tree.DraftTree | None = None
+    q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
 
 class DraftProposer(Proposer):
@@ -95,50 +110,52 @@ class DraftProposer(Proposer):
     target computed. The first pass therefore drafts nothing."""
 
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int,
-                 datastore: Datastore | None = None, draft_passes: CompiledPass | None = None):
+                 cache: Cache, datastore: Datastore | None = None):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
-        self.draft_passes = draft_passes  # the draft's compiled pass, which its cache carries (None: eager)
-        self.cache: Cache | None = None  # the draft's own KV cache, allocated for the request at its first pass
+        self.cache = cache  # the draft's own KV cache for the request
         self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
-        self.step_gamma = 0  # draft positions this pass may propose
-        self.tree: draft_tree.DraftTree | None = None  # this pass's tree, or None for a chain
-        self.q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
-    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposal:
-        if self.cache is None:  # static when the draft has a compiled pass (the prefix, what may still come, a step's deepest feed)
-            self.cache = request_cache(self.draft.model, sequence.shape[1] + room + MAX_GAMMA * (self.top_k + 1), self.draft_passes)
+    def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
-        self.step_gamma = min(self.gamma, room - 1) if ready else 0
-        if self.tree_size and self.step_gamma:
-            copied, source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore, RETRIEVED_SHARE)
-            extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - self.step_gamma)  # below the likeliest branch, within the request
-            size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
-            # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
-            top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, self.step_gamma, self.top_k)
-            tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=self.step_gamma, top_k=top_k, size=size, eos=context.eos)
-            tree = draft_tree.add_copy(tree, copied, source=source)
-            self.tree, self.q = draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE), None
-            return self.tree.proposal()
-        tokens, self.q = propose(
-            self.draft, self.cache, sequence, self.target_features, self.step_gamma, context.choose, context.eos, context.model.config.vocab_size
-        )
-        self.tree = None
-        return Proposal.chain(tokens[0].tolist(), "draft")
+        gamma = min(self.gamma, room - 1) if ready else 0
+        if self.tree_size and gamma:
+            tree = self.grown_tree(context, sequence, room, gamma)
+            return Proposed(tree.proposal(), DraftPass(gamma, tree))
+        tokens, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose, context.eos,
+                            context.model.config.vocab_size)
+        return Proposed(Proposal.chain(tokens[0].tolist(), "draft"), DraftPass(gamma, q=q))
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass) -> Verdict:
+    def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> draft_tree.DraftTree:
+        """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
+        a guess below its likeliest branch."""
+        length = min(self.copy_length, room - 1)
+        copied, source = guessed_branch(sequence[0], length, context.eos, self.datastore, RETRIEVED_SHARE)
+        extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
+        size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
+        # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
+        top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
+        tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma, top_k=top_k,
+                               size=size, eos=context.eos)
+        tree = draft_tree.add_copy(tree, copied, source=source)
+        return draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE)
+
+    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
+        proposal, drafted = proposed.proposal, proposed.step
         if context.choose.config.do_sample:
-            drafted = sequence.new_tensor(proposal.tokens)
-            candidate = torch.cat([sequence, drafted[None]], dim=-1)
-            accept_length, token, details = accept_sampled(context.choose, candidate, verified.logits, drafted, self.q)
+            tokens = sequence.new_tensor(proposal.tokens)
+            candidate = torch.cat([sequence, tokens[None]], dim=-1)
+            accept_length, token, details = accept_sampled(context.choose, candidate, verified.logits, tokens,
+                                                           drafted.q)
             return Verdict(list(range(accept_length)), token, details)
         choices = choices_after(context.choose, sequence, proposal, verified.logits)
         path, token = accept_greedy(proposal, choices)
-        return Verdict(path, token, {} if self.tree else {"target_choices": choices})
+        return Verdict(path, token, {} if drafted.tree else {"target_choices": choices})
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposal: Proposal, verified: TargetPass, verdict: Verdict, kept: list[int]) -> Learned:
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
         n, path = verified.cached + verified.pending, verdict.path  # n: the text's length before this pass committed
         # Roll back the draft: it keeps what it saw of the committed tokens and the accepted draft
         # tokens (a feature draft: only the pairs fed the target's features).
@@ -148,18 +165,18 @@ class DraftProposer(Proposer):
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
-        depth = max(self.tree.depths) if self.tree else proposal.size
-        if self.tree:
-            turned_down = self.tree.best_continuation(path[-1] if path else -1)
-            data = tree_step(self.tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
-            rejected, draft_passes = [self.tree.tokens[node] for node in turned_down], self.tree.draft_passes
+        proposal, tree = proposed.proposal, proposed.step.tree
+        if tree:
+            turned_down = tree.best_continuation(path[-1] if path else -1)
+            data = drawn_tree(tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
+            rejected, draft_passes = [tree.tokens[node] for node in turned_down], tree.draft_passes
         else:
-            numbers = dict(gamma=depth, accept_length=len(path), target_token=verdict.token)
+            numbers = dict(gamma=proposal.size, accept_length=len(path), target_token=verdict.token)
             data = SamplingCheck(**numbers, **verdict.details) if "p" in verdict.details else ChainStep(**numbers, **verdict.details)
             rejected, draft_passes = list(proposal.tokens[len(path) :]), proposal.size
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
         # (a copied branch can commit more than γ: that is no rejection).
-        if self.adaptive_gamma and self.step_gamma == self.gamma:
+        if self.adaptive_gamma and proposed.step.gamma == self.gamma:
             self.gamma = min(self.gamma + 2, MAX_GAMMA) if len(path) >= self.gamma else max(self.gamma - 1, 1)
         return Learned(rejected, draft_passes, data)
 
@@ -167,20 +184,10 @@ class DraftProposer(Proposer):
         return {"acceptance_by_position": acceptance_by_position(events)}
 
 
-def tree_step(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
-    """A verified draft tree for the event, node 0 the root, as in Medusa's events."""
-    return TreeStep(
-        tree_tokens=[root, *tree.tokens],
-        tree_parents=[-1, *(p + 1 for p in tree.parents)],
-        tree_depths=[0, *tree.depths],
-        tree_sources=tree.sources,
-        accepted_path=[0, *(node + 1 for node in path)],
-        best_candidate=[0, *(node + 1 for node in [*path, *rejected])],
-        accept_length=len(path),
-        gamma=max(tree.depths),
-        target_token=token,
-        tree_scores=tree.scores,
-    )
+def drawn_tree(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
+    """A verified draft tree for the event (`steps.tree_step`)."""
+    return tree_step(tree.tokens, tree.parents, tree.depths, tree.sources, root, path, [*path, *rejected],
+                     gamma=max(tree.depths), target_token=token, tree_scores=tree.scores)
 
 
 AUTO_TREE_SIZE = 7  # with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,
