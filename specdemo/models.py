@@ -21,6 +21,7 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdemo import placement
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
@@ -74,6 +75,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     passes: CompiledPass | None = None  # the target's compiled static pass (`compiled`); None: eager
+    placed: dict | None = None  # its device map (`specdemo.placement`) when spread or offloaded; None: all on `device`
     companions: Companions = field(default_factory=Companions, compare=False, repr=False)  # a copy (`replace`) shares them
 
     @property
@@ -177,21 +179,38 @@ def load_model(
     dtype: str | torch.dtype = AUTO,
     device: str | None = None,
     trust_remote_code: bool = False,
+    *,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load `spec` (see the module docstring). Each call loads anew: the caller holds the result
     (the page, the bench, a script) and passes it on.
 
-    `trust_remote_code` runs code shipped with a Hub model: pass it only when a user asked for it.
+    `device_map` (with `max_memory` and `offload_folder`) spreads the model over devices, or
+    offloads its layers to disk, through accelerate (`specdemo.placement`); `device` is then where
+    its passes start. `trust_remote_code` runs code shipped with a Hub model: pass it only when a
+    user asked for it.
     """
     torch_device = torch.device(device) if device else default_device()
-    return _load(spec, parse_dtype(dtype, torch_device), torch_device, trust_remote_code)
+    torch_dtype = parse_dtype(dtype, torch_device)
+    source, model, tokenizer = read_model(spec, torch_dtype, trust_remote_code)
+    if device_map is None:
+        model.to(torch_device).eval()
+        prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32, and bfloat16 where native)
+        use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
+        return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
+    placed = placement.device_map_for(model, device_map, torch_device, max_memory)
+    model = placement.dispatch(model.eval(), placed, offload_folder)
+    return LoadedModel(spec, source, model, tokenizer, placement.execution_device(placed), torch_dtype, placed=placed)
 
 
 def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None) -> LoadedModel:
     """`target` with its compiled static pass (on CUDA: its captured graphs), sharing its
     companions, which then compile their own passes as they load (`methods.method_options`).
-    `target` itself if it has one."""
-    if target.passes:
+    `target` itself if it has one, or if it is spread or offloaded (`placement`: its weights move
+    in during a pass, which no graph can hold)."""
+    if target.passes or target.placed:
         return target
     return replace(target, passes=compile_passes(target.model, progress=progress))
 
@@ -210,27 +229,19 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _load(spec: str, torch_dtype: torch.dtype, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel:
-    if spec == EMBEDDED:
-        gguf = embedded_gguf_path()
-        source = str(gguf) if gguf else EMBEDDED_HUB_ID
-    else:
-        source = spec
+def read_model(spec: str, torch_dtype: torch.dtype, trust_remote_code: bool) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase]:
+    """The file, folder or Hub id `spec` names, and its model (on the CPU) and tokenizer."""
+    source = str(embedded_gguf_path() or EMBEDDED_HUB_ID) if spec == EMBEDDED else spec
     try:
         if source.endswith(".gguf"):
-            model, tokenizer = _load_gguf(Path(source), torch_dtype)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            return source, *_load_gguf(Path(source), torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        return source, AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code), tokenizer
     except (OSError, ValueError) as error:
         raise SpecDemoError(
             f"could not load model {spec!r} ({source}): it is not a local model file or folder, and the "
             f"Hugging Face Hub could not serve it (no network?). Details: {error}"
         ) from error
-    model.to(torch_device).eval()
-    prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32, and bfloat16 where native)
-    use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
-    return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 
 def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

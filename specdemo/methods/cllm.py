@@ -31,13 +31,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from specdemo import placement
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
 from specdemo.methods import jacobi, lookahead
 from specdemo.methods.retrieval import Datastore
-from specdemo.models import LoadedModel, load_model
+from specdemo.models import LoadedModel, load_model, read_model
 
 EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-cllm"
 ADAPTER_FILE = "adapter.safetensors"
@@ -95,13 +96,14 @@ def generate(
 def load_cllm(spec: str | Path, target: LoadedModel) -> PreTrainedModel:
     """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`): a folder of our adapters (merged into a copy of
     the target, which stays as it was), or any model spec `specdemo.models` loads (a published
-    CLLM, on the target's dtype and device)."""
+    CLLM, on the target's dtype and device). A target spread or offloaded (`LoadedModel.placed`)
+    gets a CLLM placed the same way, merged from a fresh copy of its weights."""
     folder = Path(spec)
-    if (folder / ADAPTER_FILE).exists():
-        cllm = copy.deepcopy(target.model)
-        merge_adapters(cllm, load_file(folder / ADAPTER_FILE), json.loads((folder / CONFIG_FILE).read_text())["scale"])
-        return cllm.eval()
-    return load_model(str(spec), target.dtype, str(target.device)).model
+    if not (folder / ADAPTER_FILE).exists():
+        return load_model(str(spec), target.dtype, str(target.device), device_map=target.placed).model
+    cllm = copy.deepcopy(target.model) if target.placed is None else read_model(target.spec, target.dtype, False)[1]
+    merge_adapters(cllm, load_file(folder / ADAPTER_FILE), json.loads((folder / CONFIG_FILE).read_text())["scale"])
+    return cllm.eval() if target.placed is None else placement.dispatch(cllm.eval(), target.placed)
 
 
 @torch.no_grad()
