@@ -15,7 +15,8 @@ from specdemo.models import load_model
 
 PAGE_DEFAULTS = dict(  # the Generate event's inputs as a fresh page sends them, by name (GENERATE_INPUTS)
     model="", precision="", do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=-1,
-    no_repeat_ngram_size=0, gamma=2, adaptive_gamma=False, draft_tree_size=True, copy_length=True, retrieve=True, tree="dynamic",
+    no_repeat_ngram_size=0, gamma=2, adaptive_gamma=False, draft_tree_size=True, copy_length=True, retrieve=True,
+    tree="dynamic",
     tree_size=0, typical_acceptance=False, decoder="lookahead", block_size=16, window=0, ngram=3, candidates=3,
     num_beams=4, length_penalty=1.0, early_stopping=False, alpha=0.1, amateur_temperature=0.5,
 )
@@ -73,7 +74,8 @@ def serve(app):
         port = sock.getsockname()[1]
     from specdemo.app.ui import serve as serve_page
 
-    serve_page(app, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)  # the app's own queue and limits
+    # the app's own queue and limits
+    serve_page(app, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     return app
 
 

@@ -7,10 +7,13 @@ import pytest
 import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
-CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack", "verify", "loop", "sampling", "errors", "process"}
-METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi",
+CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "graphs", "prepack",
+        "verify", "loop", "sampling", "errors", "process"}
+METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup", "retrieval", "medusa_heads",
+           "medusa_tree", "medusa", "lookahead", "jacobi",
            "cllm", "beam", "contrastive"}
-VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}  # a package: its `__init__` and its modules
+# a package: its `__init__` and its modules
+VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}
 APP = {"ui", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks", "wiring"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
@@ -73,7 +76,8 @@ def test_live_runs_methods_without_tensors_or_the_page():
 @pytest.mark.parametrize("module", ["ui", "handlers"])
 def test_the_page_reaches_decoding_only_through_live(module):
     tree = ast.parse(source(module).read_text())
-    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute)}
     assert not calls & {"generate", "forward"}  # no method's generator, no model pass
     assert "gradio" in imports(module) and "plotly" in imports("views.figures")
 
@@ -135,9 +139,12 @@ def test_no_forward_is_patched_and_no_module_changes_anything_at_import():
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
-            patched += [f"{path.name}:{node.lineno}" for target in targets if isinstance(target, ast.Attribute) and target.attr == "forward"]
-        at_import += [f"{path.name}:{node.lineno}" for node in tree.body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            patched += [f"{path.name}:{node.lineno}" for target in targets if isinstance(target, ast.Attribute)
+                        and target.attr == "forward"]
+        at_import += [f"{path.name}:{node.lineno}" for node in tree.body if isinstance(node, ast.Expr)
+                      and isinstance(node.value, ast.Call)]
     assert not patched and not at_import
 
 
@@ -147,8 +154,10 @@ def test_companions_are_held_with_their_target_not_in_module_caches():
     cached = []
     for path in sorted((PACKAGE / "methods").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name.startswith(("load", "method_options", "token_draft", "datastore_of")):
-                cached += [f"{path.name}:{node.name}" for decorator in node.decorator_list if "cache" in ast.unparse(decorator)]
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(
+                    ("load", "method_options", "token_draft", "datastore_of")):
+                cached += [f"{path.name}:{node.name}" for decorator in node.decorator_list
+                           if "cache" in ast.unparse(decorator)]
     assert not cached
 
 
@@ -180,14 +189,19 @@ def test_state_is_in_the_open_no_setattr_and_no_module_cache_of_models():
                 found.append(f"{path.name}:{node.lineno}: global")
             if isinstance(node, ast.FunctionDef) and any("cache" in ast.unparse(d) for d in node.decorator_list):
                 takes = {argument.arg for argument in node.args.args}
-                found += [f"{path.name}:{node.name}: cached on a model" for _ in takes & {"model", "target", "draft", "loaded"}]
+                found += [f"{path.name}:{node.name}: cached on a model"
+                          for _ in takes & {"model", "target", "draft", "loaded"}]
         for node in tree.body:
             if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-                names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+                names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                         if isinstance(t, ast.Name)]
                 value = node.value
-                container = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp) or (
-                    isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in {"dict", "list", "set", "defaultdict", "OrderedDict"})
-                empty = isinstance(value, ast.Call) and not value.args or isinstance(value, ast.Dict | ast.List | ast.Set) and not (
+                container = isinstance(
+                    value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp) or (
+                    isinstance(value, ast.Call)
+                    and ast.unparse(value.func).split(".")[-1] in {"dict", "list", "set", "defaultdict", "OrderedDict"})
+                empty = isinstance(value, ast.Call) and not value.args or isinstance(
+                    value, ast.Dict | ast.List | ast.Set) and not (
                     getattr(value, "keys", None) or getattr(value, "elts", None))
                 found += [f"{path.name}:{node.lineno}: {name}" for name in names
                           if container and (empty or not (name.isupper() or name == "__all__"))]

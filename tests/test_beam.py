@@ -26,7 +26,8 @@ def hf_beam(model, input_ids, num_beams, max_new_tokens, eos=None, **kwargs):
 def run(model, input_ids, num_beams, max_new_tokens, eos=None, **kwargs):
     eos_token_ids = () if eos is None else [eos] if isinstance(eos, int) else eos
     items = list(
-        beam.generate(model, input_ids, num_beams=num_beams, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, **kwargs)
+        beam.generate(model, input_ids, num_beams=num_beams, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                      **kwargs)
     )
     return items[:-1], items[-1]
 
@@ -48,7 +49,8 @@ def test_early_stopping_and_length_penalty_change_the_answer(tiny_model, prompt_
     answers = {}
     for early_stopping in (False, True, "never"):
         for length_penalty in (1.0, -0.5):
-            _, summary = run(tiny_model, prompt_ids, 2, 30, 62, early_stopping=early_stopping, length_penalty=length_penalty)
+            _, summary = run(tiny_model, prompt_ids, 2, 30, 62, early_stopping=early_stopping,
+                             length_penalty=length_penalty)
             answers[early_stopping, length_penalty] = summary.tokens
             assert summary.finish_reason == "eos"
     assert len({answers[es, 1.0] for es in (False, True, "never")}) == 3
@@ -56,7 +58,8 @@ def test_early_stopping_and_length_penalty_change_the_answer(tiny_model, prompt_
 
 
 @pytest.mark.parametrize("num_beams", [2, 4])
-@pytest.mark.parametrize("processing", [dict(no_repeat_ngram_size=2), dict(no_repeat_ngram_size=3, repetition_penalty=1.3)])
+@pytest.mark.parametrize("processing",
+                         [dict(no_repeat_ngram_size=2), dict(no_repeat_ngram_size=3, repetition_penalty=1.3)])
 def test_processors_equal_transformers(tiny_model, prompt_ids, num_beams, processing):
     _, summary = run(tiny_model, prompt_ids, num_beams, 30, sampling=SamplingConfig(**processing))
     assert list(summary.tokens) == hf_beam(tiny_model, prompt_ids, num_beams, 30, **processing)
@@ -83,7 +86,8 @@ def test_one_event_per_batched_forward_pass(tiny_model, prompt_ids):
         hook.remove()
     assert all(isinstance(event, StepEvent) for event in events) and isinstance(summary, Summary)
     assert len(events) == len(calls) == summary.target_forwards == summary.steps
-    assert calls[0] == (1, prompt_ids.shape[1]) and set(calls[1:]) == {(4, 1)}  # the prompt once, then the 4 beams together
+    # the prompt once, then the 4 beams together
+    assert calls[0] == (1, prompt_ids.shape[1]) and set(calls[1:]) == {(4, 1)}
     assert [event.step for event in events] == list(range(len(events)))
     assert summary.tokens == tuple(token for event in events for token in event.committed)
     assert not any(event.proposed or event.accepted or event.rejected for event in events)
@@ -114,7 +118,8 @@ def test_events_describe_the_beams_consistently(tiny_model, prompt_ids, num_beam
         if event is not events[-1]:
             assert [c["beam"] for c in kept] == list(range(num_beams))
         finished = data.finished
-        assert len(finished) <= num_beams and [h["score"] for h in finished] == sorted((h["score"] for h in finished), reverse=True)
+        assert len(finished) <= num_beams and [h["score"] for h in finished] == sorted((h["score"] for h in finished),
+                                                                                       reverse=True)
         previous = {c["beam"]: c["tokens"] for c in kept}
     assert events[-1].data.chosen == list(summary.tokens) == events[-1].data.finished[0]["tokens"]
     assert all(event.data.chosen is None for event in events[:-1])
@@ -197,7 +202,8 @@ def test_nodes_hang_under_their_parent_beams():
         return StepEvent("beam", step, (), data=BeamStep(**{"num_beams": 2, "beams": beams, "finished": [], **more}))
 
     def node(tokens, parent, beam, status):
-        return {"token": tokens[-1], "tokens": tokens, "log_prob": -1.0, "score": -1.0, "parent": parent, "beam": beam, "status": status}
+        return {"token": tokens[-1], "tokens": tokens, "log_prob": -1.0, "score": -1.0, "parent": parent, "beam": beam,
+                "status": status}
 
     events = [
         event(0, [node([1], 0, 0, "kept"), node([2], 0, 1, "kept"), node([3], 0, None, "pruned")]),

@@ -12,7 +12,8 @@ TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "settings"
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
                "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin", "guesses_per_pass"}
-ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "target_s", "matches_ar", "matches_base_ar", "divergence",
+ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wall_s", "target_s", "matches_ar",
+            "matches_base_ar", "divergence",
             "guesses_by_source"}
 
 
@@ -36,7 +37,8 @@ def test_bench_json_schema(embedded, tmp_path):
     assert report["methods"]["hf_generate"]["forward_passes"] == report["methods"]["hf_generate"]["tokens"]
     assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
     assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2
-    assert report["methods"]["ar"]["tokens_per_forward_by_category"] == {"writing": 1.0}  # the first two prompts are writing
+    # the first two prompts are writing
+    assert report["methods"]["ar"]["tokens_per_forward_by_category"] == {"writing": 1.0}
     ar = report["methods"]["ar"]  # our loop times the target's passes; transformers' own loop is not ours to time
     assert 0 < ar["target_s"] < ar["wall_s"] and 0 < ar["target_pass_ms"] < ar["step_ms"]
     assert report["methods"]["hf_generate"]["target_s"] == 0.0
@@ -47,7 +49,8 @@ def test_step_costs_split_each_step_into_the_target_pass_and_the_rest():
                "medusa": {"step_ms": 27.0, "target_pass_ms": 24.0, "target_s": 2.4},
                "hf_generate": {"step_ms": 21.0, "target_pass_ms": 0.0, "target_s": 0.0}}
     lines = bench.step_costs(methods)
-    assert len(lines) == 2 and lines[1] == "medusa: a step 27.0 ms (1.35 AR steps) = the target's pass 24.0 ms (1.20) + the rest 3.0 ms (0.15)"
+    assert len(lines) == 2 and lines[1] == ("medusa: a step 27.0 ms (1.35 AR steps) = the target's pass 24.0 ms (1.20) "
+                                            "+ the rest 3.0 ms (0.15)")
 
 
 def test_guesses_are_reported_per_pass_by_source_and_depth():
@@ -55,9 +58,11 @@ def test_guesses_are_reported_per_pass_by_source_and_depth():
             {"guesses_by_source": {"head": {"fed": [4], "accepted": [1]}}},
             {"guesses_by_source": {}}]
     per_pass = bench.guesses_per_pass(rows, passes=4)
-    assert per_pass == {"head": {"fed": [2.0, 0.5], "accepted": [0.75, 0.25]}, "copy": {"fed": [0.25], "accepted": [0.25]}}
+    assert per_pass == {"head": {"fed": [2.0, 0.5], "accepted": [0.75, 0.25]},
+                        "copy": {"fed": [0.25], "accepted": [0.25]}}
     lines = bench.guess_lines({"ar": {"guesses_per_pass": {}}, "medusa": {"guesses_per_pass": per_pass}})
-    assert lines == ["medusa: a pass fed 2.50 head (1.00 accepted; by depth 0.75/2.00 0.25/0.50), 0.25 copy (0.25 accepted; by depth 0.25/0.25)"]
+    assert lines == ["medusa: a pass fed 2.50 head (1.00 accepted; by depth 0.75/2.00 0.25/0.50), "
+                     "0.25 copy (0.25 accepted; by depth 0.25/0.25)"]
 
 
 def test_tokens_per_pass_by_category():
@@ -110,7 +115,8 @@ def test_bad_setting_is_refused():
     with pytest.raises(SpecDemoError, match="no setting 'draft'"):
         bench.parse_settings(["speculative.draft=other"], ["ar", "speculative"])
     assert bench.parse_settings(["lookahead.window = 5"], ["ar", "lookahead"])["lookahead"] == {"window": 5}
-    assert bench.parse_settings(["hf_generate.top_k=4"], ["ar", "hf_generate"])["hf_generate"] == {"top_k": 4}  # transformers checks its own
+    # transformers checks its own
+    assert bench.parse_settings(["hf_generate.top_k=4"], ["ar", "hf_generate"])["hf_generate"] == {"top_k": 4}
 
 
 def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
@@ -139,8 +145,8 @@ def test_ar_on_the_cllms_weights_is_not_explained_as_a_divergence(embedded):
 
 def test_beam_and_contrastive_run_with_matches_ar_reported(embedded, capsys):
     """The classic strategies go through the same bench; their matches_ar is reported, not expected."""
-    argv = ["--methods", "beam,contrastive", "--limit", "1", "--max-new-tokens", "10", "--dtype", "float32", "--device", "cpu",
-            "--set", "beam.num_beams=2"]
+    argv = ["--methods", "beam,contrastive", "--limit", "1", "--max-new-tokens", "10", "--dtype", "float32",
+            "--device", "cpu", "--set", "beam.num_beams=2"]
     report = bench.main(argv)
     assert report["methods"]["beam"]["forward_passes"] > 0 and report["methods"]["contrastive"]["tokens"] > 0
     assert report["settings"]["beam"] == {"num_beams": 2}
@@ -159,14 +165,16 @@ def test_the_report_says_which_buckets_ran():
     line = bench.compile_line(report)
     assert "compiled" in line and "1: 30" in line and "8: 4" in line and "eager (wider than every bucket): 1" in line
     passes.failed = "RuntimeError: no compiler"
-    assert bench.compile_line(bench.compile_report(passes)).startswith("target passes: eager (compiling failed: RuntimeError")
+    assert bench.compile_line(bench.compile_report(passes)).startswith(
+        "target passes: eager (compiling failed: RuntimeError")
     assert bench.compile_line(bench.compile_report(None)) == "target passes: eager"
 
 
 def test_an_eager_twin_is_measured_against_eager_ar(embedded):
     """`speculative_eager` brings `ar_eager` along; it must give eager AR's answer, and its speedup
     is reported against it as well as against `ar`."""
-    argv = ["--methods", "ar,speculative_eager", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32", "--device", "cpu"]
+    argv = ["--methods", "ar,speculative_eager", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32",
+            "--device", "cpu"]
     report = bench.main(argv)
     assert list(report["methods"]) == ["ar", "speculative_eager", "ar_eager"]
     twin, eager_ar = report["methods"]["speculative_eager"], report["methods"]["ar_eager"]

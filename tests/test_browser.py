@@ -17,7 +17,8 @@ from specdemo.methods import METHODS
 from conftest import serve
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("SPECDEMO_REQUIRE_BROWSER") == "1"
 
@@ -28,7 +29,8 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 if not (sync_playwright and shutil.which(CHROMIUM)):
     if REQUIRED:
-        raise RuntimeError(f"the browser tests need Playwright and {CHROMIUM} (make test installs both where apt-get works)")
+        raise RuntimeError(f"the browser tests need Playwright and {CHROMIUM} "
+                           "(make test installs both where apt-get works)")
     pytest.skip(f"Playwright or {CHROMIUM} missing", allow_module_level=True)
 
 # every method that proposes tokens must show both verdicts on this prompt
@@ -48,7 +50,8 @@ DIVERGING_METHODS = ["speculative", "medusa", "lookahead"]
 DIVERGING_TOKENS = 12
 FAST = "fast (bfloat16)"
 NEAR_TIE = re.compile(
-    r"no: first differs at token (\d+) .*\. At token \1, AR chose .+ and this method .+\. AR's two likeliest tokens here were "
+    r"no: first differs at token (\d+) .*\. At token \1, AR chose .+ and this method .+\. "
+    r"AR's two likeliest tokens here were "
     r"(?:only \d+\.\d\d apart in logit|tied in logit \(less than 0\.005 apart\))\. "
     r"bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
     r"In float32 the answers are equal\."
@@ -77,7 +80,8 @@ def one_timing_round():
     from specdemo.app import handlers, live
 
     with pytest.MonkeyPatch.context() as patch:
-        for module, name in ((live, "MIN_ROUNDS"), (live, "MEASURE_S"), (handlers, "RACE_MIN_ROUNDS"), (handlers, "RACE_MEASURE_S")):
+        for module, name in ((live, "MIN_ROUNDS"), (live, "MEASURE_S"), (handlers, "RACE_MIN_ROUNDS"),
+                             (handlers, "RACE_MEASURE_S")):
             patch.setattr(module, name, 1 if name.endswith("ROUNDS") else 0.0)
         yield
 
@@ -118,7 +122,8 @@ def choose_method(page, method):
 def test_method_streams_accepted_and_rejected_tokens(page, method):
     page.locator("#prompt textarea").fill(PROMPT)
     choose_method(page, method)
-    if method == "cllm":  # decoded by Jacobi, the paper's way, it draws its trajectory (by default lookahead: lookahead's pictures)
+    # decoded by Jacobi, the paper's way, it draws its trajectory (by default lookahead: lookahead's pictures)
+    if method == "cllm":
         page.get_by_text("Method settings", exact=True).click()
         page.locator("#decoder").get_by_label("jacobi").check()
     page.locator("#max-new-tokens input[type=number]").fill("48")
@@ -127,7 +132,8 @@ def test_method_streams_accepted_and_rejected_tokens(page, method):
     expect(page.locator('#stream .tok[data-origin="accepted"]').first).to_be_visible()
     expect(page.locator('#stream .tok[data-origin="rejected"]').first).to_be_attached()
     expect(page.locator("#speedup-plot .js-plotly-plot").first).to_be_visible()
-    own_plot = {"speculative": "#tree-plot", "medusa": "#tree-plot", "jacobi": "#trajectory-plot", "cllm": "#trajectory-plot"}.get(method)
+    own_plot = {"speculative": "#tree-plot", "medusa": "#tree-plot", "jacobi": "#trajectory-plot",
+                "cllm": "#trajectory-plot"}.get(method)
     if own_plot:
         expect(page.locator(f"{own_plot} .js-plotly-plot").first).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / f"{method}.png"), full_page=True)
@@ -237,7 +243,8 @@ def test_race_compares_every_method_with_ar(page):
     page.screenshot(path=str(SCREENSHOTS / "race.png"), full_page=True)
 
 
-@pytest.mark.parametrize(("method", "says"), [("beam", "beams ran in one batched pass"), ("contrastive", "amateur alone")])
+@pytest.mark.parametrize(("method", "says"),
+                         [("beam", "beams ran in one batched pass"), ("contrastive", "amateur alone")])
 def test_classic_strategies_show_their_views(page, method, says):
     """Beam search draws its tree of beams, contrastive decoding its candidates' bars and the
     expert's and the amateur's answers beside its own (in the side panel)."""
@@ -262,7 +269,8 @@ def test_classic_strategies_show_their_views(page, method, says):
 
 def race_verdict(page, method):
     """The race table's "same tokens as ar" cell of `method`'s row."""
-    return page.locator("#race-table tr").filter(has=page.get_by_role("cell", name=method, exact=True)).locator("td").last
+    return page.locator("#race-table tr").filter(
+        has=page.get_by_role("cell", name=method, exact=True)).locator("td").last
 
 
 def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_page):
@@ -333,8 +341,10 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
     for visitor in visitors:
         visitor.join(300)
     assert 1 <= answered_when_cheap < 16, answered_when_cheap  # the cheap event was answered while decodes still waited
-    assert len(outcomes) == 16 and all(kind == "answer" and tokens >= 1 or "queue" in str(tokens).lower() for kind, tokens in outcomes), outcomes
-    # the page's own run (jacobi, queued behind the 16) ends before the test does: a decode left running would outlive the app
+    assert len(outcomes) == 16 and all(kind == "answer" and tokens >= 1 or "queue" in str(tokens).lower()
+                                       for kind, tokens in outcomes), outcomes
+    # the page's own run (jacobi, queued behind the 16) ends before the test does: a decode left running would outlive
+    # the app
     wait_for_run(page, "jacobi")
 
 
@@ -351,7 +361,8 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     expect(page.locator("#lesson-step")).to_contain_text(lesson.TITLES[0])
     page.screenshot(path=str(SCREENSHOTS / "lesson-tab.png"))
     page.locator("#lesson-step").get_by_label(lesson.TITLES[1]).check()
-    expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE, timeout=30_000)  # Generate opened, set for the step
+    # Generate opened, set for the step
+    expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE, timeout=30_000)
     expect(page.locator("#method input")).to_have_value("speculative")
     expect(page.locator("#lesson-note")).to_contain_text("Green tokens were guessed by the small draft")
     expect(page.locator("#how")).to_contain_text("A small, cheap draft model guesses")
@@ -360,10 +371,12 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     expect(page.locator("#method-plot .js-plotly-plot").first).to_be_visible()
     for selector in ("#prompt", "#stream", "#method-plot"):
         box = page.locator(selector).bounding_box()
-        assert box and box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= 1280 and box["y"] + box["height"] <= 720, (selector, box)
+        assert box and box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= 1280 \
+            and box["y"] + box["height"] <= 720, (selector, box)
     page.screenshot(path=str(SCREENSHOTS / "lesson-generate.png"))
 
-    font_size = lambda: page.locator("#stream .specdemo-stream").evaluate("e => parseFloat(getComputedStyle(e).fontSize)")  # noqa: E731
+    font_size = lambda: page.locator("#stream .specdemo-stream").evaluate(  # noqa: E731
+        "e => parseFloat(getComputedStyle(e).fontSize)")
     normal = font_size()
     page.locator("#large-text input").check()
     page.wait_for_timeout(300)
@@ -373,7 +386,8 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
 
     page.get_by_text("Method settings", exact=True).click()
     expect(page.locator("#method-settings .block").first).to_be_visible()
-    widths = page.locator("#method-settings .block").evaluate_all("blocks => blocks.filter(b => b.offsetParent).map(b => b.getBoundingClientRect().width)")
+    widths = page.locator("#method-settings .block").evaluate_all(
+        "blocks => blocks.filter(b => b.offsetParent).map(b => b.getBoundingClientRect().width)")
     assert len(widths) >= 16 and min(widths) >= 200, widths  # settings wrap onto rows, each wide enough for its label
 
     from specdemo.app import handlers, limits
@@ -412,7 +426,7 @@ def test_the_first_screen_is_a_ready_example(browser, served_app):
 # outputs: the prompt and method when Generate locked them are the run's; while any output of a run
 # is on screen (an answer's token, statistics, a verdict), the prompt, the method, the statistics'
 # method and the lesson note's step must be that run's, and no "why" may stand beside a run not done.
-MIXED_RUNS_WATCH = """(steps) => {
+MIXED_RUNS_WATCH = ("""(steps) => {
   window.mixed = []; window.runs = [];
   let locked = false;
   const q = (selector) => document.querySelector(selector);
@@ -422,22 +436,28 @@ MIXED_RUNS_WATCH = """(steps) => {
     locked = q('#generate').disabled;
     const run = window.runs[window.runs.length - 1];
     const table = q('#stats table[data-method]');
-    const why = Array.from(document.querySelectorAll('#why p'), (e) => e.innerText).join(' ');  // not the progress Gradio shows
+    const why = Array.from(document.querySelectorAll('#why p'), (e) => e.innerText).join(' ');  """
+"""// not the progress Gradio shows
     if (!(q('#stream .tok') || table || why)) return;
     const say = (what) => { if (window.mixed.length < 20) window.mixed.push(what); };
     if (!run) return say(`a run's outputs before any run: ${why}`);
-    if (now.prompt !== run.prompt || now.method !== run.method) say(`${now.method} set up beside ${run.method}'s outputs: ${why}, ${!!table}, ${!!q('#stream .tok')}`);
-    if (table && table.dataset.method !== run.method) say(`${table.dataset.method}'s statistics in ${run.method}'s run`);
+    if (now.prompt !== run.prompt || now.method !== run.method) """
+"""say(`${now.method} set up beside ${run.method}'s outputs: ${why}, ${!!table}, ${!!q('#stream .tok')}`);
+    if (table && table.dataset.method !== run.method) """
+"""say(`${table.dataset.method}'s statistics in ${run.method}'s run`);
     const note = q('#lesson-note').innerText;
     for (const step of steps) {
-      if (note.includes(step.title) && (step.method !== run.method || step.prompt !== run.prompt)) say(`the note of ${step.title} beside ${run.method}'s outputs`);
+      if (note.includes(step.title) && (step.method !== run.method || step.prompt !== run.prompt)) """
+"""say(`the note of ${step.title} beside ${run.method}'s outputs`);
     }
-    if (why.includes('Why is it') && !(table && table.hasAttribute('data-done'))) say('a verdict beside a run not done');
+    if (why.includes('Why is it') && !(table && table.hasAttribute('data-done'))) """
+"""say('a verdict beside a run not done');
   }, 20);
-}"""
+}""")
 
 
-def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_is_timed(browser, served_app, monkeypatch):
+def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_is_timed(browser, served_app,
+                                                                                         monkeypatch):
     """While step 2's answer is timed, Generate says a run is on and takes no click, and an example
     leaves the run's prompt alone and says so; choosing step 3 stops that run, says so and clears
     its answer, statistics and verdict; Generate then runs step 3's Medusa; step 4's Jacobi then
@@ -459,7 +479,8 @@ def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_
     expect(page.locator("#stats")).to_contain_text("Timing the speed", timeout=240_000)
     page.locator("#generate").click(force=True)  # refused while the run is on: nothing changes
     expect(page.locator('#stats table[data-method="speculative"]')).to_be_attached()
-    page.locator("#examples button", has_text="List the days of the week").click()  # the run's prompt stays, and the page says why
+    # the run's prompt stays, and the page says why
+    page.locator("#examples button", has_text="List the days of the week").click()
     expect(page.locator("#run-status")).to_contain_text("Press Stop first")
     expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE)
     page.screenshot(path=str(SCREENSHOTS / "one-run-timing.png"))

@@ -24,12 +24,14 @@ def greedy(model, prompt_ids, max_new_tokens=40) -> list[int]:
 @pytest.mark.parametrize("decoder", cllm.DECODERS)
 def test_cllm_equals_ar_on_its_own_weights(tiny_model, prompt_ids, decoder):
     other = make_tiny_model(seed=7)
-    events = list(cllm.generate(tiny_model, prompt_ids, cllm_model=other, max_new_tokens=40, decoder=decoder, block_size=8, eos_token_ids=()))
+    events = list(cllm.generate(tiny_model, prompt_ids, cllm_model=other, max_new_tokens=40, decoder=decoder,
+                                block_size=8, eos_token_ids=()))
     summary = final_summary(events)
     assert list(summary.tokens) == greedy(other, prompt_ids)
     assert list(summary.tokens) != greedy(tiny_model, prompt_ids)  # not the target's answer: another model's
     assert summary.method == "cllm" and all(e.method == "cllm" for e in events[:-1])
-    assert all(isinstance(e.data, {"jacobi": JacobiStep, "lookahead": LookaheadStep}[decoder]) for e in events[:-1])  # the decoder's own pictures
+    # the decoder's own pictures
+    assert all(isinstance(e.data, {"jacobi": JacobiStep, "lookahead": LookaheadStep}[decoder]) for e in events[:-1])
 
 
 def test_cllm_refuses_an_unknown_decoder(tiny_model, prompt_ids):
@@ -45,7 +47,8 @@ def test_cllm_refuses_a_model_of_another_vocabulary(tiny_model, prompt_ids):
 def test_trajectories_are_the_states_jacobi_decoding_feeds(tiny_model, prompt_ids):
     """All blocks iterated together in one pass each (block_states_mask) go through the states
     `specdemo.methods.jacobi` feeds block by block, and end at the greedy answer."""
-    events = [e for e in jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=8, eos_token_ids=()) if isinstance(e, StepEvent)]
+    events = [e for e in jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=8, eos_token_ids=())
+              if isinstance(e, StepEvent)]
     answer = greedy(tiny_model, prompt_ids, 30)
     starts = sorted({e.data.block_start for e in events})
     sequence, answer_start = prompt_ids[0].tolist() + answer, prompt_ids.shape[1]
@@ -84,15 +87,18 @@ def test_consistency_training_cuts_jacobi_passes():
     prompts = [torch.randint(3, 97, (1, 6), generator=generator) for _ in range(4)]
 
     def passes(m) -> int:
-        return sum(final_summary(jacobi.generate(m, p, max_new_tokens=32, block_size=8, eos_token_ids=())).target_forwards for p in prompts)
+        return sum(final_summary(jacobi.generate(m, p, max_new_tokens=32, block_size=8,
+                                                 eos_token_ids=())).target_forwards for p in prompts)
 
     records = []
     for prompt_ids in prompts:
         sequence = prompt_ids[0].tolist() + greedy(model, prompt_ids, 32)
         starts = list(range(0, 32, 8))
-        records.append({"sequence": sequence, "answer_start": 6, "block_starts": starts, "states": trajectories(model, sequence, 6, starts, 8)})
+        records.append({"sequence": sequence, "answer_start": 6, "block_starts": starts,
+                        "states": trajectories(model, sequence, 6, starts, 8)})
     before = passes(model)
-    _, history = train_adapters(model, records, epochs=30, lr=1e-2, accumulate=2, rank=8, scale=1.0, seed=0, ar_weight=0.0, log_every=10)
+    _, history = train_adapters(model, records, epochs=30, lr=1e-2, accumulate=2, rank=8, scale=1.0, seed=0,
+                                ar_weight=0.0, log_every=10)
     assert history[-1]["consistency_kl"] < 0.1 * history[0]["consistency_kl"]
     assert passes(model) < 0.5 * before
 
@@ -119,8 +125,10 @@ def test_cllm_equals_its_own_ar_on_embedded_model(embedded):
 
     cllm_model = method_options("cllm", embedded)["cllm_model"]
     input_ids = embedded.encode_chat("Name three uses of a paperclip.")
-    expected = final_summary(ar.generate(cllm_model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
-    summary = final_summary(cllm.generate(embedded.model, input_ids, cllm_model=cllm_model, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    expected = final_summary(ar.generate(cllm_model, input_ids, max_new_tokens=48,
+                                         eos_token_ids=embedded.eos_token_ids)).tokens
+    summary = final_summary(cllm.generate(embedded.model, input_ids, cllm_model=cllm_model, max_new_tokens=48,
+                                          eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
     assert len(summary.tokens) / summary.target_forwards > 1.0
 
@@ -166,7 +174,8 @@ def test_trajectories_collected_in_parts_are_those_of_one_run(tiny_model, prompt
     `--merge` joins them: the records are those one process collects, and a time budget keeps the
     answers done when it is spent."""
     answers = {i: prompt_ids[0].tolist() + greedy(tiny_model, prompt_ids[:, : 3 + i], 20) for i in range(4)}
-    data = {"sequences": {i: seq for i, seq in answers.items()}, "answer_starts": {i: prompt_ids.shape[1] for i in answers}}
+    data = {"sequences": {i: seq for i, seq in answers.items()},
+            "answer_starts": {i: prompt_ids.shape[1] for i in answers}}
     work = [(i, i % 8) for i in answers]
     whole = collect(tiny_model, data, work, 8, None)
     parts = collect(tiny_model, data, work[0::2], 8, None) + collect(tiny_model, data, work[1::2], 8, None)
@@ -232,7 +241,8 @@ def test_answers_packed_into_one_pass_give_each_ones_loss_and_gradient(tiny_mode
     rng = random.Random(0)
     alone = [cllm_loss(model, record, rng, ar_weight=2.0, base=base) for record, base in zip(records, bases)]
     together = cllm_losses(model, records, random.Random(0), ar_weight=2.0, bases=bases)
-    assert [parts["positions"] for _, parts in together] == [parts["positions"] for _, parts in alone] and alone[0][1]["positions"]
+    assert [parts["positions"] for _, parts in together] == [parts["positions"] for _, parts in alone] \
+        and alone[0][1]["positions"]
     for (a, _), (b, _) in zip(alone, together):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     for a, b in zip(gradient(alone), gradient(together)):

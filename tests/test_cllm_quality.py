@@ -17,7 +17,8 @@ def test_a_copy_of_the_base_passes_and_a_worse_model_does_not():
     target.dtype = torch.float32
     prompts = ["abc", "hello there", "a longer prompt", "zz top"]
     same = measure(target, target, prompts, 12)
-    assert same["answers_differ"] == 0 and same["bigram_drop"] == 0 and abs(same["nll_ratio"] - 1) < 1e-6 and same["passes"]
+    assert same["answers_differ"] == 0 and same["bigram_drop"] == 0 and abs(same["nll_ratio"] - 1) < 1e-6 \
+        and same["passes"]
     looping = tiny_target()
     looping.model = make_tiny_model(seed=1)
     with torch.no_grad():  # a model stuck on one token: every answer a loop

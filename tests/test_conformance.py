@@ -45,22 +45,32 @@ def configurations(target, other):
     heads = random_heads(target)
     return {
         "ar": (ar.generate, {}, target),
-        "speculative, token draft, chain": (speculative.generate, dict(draft=Draft("other", other), gamma=3, draft_tree_size=0), target),
-        "speculative, token draft, tree": (speculative.generate, dict(draft=Draft("other", other), gamma=3, draft_tree_size=6), target),
-        "speculative, feature draft, chain": (speculative.generate, dict(draft=feature_draft(target), gamma=3, draft_tree_size=0), target),
-        "speculative, feature draft, tree": (speculative.generate, dict(draft=feature_draft(target), gamma=3, draft_tree_size=6), target),
-        "speculative, feature draft reading a layer, tree": (speculative.generate, dict(draft=feature_draft(target, layers=(1,)), gamma=3, draft_tree_size=6), target),
-        "speculative, always-right draft": (speculative.generate, dict(draft=Draft("target", target), gamma=4, draft_tree_size=0), target),
-        "speculative, always-wrong draft": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=4, draft_tree_size=0), target),
-        "speculative, always-wrong tree": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=3, draft_tree_size=6, copy_length=0), target),
+        "speculative, token draft, chain": (speculative.generate,
+                                            dict(draft=Draft("other", other), gamma=3, draft_tree_size=0), target),
+        "speculative, token draft, tree": (speculative.generate,
+                                           dict(draft=Draft("other", other), gamma=3, draft_tree_size=6), target),
+        "speculative, feature draft, chain": (speculative.generate,
+                                              dict(draft=feature_draft(target), gamma=3, draft_tree_size=0), target),
+        "speculative, feature draft, tree": (speculative.generate,
+                                             dict(draft=feature_draft(target), gamma=3, draft_tree_size=6), target),
+        "speculative, feature draft reading a layer, tree": (
+            speculative.generate, dict(draft=feature_draft(target, layers=(1,)), gamma=3, draft_tree_size=6), target),
+        "speculative, always-right draft": (speculative.generate,
+                                            dict(draft=Draft("target", target), gamma=4, draft_tree_size=0), target),
+        "speculative, always-wrong draft": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=4,
+                                                                       draft_tree_size=0), target),
+        "speculative, always-wrong tree": (speculative.generate, dict(draft=NegatedDraft("target", target), gamma=3,
+                                                                      draft_tree_size=6, copy_length=0), target),
         "medusa, dynamic tree": (medusa.generate, dict(heads=heads, tree="dynamic", tree_size=8), target),
         "medusa, static tree": (medusa.generate, dict(heads=heads, tree=CHOICES), target),
         "medusa, chain": (medusa.generate, dict(heads=heads, tree="chain", copy_length=0), target),
         "lookahead": (lookahead.generate, dict(window=3, ngram=3, candidates=3), target),
-        "lookahead, no text n-grams": (lookahead.generate, dict(window=2, ngram=4, candidates=2, text_ngrams=False), target),
+        "lookahead, no text n-grams": (lookahead.generate, dict(window=2, ngram=4, candidates=2, text_ngrams=False),
+                                       target),
         "jacobi": (jacobi.generate, dict(block_size=5), target),
         "cllm, jacobi": (cllm.generate, dict(cllm_model=own, decoder="jacobi", block_size=5), own),
-        "cllm, lookahead": (cllm.generate, dict(cllm_model=own, decoder="lookahead", window=3, ngram=3, candidates=3), own),
+        "cllm, lookahead": (cllm.generate, dict(cllm_model=own, decoder="lookahead", window=3, ngram=3, candidates=3),
+                            own),
         "beam": (beam.generate, dict(num_beams=3), None),
         "contrastive": (contrastive.generate, dict(amateur=other), None),
     }
@@ -68,8 +78,9 @@ def configurations(target, other):
 
 NAMES = [
     "ar", "speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
-    "speculative, feature draft, tree", "speculative, feature draft reading a layer, tree", "speculative, always-right draft",
-    "speculative, always-wrong draft", "speculative, always-wrong tree", "medusa, dynamic tree", "medusa, static tree", "medusa, chain", "lookahead",
+    "speculative, feature draft, tree", "speculative, feature draft reading a layer, tree",
+    "speculative, always-right draft", "speculative, always-wrong draft", "speculative, always-wrong tree",
+    "medusa, dynamic tree", "medusa, static tree", "medusa, chain", "lookahead",
     "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",
 ]
 
@@ -77,8 +88,8 @@ NAMES = [
 def eager_answers(configs: dict) -> dict:
     """Each configuration's greedy answer on its reference weights, eagerly (before any graphs)."""
     prompt = torch.tensor([[5, 17, 42, 8, 63, 21]])
-    return {name: final_summary(configs[name][0](configs[name][2], prompt, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(),
-                                                 **configs[name][1])).tokens
+    return {name: final_summary(configs[name][0](configs[name][2], prompt, max_new_tokens=MAX_NEW_TOKENS,
+                                                 eos_token_ids=(), **configs[name][1])).tokens
             for name in NAMES if configs[name][2] is not None}
 
 
@@ -94,9 +105,11 @@ def check_protocol(items: list, max_new_tokens: int, eos: tuple[int, ...] = ()) 
         assert event.draft_forwards >= draft_forwards  # a running total
         assert not any(token in eos for token in answer)  # nothing is committed after an EOS
         answer += event.committed
-        proposed, accepted, draft_forwards = proposed + len(event.proposed), accepted + len(event.accepted), event.draft_forwards
+        proposed, accepted, draft_forwards = \
+            proposed + len(event.proposed), accepted + len(event.accepted), event.draft_forwards
     assert list(summary.tokens) == answer and 0 < len(answer) <= max_new_tokens
-    assert (summary.target_forwards, summary.steps, summary.draft_forwards) == (len(events), len(events), draft_forwards)
+    assert (summary.target_forwards, summary.steps, summary.draft_forwards) == (len(events), len(events),
+                                                                                draft_forwards)
     assert (summary.proposed, summary.accepted) == (proposed, accepted)
     expected = "eos" if answer[-1] in eos else "length"
     assert summary.finish_reason == expected and (expected == "eos" or len(answer) == max_new_tokens)
@@ -106,7 +119,8 @@ def check_protocol(items: list, max_new_tokens: int, eos: tuple[int, ...] = ()) 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_method_obeys_the_protocol_and_greedy_gives_ars_answer(target, other, prompt_ids, name):
     generate, options, reference = configurations(target, other)[name]
-    summary = check_protocol(list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options)), MAX_NEW_TOKENS)
+    summary = check_protocol(list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(),
+                                           **options)), MAX_NEW_TOKENS)
     if reference is not None:
         expected = list(ar.generate(reference, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=()))[-1].tokens
         assert summary.tokens == expected
@@ -116,13 +130,15 @@ def test_every_method_obeys_the_protocol_and_greedy_gives_ars_answer(target, oth
         assert summary.accepted == 0 and summary.proposed > 0 and summary.target_forwards == len(summary.tokens)
     # an EOS inside the answer ends it there, in every method that gives AR's answer
     eos = (summary.tokens[10],)
-    ended = check_protocol(list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=eos, **options)), MAX_NEW_TOKENS, eos)
+    ended = check_protocol(list(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=eos,
+                                         **options)), MAX_NEW_TOKENS, eos)
     if reference is not None:
         assert ended.tokens == summary.tokens[: summary.tokens.index(eos[0]) + 1]
     # a stop signal set before the first pass ends the run with no pass at all
     stop = threading.Event()
     stop.set()
-    *events, stopped = generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), stop=stop, **options)
+    *events, stopped = generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), stop=stop,
+                                **options)
     assert events == [] and stopped.finish_reason == "stopped" and stopped.tokens == ()
 
 
@@ -131,7 +147,8 @@ class Scripted(Proposer):
     plus one (wrong), as a chain, or as a tree that puts a wrong sibling before each right node."""
 
     def __init__(self, prompt_length: int, answer: list[int], depth: int, right: bool, tree: bool, vocab_size: int):
-        self.prompt_length, self.answer, self.depth, self.right, self.tree, self.vocab_size = prompt_length, answer, depth, right, tree, vocab_size
+        self.prompt_length, self.answer, self.depth, self.right, self.tree, self.vocab_size = \
+            prompt_length, answer, depth, right, tree, vocab_size
 
     def propose(self, context, sequence, room):
         done = sequence.shape[1] - self.prompt_length
@@ -149,14 +166,18 @@ class Scripted(Proposer):
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("right", [True, False], ids=["always right", "always wrong"])
-@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(repetition_penalty=1.3)], ids=["greedy", "repetition penalty"])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(repetition_penalty=1.3)],
+                         ids=["greedy", "repetition penalty"])
 def test_always_right_and_always_wrong_proposals_give_ars_answer(target, prompt_ids, tree, right, sampling):
-    expected = list(ar.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, sampling=sampling, eos_token_ids=()))[-1].tokens
+    expected = list(ar.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, sampling=sampling,
+                                eos_token_ids=()))[-1].tokens
     proposer = Scripted(prompt_ids.shape[1], list(expected), 4, right, tree, target.config.vocab_size)
-    items = list(decode(target, prompt_ids, proposer, method="scripted", max_new_tokens=MAX_NEW_TOKENS, sampling=sampling, eos_token_ids=()))
+    items = list(decode(target, prompt_ids, proposer, method="scripted", max_new_tokens=MAX_NEW_TOKENS,
+                        sampling=sampling, eos_token_ids=()))
     summary = check_protocol(items, MAX_NEW_TOKENS)
     assert summary.tokens == expected
     if right:  # every scripted token is accepted: 4 and the target's own a pass
-        assert summary.accepted == MAX_NEW_TOKENS - summary.target_forwards and summary.target_forwards == -(-MAX_NEW_TOKENS // 5)
+        assert summary.accepted == MAX_NEW_TOKENS - summary.target_forwards \
+            and summary.target_forwards == -(-MAX_NEW_TOKENS // 5)
     else:
         assert summary.accepted == 0 and summary.target_forwards == MAX_NEW_TOKENS

@@ -28,7 +28,8 @@ def test_medusa_fills_the_context_as_ar_does(short_model, prompt_length, tree):
     budget = CONTEXT - prompt_length  # the request fills the context to its last position
     expected = final_summary(ar.generate(short_model, prompt, max_new_tokens=budget, eos_token_ids=())).tokens
     settings = dict(heads=heads, tree=tree, tree_size=8 if tree == "dynamic" else None, copy_length=8)
-    assert final_summary(medusa.generate(short_model, prompt, max_new_tokens=budget, eos_token_ids=(), **settings)).tokens == expected
+    assert final_summary(medusa.generate(short_model, prompt, max_new_tokens=budget, eos_token_ids=(),
+                                         **settings)).tokens == expected
 
 
 def test_lookahead_fills_the_context_its_window_leaves(short_model):
@@ -38,4 +39,5 @@ def test_lookahead_fills_the_context_its_window_leaves(short_model):
         next(lookahead.generate(short_model, prompt, max_new_tokens=CONTEXT - 6, window=2, ngram=3, eos_token_ids=()))
     budget = CONTEXT - 6 - reach
     expected = final_summary(ar.generate(short_model, prompt, max_new_tokens=budget, eos_token_ids=())).tokens
-    assert final_summary(lookahead.generate(short_model, prompt, max_new_tokens=budget, window=2, ngram=3, eos_token_ids=())).tokens == expected
+    assert final_summary(lookahead.generate(short_model, prompt, max_new_tokens=budget, window=2, ngram=3,
+                                            eos_token_ids=())).tokens == expected

@@ -27,7 +27,8 @@ class FixedLM(torch.nn.Module):
     def __init__(self, probs: list[float]):
         super().__init__()
         self.logits = torch.tensor(probs).log()  # [V]: softmax(log p) = p
-        self.config = LlamaConfig(vocab_size=len(probs), hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1)
+        self.config = LlamaConfig(vocab_size=len(probs), hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                  num_attention_heads=1)
 
     def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=1):
         return SimpleNamespace(logits=self.logits.expand(1, logits_to_keep, -1))  # [1, keep, V]
@@ -35,7 +36,8 @@ class FixedLM(torch.nn.Module):
 
 def run(expert, amateur, max_new_tokens=1, **kwargs):
     """The events and the summary of one generation after a 3-token prompt."""
-    items = list(contrastive.generate(expert, torch.tensor([[0, 1, 2]]), amateur=amateur, max_new_tokens=max_new_tokens, eos_token_ids=[], **kwargs))
+    items = list(contrastive.generate(expert, torch.tensor([[0, 1, 2]]), amateur=amateur, max_new_tokens=max_new_tokens,
+                                      eos_token_ids=[], **kwargs))
     assert isinstance(items[-1], Summary)
     return items[:-1], items[-1]
 
@@ -69,7 +71,8 @@ def test_a_huge_score_below_the_plausibility_cutoff_is_not_chosen():
     logprobs = contrastive.expert_and_amateur_logprobs(expert.logits, amateur.logits, amateur_temperature=1.0)
     scores, plausible = contrastive.contrastive_scores(*logprobs, alpha=0.1)
     assert plausible.tolist() == [True, True, False, False]
-    assert scores[:2].tolist() == pytest.approx([-0.1542, 0.5596], abs=1e-4) and scores[2:].tolist() == [float("-inf")] * 2
+    assert scores[:2].tolist() == pytest.approx([-0.1542, 0.5596], abs=1e-4) \
+        and scores[2:].tolist() == [float("-inf")] * 2
     (event,), _ = run(expert, amateur, alpha=0.1, amateur_temperature=1.0, top_candidates=3)
     candidates = by_token(event)
     assert event.committed == (1,) and not candidates[2]["plausible"] and candidates[2]["score"] is None
@@ -102,7 +105,8 @@ def test_events_count_both_passes_and_choose_the_best_score(tiny_model, other_mo
     assert len(events) == 12 and summary.finish_reason == "length" and summary.method == "contrastive"
     assert [e.step for e in events] == list(range(12))
     assert [e.target_forwards for e in events] == [e.draft_forwards for e in events] == list(range(1, 13))
-    assert summary.target_forwards == summary.draft_forwards == 12 and summary.tokens == tuple(t for e in events for t in e.committed)
+    assert summary.target_forwards == summary.draft_forwards == 12 \
+        and summary.tokens == tuple(t for e in events for t in e.committed)
     for event in events:
         assert event.proposed == event.accepted == event.rejected == ()
         plausible = [c for c in event.data.candidates if c["plausible"]]
@@ -113,7 +117,8 @@ def test_events_count_both_passes_and_choose_the_best_score(tiny_model, other_mo
 def test_eos_and_stop_end_the_answer(tiny_model, other_model, prompt_ids):
     tokens = final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=other_model, max_new_tokens=12)).tokens
     eos = tokens[4]
-    summary = final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=other_model, max_new_tokens=12, eos_token_ids=[eos]))
+    summary = final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=other_model, max_new_tokens=12,
+                                                 eos_token_ids=[eos]))
     assert summary.tokens == tokens[: tokens.index(eos) + 1] and summary.finish_reason == "eos"
     stop = threading.Event()
     stream = contrastive.generate(tiny_model, prompt_ids, amateur=other_model, max_new_tokens=12, stop=stop)
@@ -127,9 +132,11 @@ def test_a_silent_amateur_or_alpha_one_gives_the_expert_greedy_answer(tiny_model
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30)).tokens
     uniform = FixedLM([1 / 97] * 97)
     for amateur, alpha in [(uniform, 0.1), (other_model, 1.0)]:
-        summary = final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=amateur, max_new_tokens=30, alpha=alpha))
+        summary = final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=amateur, max_new_tokens=30,
+                                                     alpha=alpha))
         assert summary.tokens == expected
-    assert final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=other_model, max_new_tokens=30)).tokens != expected
+    assert final_summary(contrastive.generate(tiny_model, prompt_ids, amateur=other_model,
+                                              max_new_tokens=30)).tokens != expected
 
 
 def test_an_amateur_of_another_vocabulary_is_refused(tiny_model, prompt_ids):
@@ -137,7 +144,8 @@ def test_an_amateur_of_another_vocabulary_is_refused(tiny_model, prompt_ids):
         next(contrastive.generate(tiny_model, prompt_ids, amateur=make_tiny_model(seed=1, vocab_size=50)))
 
 
-@pytest.mark.parametrize("setting", [{"alpha": 0}, {"alpha": 1.5}, {"amateur_temperature": 0}, {"top_candidates": 0}, {"max_new_tokens": 0}])
+@pytest.mark.parametrize("setting", [{"alpha": 0}, {"alpha": 1.5}, {"amateur_temperature": 0}, {"top_candidates": 0},
+                                     {"max_new_tokens": 0}])
 def test_bad_settings_are_refused(tiny_model, other_model, prompt_ids, setting):
     with pytest.raises(SpecDemoError):
         next(contrastive.generate(tiny_model, prompt_ids, amateur=other_model, **setting))
@@ -148,14 +156,17 @@ def test_the_embedded_draft_as_amateur_changes_the_answer(embedded):
 
     def changes(prompt):  # stops at the first prompt whose answer differs from greedy AR
         input_ids = embedded.encode_chat(prompt)
-        greedy = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12, eos_token_ids=embedded.eos_token_ids))
-        items = list(contrastive.generate(embedded.model, input_ids, amateur=amateur, max_new_tokens=12, eos_token_ids=embedded.eos_token_ids))
+        greedy = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12,
+                                           eos_token_ids=embedded.eos_token_ids))
+        items = list(contrastive.generate(embedded.model, input_ids, amateur=amateur, max_new_tokens=12,
+                                          eos_token_ids=embedded.eos_token_ids))
         summary = items[-1]
         assert summary.draft_forwards == summary.target_forwards == len(items) - 1 == len(summary.tokens)
         return summary.tokens != greedy.tokens
 
     # "The capital of France is Paris." becomes "Capital of France - Paris" (α = 0.1, τ = 0.5)
-    assert any(changes(p) for p in ["What is the capital of France?", "Write a haiku about the sea.", "Give me three tips for sleeping well."])
+    assert any(changes(p) for p in ["What is the capital of France?", "Write a haiku about the sea.",
+                                    "Give me three tips for sleeping well."])
 
 
 def contrastive_step():
@@ -175,11 +186,13 @@ def test_the_figure_marks_the_choice_greys_the_implausible_and_draws_the_cutoff(
     expert, amateur, chosen = figure.data
     assert list(figure.layout.xaxis.ticktext) == [" cat", " sat", " dog"]
     assert list(expert.y) == [-0.7, -1.2, -3.2] and list(amateur.y) == [-0.2, -2.3, -9.2]
-    assert list(expert.marker.color)[:2] == [COLOURS["target"]] * 2 and expert.marker.color[2] == amateur.marker.color[2] != COLOURS["target"]
+    assert list(expert.marker.color)[:2] == [COLOURS["target"]] * 2 \
+        and expert.marker.color[2] == amateur.marker.color[2] != COLOURS["target"]
     assert chosen.name == "chosen" and list(chosen.x) == [1]
     assert [shape.y0 for shape in figure.layout.shapes] == [-3.0]
     assert "' sat'" in figure.layout.title.text and "' cat'" in figure.layout.title.text
-    assert tuple(figure.layout.yaxis.range) == (-7.2, 1)  # the expert's bars and the cut-off fit; the amateur's -9.2 is cut
+    # the expert's bars and the cut-off fit; the amateur's -9.2 is cut
+    assert tuple(figure.layout.yaxis.range) == (-7.2, 1)
 
 
 def test_a_step_is_explained_by_why_the_experts_favourite_lost():

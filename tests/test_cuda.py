@@ -1,6 +1,6 @@
 """The CUDA path is the CPU path's code: on a GPU, every method's greedy output equals AR's there,
-eager and through the CUDA graphs (`specdemo.core.graphs`), and sampling runs. Skipped without CUDA (CI has none); run on a GPU machine with
-`python -m pytest tests/test_cuda.py`."""
+eager and through the CUDA graphs (`specdemo.core.graphs`), and sampling runs. Skipped without CUDA
+(CI has none); run on a GPU machine with `python -m pytest tests/test_cuda.py`."""
 
 import pytest
 import torch
@@ -17,8 +17,10 @@ from test_medusa import CHOICES, random_heads
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 RUNS = {
-    "speculative chain, token draft": lambda m, o: (speculative, dict(draft=Draft("other", o), gamma=3, draft_tree_size=0)),
-    "speculative tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
+    "speculative chain, token draft": lambda m, o: (speculative,
+                                                    dict(draft=Draft("other", o), gamma=3, draft_tree_size=0)),
+    "speculative tree, feature draft, copy": lambda m, o: (speculative,
+                                                           dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
     "lookahead": lambda m, o: (lookahead, dict()),
     "jacobi": lambda m, o: (jacobi, dict(block_size=8)),
@@ -49,7 +51,8 @@ def test_sampling_runs_on_cuda(models, cuda_prompt):
     model, other = models
     sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=3)
     for method, options in ((ar, {}), (speculative, dict(draft=Draft("other", other), gamma=3, draft_tree_size=0))):
-        tokens = final_summary(method.generate(model, cuda_prompt, max_new_tokens=32, sampling=sampling, eos_token_ids=(), **options)).tokens
+        tokens = final_summary(method.generate(model, cuda_prompt, max_new_tokens=32, sampling=sampling,
+                                               eos_token_ids=(), **options)).tokens
         assert len(tokens) == 32 and all(0 <= t < model.config.vocab_size for t in tokens)
 
 
@@ -69,11 +72,15 @@ def compiled_models():
 def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cuda_prompt, run):
     model, other, passes = compiled_models
     method, options = RUNS[run](model, other)
-    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes)).tokens  # compiled AR
-    assert final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens == expected  # eager AR
+    # compiled AR
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes)).tokens
+    # eager AR
+    assert final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=())).tokens == expected
     before = sum(passes.runs.values())
     replayed = sum(passes.runs[width] for width in passes.buckets)
-    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes, **options))
+    summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes,
+                                            **options))
     assert summary.tokens == expected
     assert sum(passes.runs.values()) - before == summary.target_forwards and not passes.failed
-    assert sum(passes.runs[width] for width in passes.buckets) - replayed >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph
+    # all but the prompt's pass replayed a graph
+    assert sum(passes.runs[width] for width in passes.buckets) - replayed >= summary.target_forwards - 1

@@ -13,7 +13,17 @@ import torch
 
 from specdemo.methods import ar
 from training import carry, distill
-from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts, unseen, word_runs
+from training.real_prompts import (
+    SHARED_TRAIN,
+    Prompt,
+    SamplingPlan,
+    bench_prompts,
+    mixed_in,
+    plan,
+    read_prompts,
+    unseen,
+    word_runs,
+)
 from training.selfdistill import batch_decode
 
 from conftest import make_tiny_model
@@ -95,12 +105,14 @@ def test_carried_tokens_restore_the_shards_their_features_from_a_full_pass(tmp_p
     """What a lent GPU sends back (`carry.save`: tokens, no features) makes the same shards again."""
     target = tiny_target()
     prompts = [Prompt(text, f"source{len(text) % 2}") for text in ["abc", "hello there", "x", "a longer prompt", "zz"]]
-    distill.run(target, prompts, tmp_path / "made", {"seed": 0, "temperature": 0.0, "max_new_tokens": 6, "dtype": "float32"},
+    distill.run(target, prompts, tmp_path / "made",
+                {"seed": 0, "temperature": 0.0, "max_new_tokens": 6, "dtype": "float32"},
                 shard_size=2, batch_size=2)
     carry.save(tmp_path / "made", tmp_path / "tokens.pt.xz")
     carry.restore(tmp_path / "tokens.pt.xz", tmp_path / "restored", target)
     made, restored = distill.load_shards(tmp_path / "made"), distill.load_shards(tmp_path / "restored")
-    assert sorted(p.name for p in (tmp_path / "restored").iterdir()) == sorted(p.name for p in (tmp_path / "made").iterdir())
+    assert sorted(p.name for p in (tmp_path / "restored").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "made").iterdir())
     assert (tmp_path / "restored" / "plan.json").read_text() == (tmp_path / "made" / "plan.json").read_text()
     for key in ("prompts", "sources", "sequences", "answer_starts"):
         assert restored[key] == made[key]
@@ -121,14 +133,19 @@ def test_a_larger_plan_reuses_the_greedy_answers_of_an_earlier_run(tmp_path, mon
     distill.run(target, prompts, tmp_path / "fresh", settings, shard_size=2, batch_size=2)
     decoded = []
     real = distill.batch_decode
-    monkeypatch.setattr(distill, "batch_decode", lambda t, rows, *a, **k: decoded.extend(rows) or real(t, rows, *a, **k))
-    distill.run(target, prompts[::-1], tmp_path / "large", settings, shard_size=2, batch_size=2, reuse=[tmp_path / "small"])
-    assert sorted(decoded) == sorted(target.encode_chat(p.text)[0].tolist() for p in prompts[3:])  # only the new prompts
+    monkeypatch.setattr(distill, "batch_decode",
+                        lambda t, rows, *a, **k: decoded.extend(rows) or real(t, rows, *a, **k))
+    distill.run(target, prompts[::-1], tmp_path / "large", settings, shard_size=2, batch_size=2,
+                reuse=[tmp_path / "small"])
+    # only the new prompts
+    assert sorted(decoded) == sorted(target.encode_chat(p.text)[0].tolist() for p in prompts[3:])
     fresh, large = distill.load_shards(tmp_path / "fresh"), distill.load_shards(tmp_path / "large")
     assert large["sequences"] == fresh["sequences"][::-1]
-    assert all(torch.allclose(a.float(), b.float(), atol=1e-2) for a, b in zip(large["features"], fresh["features"][::-1]))
+    assert all(torch.allclose(a.float(), b.float(), atol=1e-2)
+               for a, b in zip(large["features"], fresh["features"][::-1]))
     with pytest.raises(SystemExit, match="not this run's settings"):
-        distill.run(target, prompts, tmp_path / "other", {**settings, "max_new_tokens": 7}, shard_size=2, batch_size=2, reuse=[tmp_path / "small"])
+        distill.run(target, prompts, tmp_path / "other", {**settings, "max_new_tokens": 7}, shard_size=2, batch_size=2,
+                    reuse=[tmp_path / "small"])
 
 
 def test_the_recorded_command_remakes_the_plan(tmp_path):
@@ -153,7 +170,8 @@ def test_the_recorded_command_remakes_the_plan(tmp_path):
     assert (args.seed, args.temperature, args.max_new_tokens, args.out) == (5, 0.7, 9, tmp_path)
     assert not args.templates
     recorded = distill.json.loads((tmp_path / "plan.json").read_text())
-    (tmp_path / "plan.json").write_text(distill.json.dumps({**recorded, **distill.own_files([tmp_path / "mine.jsonl", distill.SHARED_TRAIN / "a.jsonl"])}))
+    (tmp_path / "plan.json").write_text(distill.json.dumps(
+        {**recorded, **distill.own_files([tmp_path / "mine.jsonl", distill.SHARED_TRAIN / "a.jsonl"])}))
     words = distill.command(tmp_path, data).split()  # a prompt file of our own follows the shared ones
     assert words[3:6] == ["--prompts", "../shared/train/*.jsonl", str(tmp_path / "mine.jsonl")]
     assert distill.own_files([distill.SHARED_TRAIN / "a.jsonl"]) == {}
@@ -194,7 +212,8 @@ def test_prompt_reader_and_sampling_plan(tmp_path):
     assert plan(prompts, SamplingPlan(5, (("b", 8),), 200, None, 2), bench=[]) != chosen
     assert len(plan(prompts, SamplingPlan(5, (("b", 8),), 200, 4, 1), bench=[])) == 4
     bench = ["please answer " + lines[1]["prompt"] + " now, in ten more words of text"]
-    assert all(p.text != lines[1]["prompt"] for p in plan(prompts, SamplingPlan(100, (), 200), bench=[lines[1]["prompt"]]))
+    assert all(p.text != lines[1]["prompt"]
+               for p in plan(prompts, SamplingPlan(100, (), 200), bench=[lines[1]["prompt"]]))
     near = Prompt("one two three four five six seven eight nine ten eleven", "a/x")
     assert plan([near], SamplingPlan(), bench=["zero one two three four five six seven eight nine ten"]) == []
     assert plan([near], SamplingPlan(), bench=bench) == [near]
@@ -207,7 +226,8 @@ def test_a_fine_tune_holds_out_none_of_the_prompts_its_start_trained_on():
     assert distill.held_out_ids(prompts, 10, seed=0) == sorted(ids[:10])  # nothing excluded: the seeded shuffle's first
     trained = frozenset(prompts[:40])
     held = distill.held_out_ids(prompts, 5, seed=0, trained=trained)
-    assert len(held) == 5 and all(i >= 40 for i in held) and held == distill.held_out_ids(prompts, 5, seed=0, trained=trained)
+    assert len(held) == 5 and all(i >= 40 for i in held) \
+        and held == distill.held_out_ids(prompts, 5, seed=0, trained=trained)
     assert distill.held_out_ids(prompts, 20, seed=0, trained=trained) == list(range(40, 50))  # fewer left than asked
 
 
@@ -217,7 +237,8 @@ def test_a_fine_tune_of_a_run_holds_out_only_what_that_run_held_out(tmp_path):
     def write(folder, texts):
         folder.mkdir()
         torch.save({"prompts": texts, "sources": ["s"] * len(texts), "sequences": [[1, 2]] * len(texts),
-                    "answer_starts": [1] * len(texts), "features": [torch.zeros(1, 4)] * len(texts)}, distill.shard_path(folder, 0))
+                    "answer_starts": [1] * len(texts), "features": [torch.zeros(1, 4)] * len(texts)},
+                   distill.shard_path(folder, 0))
     earlier = [f"old {i}" for i in range(30)]
     write(tmp_path / "earlier", earlier)
     trained = distill.trained_on(tmp_path / "earlier", 5, seed=0)
@@ -241,13 +262,15 @@ def test_a_start_whose_shard_folder_grew_since_is_redrawn_over_the_answers_it_sa
     texts = [f"prompt {i}" for i in range(60)]
 
     def save(number, chunk):
-        torch.save({"prompts": chunk, "sources": ["s"] * len(chunk), "sequences": [[1, 2]] * len(chunk), "answer_starts": [1] * len(chunk),
+        torch.save({"prompts": chunk, "sources": ["s"] * len(chunk), "sequences": [[1, 2]] * len(chunk),
+                    "answer_starts": [1] * len(chunk),
                     "features": [torch.zeros(1, 4)] * len(chunk)}, distill.shard_path(folder, number))
 
     save(0, texts[:30])
     trained = distill.trained_on(folder, 5, seed=0)
     (tmp_path / "asset").mkdir()
-    report = {"args": {"distill_out": str(folder), "held_out": "5", "seed": "0"}, "train_sequences": 25, "held_out_sequences": 5}
+    report = {"args": {"distill_out": str(folder), "held_out": "5", "seed": "0"}, "train_sequences": 25,
+              "held_out_sequences": 5}
     (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
     save(1, texts[30:])
     assert distill.trained_by(tmp_path / "asset") == trained
@@ -282,7 +305,8 @@ def test_a_fine_tune_of_a_fine_tune_holds_out_nothing_any_earlier_link_trained_o
     data, _, held = distill.load_split(folder, 5, seed=2, trained=functools.partial(distill.trained_by, b))
     assert len(held) == 5 and not {texts[i] for i in held} & (by_a | by_b)
     assert distill.trained_by(b, {"prompts": texts}) == by_a | by_b
-    assert not by_a <= distill.trained_on(folder, 5, seed=1)  # B's shards alone: its split redrawn, A's training forgotten
+    # B's shards alone: its split redrawn, A's training forgotten
+    assert not by_a <= distill.trained_on(folder, 5, seed=1)
     assert len(json.loads((b / "training_report.json").read_text())["trained_prompts"][0]) == 16
 
 
@@ -291,12 +315,16 @@ def test_a_fine_tune_whose_start_lost_its_shards_holds_out_none_of_its_plan(tmp_
     and plan, and every template prompt of this run counts as trained (their texts come from the
     target's passages); the held-out prompts are none of them."""
     texts = [f"a real prompt number {i}" for i in range(40)]
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": t, "source": f"src{i % 2}"}) + "\n" for i, t in enumerate(texts)))
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": t, "source": f"src{i % 2}"}) + "\n"
+                                              for i, t in enumerate(texts)))
     (tmp_path / "asset").mkdir()
-    report = {"args": {"distill_out": str(tmp_path / "gone"), "held_out": "5", "seed": "0", "prompts": f"[PosixPath('{tmp_path / 'p.jsonl'}')]",
-                       "cap_per_source": "6", "cap": "['src1=4']", "max_chars": "1500", "limit": "None", "plan_seed": "3", "templates": "True"}}
+    report = {"args": {"distill_out": str(tmp_path / "gone"), "held_out": "5", "seed": "0",
+                       "prompts": f"[PosixPath('{tmp_path / 'p.jsonl'}')]",
+                       "cap_per_source": "6", "cap": "['src1=4']", "max_chars": "1500", "limit": "None",
+                       "plan_seed": "3", "templates": "True"}}
     (tmp_path / "asset" / "training_report.json").write_text(json.dumps(report))
-    drawn = {p.text for p in plan(read_prompts([tmp_path / "p.jsonl"]), SamplingPlan(6, (("src1", 4),), 1500, None, 3), [])}
+    drawn = {p.text
+             for p in plan(read_prompts([tmp_path / "p.jsonl"]), SamplingPlan(6, (("src1", 4),), 1500, None, 3), [])}
     assert len(drawn) == 10
     data = {"prompts": [*texts, "a template"], "sources": [*(["src"] * 40), "templates"]}
     assert distill.trained_by(tmp_path / "asset", data) == drawn | {"a template"}

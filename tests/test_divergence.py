@@ -38,7 +38,8 @@ def test_margin_is_zero_at_a_forced_tie_and_matches_a_full_pass():
     twin = next(t for t in range(winner + 1, model.config.vocab_size) if t not in answer)
     with torch.no_grad():  # the twin's output row equals the winner's: the two logits tie exactly at every position
         model.lm_head.weight[twin] = model.lm_head.weight[winner]
-    assert ar_answer(model, prompt, 8) == answer  # argmax keeps the first of equal logits (winner < twin): AR is unchanged
+    # argmax keeps the first of equal logits (winner < twin): AR is unchanged
+    assert ar_answer(model, prompt, 8) == answer
     flipped = answer[:i] + [twin] + answer[i + 1 :]
     found = divergences(model, prompt, answer, {"tied": flipped})["tied"]
     assert (found.position, found.ar_token, found.other_token) == (i, winner, twin)
@@ -101,7 +102,8 @@ def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
     assert "bug" in divergence_sentence(wide, "bfloat16", decode, SUSPECT_MARGIN)
     assert "bug" in divergence_sentence(tie, "float32", decode, SUSPECT_MARGIN)  # float32 rounding flips nothing here
     exact_tie = Divergence(position=7, ar_token=5, other_token=9, margin=0.0, top_two=0.0, wide_gap=0.0)
-    assert "tied in logit" in divergence_sentence(exact_tie, "bfloat16", decode, SUSPECT_MARGIN)  # not "only 0.00 apart"
+    # not "only 0.00 apart"
+    assert "tied in logit" in divergence_sentence(exact_tie, "bfloat16", decode, SUSPECT_MARGIN)
 
 
 def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
@@ -117,8 +119,10 @@ def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
             "medusa": (medusa.generate, method_options("medusa", target))}
     for text in prompts:
         ids = target.encode_chat(text)
-        answer = final_summary(ar.generate(target.model, ids, max_new_tokens=48, eos_token_ids=target.eos_token_ids)).tokens
-        others = {name: list(final_summary(fn(target.model, ids, max_new_tokens=48, eos_token_ids=target.eos_token_ids, **options)).tokens)
+        answer = final_summary(ar.generate(target.model, ids, max_new_tokens=48,
+                                           eos_token_ids=target.eos_token_ids)).tokens
+        others = {name: list(final_summary(fn(target.model, ids, max_new_tokens=48, eos_token_ids=target.eos_token_ids,
+                                              **options)).tokens)
                   for name, (fn, options) in runs.items()}
         for name, found in divergences(target.model, ids, list(answer), others).items():
             assert found is None or not found.suspect, (name, text, found)

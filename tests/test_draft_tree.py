@@ -42,7 +42,8 @@ def test_greedy_tree_equals_ar(tiny_model, prompt_ids, size, gamma, top_k, draft
         "feature": lambda: feature_draft(tiny_model),
     }[draft_kind]()
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40)).tokens
-    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=size, draft_tree_top_k=top_k)
+    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=size,
+                     draft_tree_top_k=top_k)
     assert summary.tokens == expected and summary.finish_reason == "length"
 
 
@@ -51,7 +52,8 @@ def test_tree_accepts_the_branch_a_chain_misses(tiny_model, prompt_ids):
     draft = RunnerUpDraft("runner-up", tiny_model)
     chain = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=0)
     assert chain.tokens == expected and chain.accepted == 0  # the chain's guess is always the runner-up
-    events = list(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=8, draft_tree_top_k=2))
+    events = list(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3,
+                                       draft_tree_size=8, draft_tree_top_k=2))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert events[-1].tokens == expected
     assert all(e.data.accept_length >= 1 for e in steps[:-1])  # the second child of the root is always right
@@ -61,7 +63,8 @@ def test_tree_accepts_the_branch_a_chain_misses(tiny_model, prompt_ids):
         data = e.data
         assert [data.tree_tokens[node] for node in data.accepted_path[1:]] == list(e.accepted)
         assert list(e.committed) == [*e.accepted, data.target_token][: len(e.committed)]
-        assert all(data.tree_parents[child] == parent for parent, child in zip(data.accepted_path, data.accepted_path[1:]))
+        assert all(data.tree_parents[child] == parent
+                   for parent, child in zip(data.accepted_path, data.accepted_path[1:]))
 
 
 def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
@@ -71,8 +74,10 @@ def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
     cache = DynamicCache(config=tiny_model.config)
     tree = draft_tree.grow(draft, cache, prompt_ids, None, depth=4, top_k=3, size=100)
     assert cache.get_seq_length() == prompt_ids.shape[1]  # the branches are dropped again
-    assert tree.size == 3 + 3 * 9 and sorted(set(tree.depths)) == [1, 2, 3, 4]  # 3 children of 3 expanded nodes per level
-    assert tree.draft_passes == 4 and draft_tree.best_nodes(tree, 3).draft_passes == 4  # a pass per level grown, kept or not
+    # 3 children of 3 expanded nodes per level
+    assert tree.size == 3 + 3 * 9 and sorted(set(tree.depths)) == [1, 2, 3, 4]
+    # a pass per level grown, kept or not
+    assert tree.draft_passes == 4 and draft_tree.best_nodes(tree, 3).draft_passes == 4
     for node in range(tree.size):
         parent = tree.parents[node]
         assert parent < node and (parent < 0 or tree.scores[node] <= tree.scores[parent])
@@ -96,12 +101,14 @@ def test_eos_inside_an_accepted_branch(tiny_model, prompt_ids):
     greedy = list(final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30)).tokens)
     eos = greedy[4]
     expected = greedy[: greedy.index(eos) + 1]
-    summary = answer(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, draft_tree_size=8, draft_tree_top_k=1, eos_token_ids=[eos])
+    summary = answer(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8,
+                     draft_tree_size=8, draft_tree_top_k=1, eos_token_ids=[eos])
     assert list(summary.tokens) == expected and summary.finish_reason == "eos" and summary.target_forwards == 1
 
 
 def test_accept_greedy_walks_the_matching_branch():
-    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5], depths=[1, 1, 2, 2, 2], sources=["draft"] * 5)
+    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5],
+                                depths=[1, 1, 2, 2, 2], sources=["draft"] * 5)
     # choices[0] follows the root, choices[1 + i] follows node i
     assert accept_greedy(tree.proposal(), [8, 0, 3, 0, 0, 0])[0] == [1, 4]
     assert accept_greedy(tree.proposal(), [7, 7, 0, 0, 0, 0])[0] == [0, 3]
@@ -114,7 +121,8 @@ def test_tree_rollback_feeds_the_feature_draft_the_accepted_branch(tiny_model, p
     """After each pass the feature draft's first call continues with the target's own features of
     the committed text: the rows kept are those of the accepted branch, not of its siblings."""
     draft = OracleDraft(tiny_model, prompt_ids[0, 0].item(), every)
-    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=6, draft_tree_top_k=2)
+    summary = answer(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=6,
+                     draft_tree_top_k=2)
     assert summary.tokens == final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40)).tokens
     assert summary.accepted > 0
     sequence = torch.cat([prompt_ids, torch.tensor([summary.tokens])], dim=-1)
@@ -128,14 +136,18 @@ def test_tree_rollback_feeds_the_feature_draft_the_accepted_branch(tiny_model, p
 
 def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
     draft = Draft("t", tiny_model)
-    greedy = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, gamma=2))
+    greedy = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
+                                       gamma=2))
     assert isinstance(greedy.data, TreeStep)  # plain greedy: a tree
-    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None, sampling=SamplingConfig(do_sample=True, seed=0)))
+    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
+                                        sampling=SamplingConfig(do_sample=True, seed=0)))
     assert isinstance(sampled.data, SamplingCheck)  # sampling: the chain and its rule
     with pytest.raises(SpecDemoError, match="tree"):
-        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6, sampling=SamplingConfig(do_sample=True)))
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6,
+                                  sampling=SamplingConfig(do_sample=True)))
     with pytest.raises(SpecDemoError, match="tree"):
-        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6, sampling=SamplingConfig(repetition_penalty=1.2)))
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6,
+                                  sampling=SamplingConfig(repetition_penalty=1.2)))
     for bad in [{"draft_tree_size": -1}, {"draft_tree_size": 2.5}, {"draft_tree_top_k": 0}]:
         with pytest.raises(SpecDemoError, match="tree"):
             next(speculative.generate(tiny_model, prompt_ids, draft=draft, **{"draft_tree_size": 4, **bad}))
@@ -148,24 +160,29 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     from specdemo.app.views.figures import COLOURS, tree_figure
     from specdemo.core.events import acceptance_by_position
 
-    events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3, draft_tree_size=12, draft_tree_top_k=3)
-    step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length and e.rejected)
+    events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3,
+                                  draft_tree_size=12, draft_tree_top_k=3)
+    step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length
+                and e.rejected)
     colours = list(tree_figure(step, str).data[-1].marker.color)
     assert [colours[node] for node in step.data.accepted_path] == [COLOURS["accepted"]] * (step.data.accept_length + 1)
     assert colours.count(COLOURS["rejected"]) == len(step.rejected) >= 1
     text = explain_step(step, str)
     by_depth = acceptance_by_position([step])  # one share per depth of the tree, not per node
-    assert len(by_depth) == max(step.data.tree_depths) and by_depth[: step.data.accept_length] == [1.0] * step.data.accept_length
+    assert len(by_depth) == max(step.data.tree_depths) \
+        and by_depth[: step.data.accept_length] == [1.0] * step.data.accept_length
     drafted = step.data.tree_sources.count("draft")
     assert f"a tree of {drafted} tokens" in text and f"{max(step.data.tree_depths)} deep in all" in text
     assert f"followed one for {step.data.accept_length} token(s)" in text
 
 
 def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
-    tree = draft_tree.DraftTree(tokens=[7, 8, 9], parents=[-1, -1, 0], scores=[-1, -2, -3], depths=[1, 1, 2], sources=["draft"] * 3)
+    tree = draft_tree.DraftTree(tokens=[7, 8, 9], parents=[-1, -1, 0], scores=[-1, -2, -3], depths=[1, 1, 2],
+                                sources=["draft"] * 3)
     grown = draft_tree.add_copy(tree, [7, 9, 4, 5])
     assert grown.tokens == [7, 8, 9, 4, 5] and grown.parents == [-1, -1, 0, 2, 3] and grown.depths == [1, 1, 2, 3, 4]
-    assert grown.sources == ["draft"] * 3 + ["copy"] * 2 and grown.scores[3:] == [-3, -3]  # a copy keeps its parent's value
+    # a copy keeps its parent's value
+    assert grown.sources == ["draft"] * 3 + ["copy"] * 2 and grown.scores[3:] == [-3, -3]
     assert tree.size == 3  # the draft's own tree is left as it was
     branched = draft_tree.add_copy(tree, [8, 1])
     assert branched.parents == [-1, -1, 0, 1] and branched.depths[3] == 2
@@ -197,9 +214,11 @@ def test_adaptive_gamma_does_not_shrink_when_a_copy_commits_more(tiny_model, pro
     """Adaptive γ shrinks only after an early rejection: a step whose copied branch commits more
     than its γ drafted is no rejection, and the next step drafts at least as deep."""
     settings = dict(draft=Draft("self", tiny_model), gamma=2, adaptive_gamma=True, draft_tree_top_k=1, eos_token_ids=())
-    events = speculative.generate(tiny_model, prompt_ids, max_new_tokens=120, draft_tree_size=2, copy_length=8, **settings)
+    events = speculative.generate(tiny_model, prompt_ids, max_new_tokens=120, draft_tree_size=2, copy_length=8,
+                                  **settings)
     steps = [e for e in events if isinstance(e, StepEvent)]
-    gammas = [e.draft_forwards - before.draft_forwards for before, e in zip([StepEvent("", 0, ())] + steps, steps)]  # totals -> per step
+    # totals -> per step
+    gammas = [e.draft_forwards - before.draft_forwards for before, e in zip([StepEvent("", 0, ())] + steps, steps)]
     past_gamma = [i for i, e in enumerate(steps[:-2]) if e.data.accept_length > gammas[i]]
     assert past_gamma  # the copy went past γ
     assert all(gammas[i + 1] >= gammas[i] for i in past_gamma), list(zip(gammas, (e.data.accept_length for e in steps)))
@@ -207,21 +226,26 @@ def test_adaptive_gamma_does_not_shrink_when_a_copy_commits_more(tiny_model, pro
 
 def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
     draft = Draft("t", tiny_model)
-    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, sampling=SamplingConfig(do_sample=True, seed=0)))
+    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8,
+                                        sampling=SamplingConfig(do_sample=True, seed=0)))
     assert not isinstance(sampled.data, TreeStep)  # sampling drafts the chain, with nothing copied
-    for bad in [{"draft_tree_size": 0, "copy_length": 3}, {"copy_length": -1}, {"copy_length": 2.0}, {"copy_length": 17}]:
+    for bad in [{"draft_tree_size": 0, "copy_length": 3}, {"copy_length": -1}, {"copy_length": 2.0},
+                {"copy_length": 17}]:
         with pytest.raises(SpecDemoError, match="copy"):
             next(speculative.generate(tiny_model, prompt_ids, draft=draft, **bad))
     # sampling drafts no tree: the sentence must not send the user to draft_tree_size, which sampling refuses
     with pytest.raises(SpecDemoError, match="only plain greedy decoding drafts"):
-        next(speculative.generate(tiny_model, prompt_ids, draft=draft, copy_length=3, sampling=SamplingConfig(do_sample=True, seed=0)))
+        next(speculative.generate(tiny_model, prompt_ids, draft=draft, copy_length=3,
+                                  sampling=SamplingConfig(do_sample=True, seed=0)))
 
 
 @pytest.mark.parametrize("sources, symbols, title, said, unsaid", [
     (["draft", "draft", "copy", "copy"], ["square", "square"], "(4 nodes, 2 copied ■), 3 accepted",
      ["a tree of 2 tokens", "2 more were copied", "2 of them copied"], []),
-    (["draft", "copy", "retrieved", "retrieved"], ["square", "diamond", "diamond"], "(4 nodes, 1 copied ■, 2 retrieved ◆), 3 accepted",
-     ["a tree of 1 tokens", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote", "2 of them retrieved"],
+    (["draft", "copy", "retrieved", "retrieved"], ["square", "diamond", "diamond"],
+     "(4 nodes, 1 copied ■, 2 retrieved ◆), 3 accepted",
+     ["a tree of 1 tokens", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote",
+      "2 of them retrieved"],
      ["of them copied"]),
 ])
 def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said, unsaid):
@@ -235,19 +259,23 @@ def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said,
         tree_sources=sources, accepted_path=[0, 1, 3, 4], best_candidate=[0, 1, 3, 4],
         accept_length=3, gamma=3, target_token=6,
     )
-    step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4), data=data)
+    step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4),
+                     data=data)
     figure = tree_figure(step, str)
     assert list(figure.data[-1].marker.symbol) == ["circle"] * (5 - len(symbols)) + symbols
-    assert title in figure.layout.title.text and "copied from the text" in figure.layout.title.text and "from earlier answers" in figure.layout.title.text
+    assert title in figure.layout.title.text and "copied from the text" in figure.layout.title.text \
+        and "from earlier answers" in figure.layout.title.text
     text = explain_step(step, str)
-    assert "for 3 token(s)" in text and all(words in text for words in said) and not any(words in text for words in unsaid), text
+    assert "for 3 token(s)" in text and all(words in text for words in said) \
+        and not any(words in text for words in unsaid), text
 
 
 def test_children_to_fill_a_tree_of_a_given_size():
     """A tree 2 levels deep holds top_k + top_k^2 nodes at most: 7 slots need 3 children per node
     (the compiled path's padded slot, tests/test_static.py); an asked top_k that suffices is kept."""
     assert [draft_tree.children_to_fill(size, 2, 2) for size in (4, 6, 7, 12, 13)] == [2, 2, 3, 3, 4]
-    assert draft_tree.children_to_fill(8, 1, 2) == 8 and draft_tree.children_to_fill(8, 3, 2) == 2 and draft_tree.children_to_fill(1, 1, 1) == 1
+    assert draft_tree.children_to_fill(8, 1, 2) == 8 and draft_tree.children_to_fill(8, 3, 2) == 2 \
+        and draft_tree.children_to_fill(1, 1, 1) == 1
 
 
 @pytest.mark.parametrize("depth,top_k,size", [(4, 3, 7), (6, 2, 5), (5, 3, 12), (3, 1, 2)])
@@ -257,9 +285,11 @@ def test_grow_skips_only_nodes_the_rerank_would_drop(tiny_model, prompt_ids, dep
     reranked, with no more draft passes."""
     draft = Draft("other", tiny_model)
     for prefix in (prompt_ids[:, :2], prompt_ids[:, :4], prompt_ids, prompt_ids.flip(-1)):
-        whole = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k, size=10**6)
+        whole = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k,
+                                size=10**6)
         brute = draft_tree.best_nodes(whole, size)
-        tree = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k, size=size)
+        tree = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k,
+                               size=size)
         assert (tree.tokens, tree.parents, tree.depths) == (brute.tokens, brute.parents, brute.depths)
         assert tree.scores == pytest.approx(brute.scores, abs=1e-5)
         assert tree.draft_passes < whole.draft_passes == depth  # a random draft is unsure: levels were skipped

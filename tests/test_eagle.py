@@ -17,7 +17,8 @@ from test_speculative import chi_square_p, target_marginals
 def feature_draft(target, seed: int = 0, vocab=None, layers=()) -> FeatureDraft:
     torch.manual_seed(seed)
     draft = FeatureDraft(target, vocab, layers).eval()
-    init_from_target(draft, target)  # from the target's last layer: it agrees with the target often enough to test both verdicts
+    # from the target's last layer: it agrees with the target often enough to test both verdicts
+    init_from_target(draft, target)
     if layers:  # the layers' residual stream then changes what it drafts
         with torch.no_grad():
             draft.reduce.weight.add_(0.05 * torch.randn_like(draft.reduce.weight))
@@ -33,7 +34,8 @@ def answer(method, model, prompt_ids, **kwargs):
 def test_greedy_equals_ar(tiny_model, prompt_ids, gamma, vocab):
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
     draft = feature_draft(tiny_model, vocab=vocab)
-    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=0)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma,
+                     draft_tree_size=0)
     assert summary.tokens == expected and summary.finish_reason == "length"
 
 
@@ -46,7 +48,8 @@ def test_a_draft_that_reads_layers_is_fed_them_and_greedy_equals_ar(tiny_model, 
     calls = []
     original = draft.fuse
     draft.fuse = lambda features, tokens: calls.append(features.clone()) or original(features, tokens)
-    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3, draft_tree_size=tree_size)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=3,
+                     draft_tree_size=tree_size)
     assert summary.tokens == answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
     hidden = tiny_model.config.hidden_size
     fed = torch.cat([f for f in calls if f.shape[-1] == 2 * hidden], dim=1)  # the target's, pass after pass
@@ -62,7 +65,8 @@ def test_greedy_with_repetition_penalty_and_adaptive_gamma_equals_ar(tiny_model,
     sampling = SamplingConfig(repetition_penalty=1.3)
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling).tokens
     draft = feature_draft(tiny_model)
-    assert answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, sampling=sampling, adaptive_gamma=True).tokens == expected
+    assert answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, sampling=sampling,
+                  adaptive_gamma=True).tokens == expected
 
 
 class OracleDraft(FeatureDraft):
@@ -72,7 +76,8 @@ class OracleDraft(FeatureDraft):
 
     def __init__(self, target, first_token: int, every: int):
         super().__init__(target)
-        self.oracle = {"target": copy.deepcopy(target)}  # a plain dict: not a submodule, and no hook of the real target fires
+        # a plain dict: not a submodule, and no hook of the real target fires
+        self.oracle = {"target": copy.deepcopy(target)}
         self.tokens, self.every, self.calls, self.log = {0: first_token}, every, 0, []
 
     def features(self, features, next_tokens, cache, **tree):
@@ -103,7 +108,8 @@ def test_rollback_feeds_the_draft_exactly_the_targets_features(tiny_model, promp
     passes = []
     hook = tiny_model.model.register_forward_pre_hook(lambda module, args: passes.append(len(draft.log)))
     try:
-        *events, summary = speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=4, draft_tree_size=0)
+        *events, summary = speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=4,
+                                                draft_tree_size=0)
     finally:
         hook.remove()
     lengths = [prompt_ids.shape[1]]  # the text's length before the first pass, then after each pass
@@ -117,7 +123,8 @@ def test_rollback_feeds_the_draft_exactly_the_targets_features(tiny_model, promp
         true_features = tiny_model.model(sequence).last_hidden_state  # [1, n, H]
     # the first draft call after each target pass that was followed by a proposal (the last pass,
     # and one with room for a single token, are not)
-    first_calls = [(draft.log[start], step) for step, (start, end) in enumerate(zip(passes, passes[1:] + [len(draft.log)])) if end > start]
+    first_calls = [(draft.log[start], step)
+                   for step, (start, end) in enumerate(zip(passes, passes[1:] + [len(draft.log)])) if end > start]
     assert len(first_calls) >= summary.target_forwards - 2
     for (seen, features, next_tokens, _), step in first_calls:
         count = features.shape[1]
@@ -137,7 +144,8 @@ def test_sampling_keeps_the_target_distribution(tiny_model, prompt_ids):
     draft = feature_draft(tiny_model)
     runs = 1200
     summaries = [
-        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=4, gamma=2, sampling=SamplingConfig(seed=seed, **settings))
+        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=4, gamma=2,
+               sampling=SamplingConfig(seed=seed, **settings))
         for seed in range(runs)
     ]
     assert sum(s.proposed for s in summaries) >= 2 * runs  # the rule ran on two drafted tokens in every run

@@ -34,7 +34,8 @@ def tiny_data(target, lengths=(24, 17, 30), seed=1, layers=()):
     generator = torch.Generator().manual_seed(seed)
     sequences = [torch.randint(0, 97, (n,), generator=generator).tolist() for n in lengths]
     with torch.no_grad():
-        features = {i: with_layers(target.model(torch.tensor([s]), output_hidden_states=bool(layers)), layers)[0] for i, s in enumerate(sequences)}
+        features = {i: with_layers(target.model(torch.tensor([s]), output_hidden_states=bool(layers)), layers)[0]
+                    for i, s in enumerate(sequences)}
     return {"sequences": sequences, "answer_starts": [6, 4, 9]}, features
 
 
@@ -49,7 +50,8 @@ def test_training_steps_lower_the_loss_and_leave_the_target_alone():
     before = checksum(target)
     data, features = tiny_data(target)
     _, layered = tiny_data(target, layers=(1,))
-    for steps, layers in ((1, ()), (3, ()), (3, (1,))):  # EAGLE's loss, with later drafting steps trained too, and reading layer 1 too
+    # EAGLE's loss, with later drafting steps trained too, and reading layer 1 too
+    for steps, layers in ((1, ()), (3, ()), (3, (1,))):
         batch = pad_batch(data, layered if layers else features, [0, 1, 2])
         draft = tiny_draft(target, layers).train()
         optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
@@ -79,13 +81,15 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_nearly_float32_gradi
     for dtype in ("none", "bfloat16", "float32"):
         torch.manual_seed(0)  # the same input noise
         draft.zero_grad()
-        with autocast(dtype, batch[0].device) if dtype != "float32" else contextlib.nullcontext():  # float32: no autocast at all
+        # float32: no autocast at all
+        with autocast(dtype, batch[0].device) if dtype != "float32" else contextlib.nullcontext():
             loss, _, _ = eagle_loss(draft, *batch, TO_SUBSET, w_cls=0.1, noise=0.05, steps=steps)
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in draft.parameters() if p.grad is not None])
         results[dtype] = (loss.detach(), grads)
     assert all(p.dtype == torch.float32 for p in draft.parameters()) and results["bfloat16"][1].dtype == torch.float32
-    assert torch.equal(results["none"][0], results["float32"][0]) and torch.equal(results["none"][1], results["float32"][1])
+    assert torch.equal(results["none"][0], results["float32"][0]) \
+        and torch.equal(results["none"][1], results["float32"][1])
     torch.testing.assert_close(results["bfloat16"][0], results["float32"][0], rtol=0.05, atol=0.0)
     assert torch.nn.functional.cosine_similarity(results["bfloat16"][1], results["float32"][1], dim=0) > 0.99
     assert not torch.equal(results["bfloat16"][0], results["float32"][0])  # the products did run in bfloat16

@@ -31,7 +31,8 @@ def test_the_feature_draft_guesses_each_answer_token_from_what_precedes_it(tiny_
 def test_drafts_compared_side_by_side_read_the_same_answers(tiny_model):
     """Two drafts counted in one call get exactly the counts each gets alone: the target's answer is
     made once a prompt and read by both."""
-    target = SimpleNamespace(model=tiny_model, encode_chat=lambda text: torch.tensor([[3 + len(text) % 50, 11, 29]]), eos_token_ids=())
+    target = SimpleNamespace(model=tiny_model, encode_chat=lambda text: torch.tensor([[3 + len(text) % 50, 11, 29]]),
+                             eos_token_ids=())
     rows = [{"turns": ["a question"], "category": "qa"}, {"turns": ["another, longer one"], "category": "math"}]
     drafts = {"plain": feature_draft(tiny_model), "layered": feature_draft(tiny_model, seed=1, layers=(1,))}
     with torch.inference_mode():

@@ -10,8 +10,8 @@ from tests.test_eagle import feature_draft
 
 def tree_event(sources, parents, depths, path):
     tokens = list(range(10, 11 + len(sources)))
-    data = TreeStep(tree_tokens=tokens, tree_parents=parents, tree_depths=depths, tree_sources=sources, accepted_path=path,
-                    best_candidate=path, accept_length=len(path) - 1)
+    data = TreeStep(tree_tokens=tokens, tree_parents=parents, tree_depths=depths, tree_sources=sources,
+                    accepted_path=path, best_candidate=path, accept_length=len(path) - 1)
     return StepEvent(method="medusa", step=1, committed=(1,), data=data)
 
 
@@ -34,11 +34,12 @@ def test_a_tree_counts_each_node_by_its_source_and_depth():
 def test_the_counts_add_up_to_what_the_summary_says(tiny_model, prompt_ids, method):
     """Every token a pass proposed is counted once under its source, every accepted one once more."""
     if method == "speculative":
-        events = list(speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3,
-                                           draft_tree_size=8, eos_token_ids=()))
+        events = list(speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40,
+                                           gamma=3, draft_tree_size=8, eos_token_ids=()))
     else:
         events = list(lookahead.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=()))
     summary, counts = final_summary(events), guesses_by_source(events)
-    windows = sum(len(level) for event in events[:-1] if isinstance(event.data, LookaheadStep) for level in event.data.window)
+    windows = sum(len(level) for event in events[:-1] if isinstance(event.data, LookaheadStep)
+                  for level in event.data.window)
     assert sum(sum(c["fed"]) for c in counts.values()) == summary.proposed + windows
     assert sum(sum(c["accepted"]) for c in counts.values()) == summary.accepted > 0

@@ -30,7 +30,8 @@ class ReplayedGraphs(CudaGraphs):
         class Replay:
             def replay(self):
                 new = forward(decoder, cache, inputs, positions, sees, head, layers)
-                for mine, theirs in zip(out if isinstance(out, tuple) else (out,), new if isinstance(new, tuple) else (new,)):
+                for mine, theirs in zip(out if isinstance(out, tuple) else (out,),
+                                        new if isinstance(new, tuple) else (new,)):
                     mine.copy_(theirs)
 
         return Graph(Replay(), inputs, positions, sees, out)
@@ -65,10 +66,11 @@ def test_every_method_gives_ars_answer_through_the_graphs(graphed_models, prompt
     passes = graphed[id(reference)]
     before = sum(passes.runs[width] for width in BUCKETS)
     given = {"passes": passes, **({"cllm_passes": passes} if name.startswith("cllm") else {})}
-    summary = final_summary(generate(reference if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS,
-                                     eos_token_ids=(), **options, **given))
+    summary = final_summary(generate(reference if name.startswith("cllm") else target, prompt_ids,
+                                     max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options, **given))
     assert summary.tokens == expected[name]
-    assert sum(passes.runs[width] for width in BUCKETS) - before >= summary.target_forwards - 1  # all but the prompt's pass replayed a graph
+    # all but the prompt's pass replayed a graph
+    assert sum(passes.runs[width] for width in BUCKETS) - before >= summary.target_forwards - 1
     assert not passes.failed
 
 

@@ -44,7 +44,8 @@ def tree_mask(queries: int, cached: int, dtype, batch: int = 1, boolean: bool = 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, kv_heads", [(6, 2), (4, 4)])
-@pytest.mark.parametrize("queries, batch, boolean", [(1, 1, False), (5, 1, False), (13, 1, False), (13, 2, False), (5, 2, True), (1, 2, True)])
+@pytest.mark.parametrize("queries, batch, boolean",
+                         [(1, 1, False), (5, 1, False), (13, 1, False), (13, 2, False), (5, 2, True), (1, 2, True)])
 def test_grouped_rows_give_sdpa_values(dtype, heads, kv_heads, queries, batch, boolean):
     query, key, value = inputs(dtype, batch, heads, kv_heads, queries, cached=40)
     mask = tree_mask(queries, 40, dtype, batch, boolean)
@@ -61,7 +62,8 @@ def test_one_token_without_a_mask_sees_the_whole_cache():
     query, key, value = inputs(torch.bfloat16, 1, 6, 2, 1, cached=40)
     module = Attention(3)
     got, _ = grouped_attention.grouped_attention_forward(module, query, key, value, None)
-    reference = torch.softmax(query.float() @ key.float().repeat_interleave(3, dim=1).transpose(-1, -2) / 4, dim=-1) @ value.float().repeat_interleave(3, dim=1)
+    reference = torch.softmax(query.float() @ key.float().repeat_interleave(3, dim=1).transpose(-1, -2) / 4,
+                              dim=-1) @ value.float().repeat_interleave(3, dim=1)
     torch.testing.assert_close(got.float(), reference.transpose(1, 2), atol=2e-2, rtol=2e-2)
 
 
@@ -70,11 +72,14 @@ def test_what_keeps_transformers_path():
     mask = tree_mask(4, 40, torch.bfloat16)
     assert grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.0, {})
     one_float32 = inputs(torch.float32, 1, 6, 2, 1, cached=40)
-    assert not grouped_attention.takes_grouped_path(one_float32[0], one_float32[1], None, 0.0, {})  # transformers' kernel is faster there
+    # transformers' kernel is faster there
+    assert not grouped_attention.takes_grouped_path(one_float32[0], one_float32[1], None, 0.0, {})
     prompt = inputs(torch.bfloat16, 1, 6, 2, grouped_attention.MAX_QUERIES + 1, cached=0)
     assert not grouped_attention.takes_grouped_path(prompt[0], prompt[1], None, 0.0, {})
-    assert not grouped_attention.takes_grouped_path(small[0], small[1], None, 0.0, {})  # several tokens need their causal mask
-    assert not grouped_attention.takes_grouped_path(small[0], small[1], mask.repeat(1, 6, 1, 1), 0.0, {})  # a mask per head
+    # several tokens need their causal mask
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], None, 0.0, {})
+    # a mask per head
+    assert not grouped_attention.takes_grouped_path(small[0], small[1], mask.repeat(1, 6, 1, 1), 0.0, {})
     assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.1, {})
     assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.0, {"sinks": torch.zeros(6)})
 
@@ -95,7 +100,8 @@ def test_a_model_verifies_a_tree_with_the_same_logits_either_way(dtype):
             caches = DynamicCache(config=plain.config), DynamicCache(config=grouped.config)
             for model, cache in zip((plain, grouped), caches):
                 model(sequence[:, :-1], past_key_values=cache, use_cache=True)
-            want, got = (target_pass(model, cache, sequence, proposal) for model, cache in zip((plain, grouped), caches))
+            want, got = (target_pass(model, cache, sequence, proposal)
+                         for model, cache in zip((plain, grouped), caches))
             torch.testing.assert_close(got.logits, want.logits)
 
 
@@ -107,7 +113,8 @@ def test_a_grouped_model_compiles_and_keeps_ars_answer(prompt_ids):
     eager = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=())).tokens
     passes = compile_passes(model, buckets=(1, 8))
     assert passes.failed is None
-    assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(), passes=passes)).tokens == eager
+    assert final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(),
+                                     passes=passes)).tokens == eager
     assert passes.runs[1] == 11 and passes.runs[8] == 1  # the prompt's pass and every step ran a graph
 
 

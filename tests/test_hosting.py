@@ -17,7 +17,8 @@ real_run = live.run  # the tests below wrap it
 
 def test_limits_come_from_the_environment_with_a_sentence_for_a_bad_value():
     assert limits.limits_from({}) == limits.Limits()
-    custom = limits.limits_from({"SPECDEMO_BUDGET_S": "30", "SPECDEMO_QUEUE_SIZE": "100", "SPECDEMO_PRESETS": "0", "SPECDEMO_MAX_NEW_TOKENS": "64"})
+    custom = limits.limits_from({"SPECDEMO_BUDGET_S": "30", "SPECDEMO_QUEUE_SIZE": "100", "SPECDEMO_PRESETS": "0",
+                                 "SPECDEMO_MAX_NEW_TOKENS": "64"})
     assert (custom.budget_s, custom.queue_size, custom.presets, custom.max_new_tokens) == (30.0, 100, False, 64)
     for name, value in [("SPECDEMO_BUDGET_S", "soon"), ("SPECDEMO_QUEUE_SIZE", "-3"), ("SPECDEMO_PRESETS", "maybe")]:
         with pytest.raises(SpecDemoError, match=name):
@@ -35,9 +36,11 @@ def handler(app, name: str):
 
 
 def test_a_race_takes_known_methods_once_each():
-    assert live.race_methods(["jacobi", "speculative"] * 300) == ["speculative", "jacobi"]  # the page's order, each once
+    # the page's order, each once
+    assert live.race_methods(["jacobi", "speculative"] * 300) == ["speculative", "jacobi"]
     assert live.race_methods(list(METHODS)) == [m for m in METHODS if m != "ar"]
-    for bad, says in [("speculative", "list of method names"), ([["ar"]], "list of method names"), (["nope"], "unknown method"), (["ar"], "at least one")]:
+    for bad, says in [("speculative", "list of method names"), ([["ar"]], "list of method names"),
+                      (["nope"], "unknown method"), (["ar"], "at least one")]:
         with pytest.raises(SpecDemoError, match=says):
             live.race_methods(bad)
 
@@ -46,7 +49,8 @@ def test_a_hostile_race_runs_each_method_once(embedded, monkeypatch):
     """The race posted with its method list repeated 300 times races each method once a round."""
     monkeypatch.setattr(handlers, "RACE_MEASURE_S", 0.0)  # the fewest rounds: 2
     runs = []
-    monkeypatch.setattr(live, "run", lambda target, request, stop=None: runs.append(request.method) or real_run(target, request, stop))
+    monkeypatch.setattr(live, "run", lambda target, request, stop=None:
+                        runs.append(request.method) or real_run(target, request, stop))
     race = handler(ui.build_app(embedded, presets=()), "on_race")
     table = list(race(None, None, "Say yes.", ["jacobi", "lookahead"] * 300, 4))[-1]["table"]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| method")]
@@ -105,9 +109,11 @@ def test_nan_in_a_slider_or_an_api_value_is_answered_with_a_sentence(embedded):
 
     app = ui.build_app(embedded, presets=())
     with pytest.raises(gr.Error, match="temperature must be a number"):
-        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True, temperature=float("nan"))))
+        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True,
+                                                      temperature=float("nan"))))
     with pytest.raises(gr.Error, match="block_size must be a number"):
-        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True, block_size=float("nan"))))
+        list(handler(app, "on_generate")(*page_inputs("Name a colour.", "ar", 8, do_sample=True,
+                                                      block_size=float("nan"))))
     generate = handlers.api_generate_for(handlers.Targets(embedded, ()))
     with pytest.raises(gr.Error, match="top_p must be a number"):
         generate("hi", "ar", 8, True, 1.0, 0, float("nan"))
@@ -142,4 +148,5 @@ def test_a_space_starts_without_the_gpu_presets_and_its_readme_preloads_the_mode
     assert limits.limits_from({}).presets and not limits.limits_from({"SPACE_ID": "someone/specdemo"}).presets
     assert limits.limits_from({"SPACE_ID": "someone/specdemo", "SPECDEMO_PRESETS": "1"}).presets
     front = Path(__file__).resolve().parents[1].joinpath("README.md").read_text().split("---")[1]
-    assert "preload_from_hub:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front and "models:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front
+    assert "preload_from_hub:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front \
+        and "models:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front

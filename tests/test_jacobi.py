@@ -36,22 +36,26 @@ def steps(events):
 @pytest.mark.parametrize("block_size", [1, 2, 5, 16])
 def test_jacobi_equals_ar_on_tiny_model(tiny_model, prompt_ids, block_size):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
-    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=40, block_size=block_size, eos_token_ids=()))
+    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=40, block_size=block_size,
+                                            eos_token_ids=()))
     assert summary.tokens == expected and summary.finish_reason == "length"
     assert summary.target_forwards <= 40  # at least one token a pass
 
 
 def test_jacobi_with_repetition_penalty_equals_ar(tiny_model, prompt_ids):
     sampling = SamplingConfig(repetition_penalty=1.3)
-    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=())).tokens
-    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=()))
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling,
+                                         eos_token_ids=())).tokens
+    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling,
+                                            eos_token_ids=()))
     assert summary.tokens == expected
 
 
 def test_jacobi_stops_at_eos_inside_a_block(tiny_model, prompt_ids):
     greedy = list(final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, eos_token_ids=())).tokens)
     eos = greedy[6]
-    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=16, eos_token_ids=[eos]))
+    summary = final_summary(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=30, block_size=16,
+                                            eos_token_ids=[eos]))
     assert list(summary.tokens) == greedy[: greedy.index(eos) + 1] and summary.finish_reason == "eos"
 
 
@@ -101,6 +105,8 @@ def test_sampling_is_refused_with_a_reason(tiny_model, prompt_ids):
 
 def test_jacobi_equals_ar_on_embedded_model(embedded):
     input_ids = embedded.encode_chat("List three uses of a paperclip.")
-    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=32, eos_token_ids=embedded.eos_token_ids)).tokens
-    summary = final_summary(jacobi.generate(embedded.model, input_ids, max_new_tokens=32, eos_token_ids=embedded.eos_token_ids))
+    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=32,
+                                         eos_token_ids=embedded.eos_token_ids)).tokens
+    summary = final_summary(jacobi.generate(embedded.model, input_ids, max_new_tokens=32,
+                                            eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected

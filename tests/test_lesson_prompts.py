@@ -33,7 +33,8 @@ def test_shared_windows_counts_runs_held_token_for_token():
 
     store = Datastore.of_answers([list(range(20)), [5, 5, 5, 5, 5, 5]], vocab_size=32)
     assert store.shared_windows(list(range(20)), width=16) == 1.0
-    assert store.shared_windows([0, 1, 2, 3, *range(10, 26)], width=16) == 0.0  # the first 4 tokens match, the rest does not
+    # the first 4 tokens match, the rest does not
+    assert store.shared_windows([0, 1, 2, 3, *range(10, 26)], width=16) == 0.0
     assert store.shared_windows([9, *range(3, 18)], width=16) == 0.0
 
 

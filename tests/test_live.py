@@ -33,7 +33,8 @@ def test_bad_requests_are_refused_with_a_sentence(kwargs, message):
 
 def events_of(method, sizes, accepted_sizes, step_s=0.1):
     return [
-        StepEvent(method, step=i, committed=tuple(range(n)), proposed=(0,) * 2, accepted=tuple(range(a)), target_forwards=i + 1, elapsed_s=step_s * (i + 1))
+        StepEvent(method, step=i, committed=tuple(range(n)), proposed=(0,) * 2, accepted=tuple(range(a)),
+                  target_forwards=i + 1, elapsed_s=step_s * (i + 1))
         for i, (n, a) in enumerate(zip(sizes, accepted_sizes))
     ]
 
@@ -43,7 +44,8 @@ def test_stats_and_speedup():
     summary = Summary("speculative", tokens=(0,) * 6, finish_reason="length", steps=3, target_forwards=3, elapsed_s=0.3)
     numbers = stats(run, summary)
     assert numbers["tokens"] == 6 and numbers["forward_passes"] == 3 and numbers["tokens_per_forward"] == 2.0
-    assert numbers["tokens_per_s"] == 20.0 and numbers["acceptance_rate"] == 0.5 and numbers["finish_reason"] == "length"
+    assert numbers["tokens_per_s"] == 20.0 and numbers["acceptance_rate"] == 0.5 \
+        and numbers["finish_reason"] == "length"
     baseline = stats(events_of("ar", [1] * 6, [0] * 6))
     assert baseline["tokens_per_s"] == 10.0 and speedup(numbers, baseline) == 2.0
 
@@ -128,8 +130,9 @@ def test_greedy_methods_take_a_repetition_penalty_and_n_gram_blocking(embedded, 
     from specdemo.core.events import final_summary
     from specdemo.methods import ar, decoded
 
-    prompt, sampling = "List three fruits, then three more.", SamplingConfig(repetition_penalty=1.3, no_repeat_ngram_size=3)
+    prompt, sampling = "List three fruits, then three more.", SamplingConfig(repetition_penalty=1.3,
+                                                                             no_repeat_ngram_size=3)
     _, summary = live.collect(live.run(embedded, Request(prompt, method, 24, sampling)))
-    reference = ar.generate(decoded(method, embedded)[0], embedded.encode_chat(prompt), max_new_tokens=24, sampling=sampling,
-                            eos_token_ids=embedded.eos_token_ids)
+    reference = ar.generate(decoded(method, embedded)[0], embedded.encode_chat(prompt), max_new_tokens=24,
+                            sampling=sampling, eos_token_ids=embedded.eos_token_ids)
     assert summary.tokens == final_summary(reference).tokens

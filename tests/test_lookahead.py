@@ -36,7 +36,8 @@ def reference_sees(pending, candidate_lengths, levels, window):
 
 
 @pytest.mark.parametrize(
-    "pending,candidate_lengths,levels,window", [(1, [], 1, 1), (1, [3, 3], 3, 4), (3, [6, 2, 2], 2, 5), (2, [4], 4, 3), (1, [1, 5], 2, 2)]
+    "pending,candidate_lengths,levels,window",
+    [(1, [], 1, 1), (1, [3, 3], 3, 4), (3, [6, 2, 2], 2, 5), (2, [4], 4, 3), (1, [1, 5], 2, 2)]
 )
 def test_layout_matches_the_reference(pending, candidate_lengths, levels, window):
     tried = [tuple(range(length)) for length in candidate_lengths]
@@ -57,7 +58,8 @@ def test_additive_mask_shape_and_values():
     sees = torch.tensor([[True, False], [True, True]])
     mask = additive_mask(sees, 3, torch.float32)
     assert mask.shape == (1, 1, 2, 5)
-    assert (mask[0, 0, :, :3] == 0).all() and mask[0, 0, 0, 4] == torch.finfo(torch.float32).min and mask[0, 0, 1, 4] == 0
+    assert (mask[0, 0, :, :3] == 0).all() and mask[0, 0, 0, 4] == torch.finfo(torch.float32).min \
+        and mask[0, 0, 1, 4] == 0
 
 
 def test_ngram_pool_insert_lookup_and_bounds():
@@ -99,7 +101,8 @@ def test_choose_candidates_puts_the_copy_first_and_drops_prefixes():
     pool.insert_text([2, 4, 8, 2, 4, 6, 2, 5, 5])
     tokens = [1, 2, 4, 8, 7, 3, 1, 2]
     candidates, sources = choose_candidates(pool, tokens, limit=3, copy_length=3)
-    assert candidates == [(4, 8, 7), (5, 5), (4, 6)] and sources == ["copy", "pool", "pool"]  # (4, 8) is the copy's prefix
+    # (4, 8) is the copy's prefix
+    assert candidates == [(4, 8, 7), (5, 5), (4, 6)] and sources == ["copy", "pool", "pool"]
     assert choose_candidates(pool, tokens, limit=2, copy_length=0) == ([(5, 5), (4, 6)], ["pool", "pool"])
 
 
@@ -107,21 +110,25 @@ def test_choose_candidates_puts_the_copy_first_and_drops_prefixes():
 def test_lookahead_equals_ar_on_tiny_model(tiny_model, prompt_ids, window, ngram, candidates):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=48, eos_token_ids=())).tokens
     summary = final_summary(
-        lookahead.generate(tiny_model, prompt_ids, max_new_tokens=48, window=window, ngram=ngram, candidates=candidates, eos_token_ids=())
+        lookahead.generate(tiny_model, prompt_ids, max_new_tokens=48, window=window, ngram=ngram, candidates=candidates,
+                           eos_token_ids=())
     )
     assert summary.tokens == expected
 
 
 def test_lookahead_with_repetition_penalty_equals_ar(tiny_model, prompt_ids):
     sampling = SamplingConfig(repetition_penalty=1.3)
-    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=())).tokens
-    assert final_summary(lookahead.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling, eos_token_ids=())).tokens == expected
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling,
+                                         eos_token_ids=())).tokens
+    assert final_summary(lookahead.generate(tiny_model, prompt_ids, max_new_tokens=30, sampling=sampling,
+                                            eos_token_ids=())).tokens == expected
 
 
 def counting_events(prompt, text_ngrams, max_new_tokens=40):
     model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
     events = lookahead.generate(
-        model, torch.tensor([prompt]), max_new_tokens=max_new_tokens, window=4, ngram=4, candidates=2, text_ngrams=text_ngrams, eos_token_ids=()
+        model, torch.tensor([prompt]), max_new_tokens=max_new_tokens, window=4, ngram=4, candidates=2,
+        text_ngrams=text_ngrams, eos_token_ids=()
     )
     return [e for e in events if isinstance(e, StepEvent)]
 
@@ -152,7 +159,8 @@ def test_ngrams_of_the_prompt_are_verified_from_the_first_pass():
 
 def test_eos_inside_an_accepted_ngram():
     model = make_bigram_model({t: t + 1 for t in range(63)}, default=0)
-    summary = final_summary(lookahead.generate(model, torch.tensor([[1, 5]]), max_new_tokens=40, text_ngrams=False, eos_token_ids=[30]))
+    summary = final_summary(lookahead.generate(model, torch.tensor([[1, 5]]), max_new_tokens=40, text_ngrams=False,
+                                               eos_token_ids=[30]))
     assert list(summary.tokens) == list(range(6, 31)) and summary.finish_reason == "eos"
 
 
@@ -163,11 +171,14 @@ def test_bad_settings_are_refused(tiny_model, prompt_ids):
         next(lookahead.generate(tiny_model, prompt_ids, sampling=SamplingConfig(do_sample=True)))
 
 
-@pytest.mark.parametrize("prompt", ["Summarize: The cat sat on the mat. The cat was happy.", "Write a short poem about rain."])
+@pytest.mark.parametrize("prompt",
+                         ["Summarize: The cat sat on the mat. The cat was happy.", "Write a short poem about rain."])
 def test_lookahead_equals_ar_on_embedded_model(embedded, prompt):
     input_ids = embedded.encode_chat(prompt)
-    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
-    summary = final_summary(lookahead.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48,
+                                         eos_token_ids=embedded.eos_token_ids)).tokens
+    summary = final_summary(lookahead.generate(embedded.model, input_ids, max_new_tokens=48,
+                                               eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
 
 

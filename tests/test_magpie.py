@@ -42,10 +42,15 @@ def tiny(monkeypatch):
 def test_requests_are_seeded_by_batch_and_end_their_turn(tiny):
     first = magpie.sample_requests(tiny, batch=0, size=16, seed=0, max_new_tokens=80, temperature=1.0, top_p=1.0)
     assert first and all(len(text.split()) >= magpie.MIN_WORDS and f"w{END}" not in text.split() for text in first)
-    assert magpie.sample_requests(tiny, batch=0, size=16, seed=0, max_new_tokens=80, temperature=1.0, top_p=1.0) == first
-    assert magpie.sample_requests(tiny, batch=1, size=16, seed=0, max_new_tokens=80, temperature=1.0, top_p=1.0) != first
-    assert magpie.sample_requests(tiny, batch=0, size=16, seed=1, max_new_tokens=80, temperature=1.0, top_p=1.0) != first
-    assert len(magpie.sample_requests(tiny, batch=0, size=16, seed=0, max_new_tokens=3, temperature=1.0, top_p=1.0)) == 0  # too short
+    assert magpie.sample_requests(tiny, batch=0, size=16, seed=0, max_new_tokens=80, temperature=1.0,
+                                  top_p=1.0) == first
+    assert magpie.sample_requests(tiny, batch=1, size=16, seed=0, max_new_tokens=80, temperature=1.0,
+                                  top_p=1.0) != first
+    assert magpie.sample_requests(tiny, batch=0, size=16, seed=1, max_new_tokens=80, temperature=1.0,
+                                  top_p=1.0) != first
+    # too short
+    assert len(magpie.sample_requests(tiny, batch=0, size=16, seed=0, max_new_tokens=3, temperature=1.0,
+                                      top_p=1.0)) == 0
 
 
 def test_a_killed_run_resumes_after_its_last_batch_and_writes_what_a_whole_run_writes(tiny, tmp_path, monkeypatch):
@@ -67,7 +72,8 @@ def test_a_killed_run_resumes_after_its_last_batch_and_writes_what_a_whole_run_w
 def test_adding_the_written_prompts_to_a_plan_leaves_the_shared_sample_unchanged():
     """`plan` shuffles source after source with one generator: a source sorting before the shared
     ones would change which of them it draws, and an earlier run's answers could not be reused."""
-    shared = [Prompt(f"question {i} of {source}", source) for source in ("gsm8k", "self_instruct/seed", "t0/a", "t0/zz_last") for i in range(30)]
+    shared = [Prompt(f"question {i} of {source}", source)
+              for source in ("gsm8k", "self_instruct/seed", "t0/a", "t0/zz_last") for i in range(30)]
     written = [Prompt(f"request {i}", f"{magpie.SOURCE}/magpie-embedded") for i in range(30)]
     sampling = SamplingPlan(cap_per_source=7, caps=((magpie.SOURCE, 20),), seed=2)
     alone = plan(shared, sampling, bench=[])
@@ -80,11 +86,14 @@ def test_a_manifest_remakes_the_written_prompts_before_the_answers(tmp_path):
     """The command that writes a magpie prompt file again, with the file's count (the run stops after
     the batch that reaches it: the same file), for `distill.command` to put before its own."""
     mine, other = tmp_path / "magpie.jsonl", tmp_path / "other.jsonl"
-    mine.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0}) + "\n" for i in range(7)))
+    mine.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded",
+                                        "batch": 0}) + "\n" for i in range(7)))
     other.write_text(json.dumps({"prompt": "q", "source": "mine"}) + "\n")
     assert magpie.remake_command(str(mine)) == f".venv/bin/python -m training.magpie --count 7 --out {mine}"
     assert magpie.remake_command(str(other)) is None and magpie.remake_command(str(tmp_path / "gone.jsonl")) is None
     gpu = tmp_path / "gpu.jsonl"  # a file sampled in batches of another size is another file: the command says the size
-    gpu.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0, "batch_size": 2048}) + "\n"
+    gpu.write_text("".join(json.dumps({"prompt": f"p{i}", "source": f"{magpie.SOURCE}/magpie-embedded", "batch": 0,
+                                       "batch_size": 2048}) + "\n"
                            for i in range(3)))
-    assert magpie.remake_command(str(gpu)) == f".venv/bin/python -m training.magpie --count 3 --batch-size 2048 --out {gpu}"
+    assert magpie.remake_command(str(gpu)) == \
+        f".venv/bin/python -m training.magpie --count 3 --batch-size 2048 --out {gpu}"

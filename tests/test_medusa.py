@@ -49,7 +49,8 @@ def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
 def test_tree_presets_and_size(tiny_model, prompt_ids):
     heads = random_heads(tiny_model)
     heads.choices = [list(p) for p in CHOICES]
-    run = lambda **kw: next(e for e in medusa.generate(tiny_model, prompt_ids, heads=heads, eos_token_ids=(), copy_length=0, **kw) if e.step == 1)  # noqa: E731
+    run = lambda **kw: next(e for e in medusa.generate(  # noqa: E731
+        tiny_model, prompt_ids, heads=heads, eos_token_ids=(), copy_length=0, **kw) if e.step == 1)
     static = run(tree="static").data
     assert static.tree_kind == "static" and len(static.tree_tokens) == 1 + len(CHOICES)
     assert static.tree_depths == [0, *(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))]
@@ -76,7 +77,8 @@ def test_dynamic_paths_are_the_likeliest_paths_found_by_brute_force():
 
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
-        log_probs = torch.log_softmax(torch.randn(3, 40, generator=generator) * 3, dim=-1).topk(5).values.tolist()  # [K, R] best first
+        # [K, R] best first
+        log_probs = torch.log_softmax(torch.randn(3, 40, generator=generator) * 3, dim=-1).topk(5).values.tolist()
         value = lambda path, log_probs=log_probs: sum(log_probs[d][r] for d, r in enumerate(path))
         every = [path for depth in (1, 2, 3) for path in itertools.product(range(5), repeat=depth)]
         for size in (1, 4, 8, 17, 40):
@@ -130,7 +132,8 @@ def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, promp
         list(medusa.generate(tiny_model, prompt_ids, heads=heads, sampling=sampling))
     with pytest.raises(SpecDemoError, match="turn sampling on"):
         list(medusa.generate(tiny_model, prompt_ids, heads=heads, typical_acceptance=True))
-    run = lambda: list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, sampling=sampling, typical_acceptance=True, max_new_tokens=30, eos_token_ids=()))  # noqa: E731
+    run = lambda: list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, sampling=sampling,  # noqa: E731
+                                       typical_acceptance=True, max_new_tokens=30, eos_token_ids=()))
     events = run()
     assert events[-1].tokens == run()[-1].tokens  # seeded
     assert len(events[-1].tokens) == 30
@@ -162,7 +165,8 @@ def test_a_tree_pass_gives_the_logits_of_each_path_run_alone(tiny_model, prompt_
         past_key_values=cache, use_cache=True,
     ).logits[0]
     for path in tree.candidates:
-        alone = tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1)).logits[0, length:]
+        alone = tiny_model(
+            torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1)).logits[0, length:]
         torch.testing.assert_close(tree_logits[list(path)], alone, atol=1e-5, rtol=1e-4)
 
 
@@ -180,7 +184,8 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
     path = max(tree.candidates, key=len)  # (0,), (0, 0), (0, 0, 0): not contiguous in fed order
     keep_positions(cache, length, [length + node for node in path])
     direct = DynamicCache(config=tiny_model.config)
-    tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1), past_key_values=direct, use_cache=True)
+    tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1), past_key_values=direct,
+               use_cache=True)
     for kept, expected in zip(cache.layers, direct.layers):
         torch.testing.assert_close(kept.keys, expected.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=1e-4)
@@ -188,18 +193,21 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
 
 def random_heads(model, num_heads=3, seed=0, vocab=None):
     torch.manual_seed(seed)
-    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab)
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads,
+                        shared_lm_head=model.get_output_embeddings(), vocab=vocab)
     for block in heads.blocks:
         for layer in block:
             torch.nn.init.normal_(layer.linear.weight, std=0.2)
     return heads.eval()
 
 
-@pytest.mark.parametrize("tree, tree_size", [(CHOICES, None), ([(0,), (0, 0)], None), ("chain", None), ("dynamic", 3), ("dynamic", 12)])
+@pytest.mark.parametrize("tree, tree_size",
+                         [(CHOICES, None), ([(0,), (0, 0)], None), ("chain", None), ("dynamic", 3), ("dynamic", 12)])
 def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, tree, tree_size):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
     events = list(
-        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=tree, tree_size=tree_size, max_new_tokens=40, eos_token_ids=())
+        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree=tree, tree_size=tree_size,
+                        max_new_tokens=40, eos_token_ids=())
     )
     assert events[-1].tokens == expected
     for event in events[1:-1]:
@@ -214,7 +222,8 @@ def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
     heads = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3).eval()
     for lm_head in heads.lm_heads:
         torch.nn.init.normal_(lm_head.weight, std=0.5)
-    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree_size=6, copy_length=0, max_new_tokens=30, eos_token_ids=()))[1:-1]
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree_size=6, copy_length=0, max_new_tokens=30,
+                                  eos_token_ids=()))[1:-1]
     assert len({tuple(e.data.tree_parents) for e in events}) > 1
     for event in events:
         assert len(event.data.tree_tokens) == 7 and event.data.tree_kind == "dynamic"
@@ -225,12 +234,14 @@ def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
     are not, in fewer passes, and the answer is still AR's."""
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=60, eos_token_ids=())).tokens
     run = lambda copy_length: list(  # noqa: E731
-        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree="chain", max_new_tokens=60, copy_length=copy_length, eos_token_ids=())
+        medusa.generate(tiny_model, prompt_ids, heads=random_heads(tiny_model), tree="chain", max_new_tokens=60,
+                        copy_length=copy_length, eos_token_ids=())
     )
     alone, copying = run(0), run(6)
     assert alone[-1].tokens == copying[-1].tokens == expected
     assert copying[-1].target_forwards < alone[-1].target_forwards
-    copied = [e for e in copying[1:-1] if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
+    copied = [e for e in copying[1:-1]
+              if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
     assert copied and max(e.data.accept_length for e in copied) >= 2
     with pytest.raises(SpecDemoError, match="copy_length"):
         run(-1)
@@ -240,11 +251,14 @@ def test_medusa_with_a_proposal_vocabulary_and_a_repetition_penalty_equals_ar(ti
     """Heads that propose from 40 of the 97 tokens, and greedy decoding with a repetition
     penalty: each tree node is then scored after its own path, exactly as AR scores it."""
     sampling = SamplingConfig(repetition_penalty=1.3)
-    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling, eos_token_ids=())).tokens
+    expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling,
+                                         eos_token_ids=())).tokens
     heads = random_heads(tiny_model, vocab=torch.arange(0, 80, 2))
-    summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, max_new_tokens=40, sampling=sampling, eos_token_ids=()))
+    summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=CHOICES, max_new_tokens=40,
+                                            sampling=sampling, eos_token_ids=()))
     assert summary.tokens == expected
-    assert {t for t in heads.top_tokens(torch.randn(tiny_model.config.hidden_size), (3, 2, 1)) for t in t} <= set(range(0, 80, 2))
+    assert {t for t in heads.top_tokens(torch.randn(tiny_model.config.hidden_size), (3, 2, 1))
+            for t in t} <= set(range(0, 80, 2))
 
 
 def test_heads_that_know_the_model_get_accepted():
@@ -258,7 +272,8 @@ def test_heads_that_know_the_model_get_accepted():
     lm_head = model.get_output_embeddings().weight  # [V, H]
     for k, head in enumerate(heads.lm_heads):  # the row for token t+k+2 where the model's head has t+1
         head.weight.data = torch.roll(lm_head, shifts=k + 1, dims=0)
-    events = [e for e in medusa.generate(model, torch.tensor([[3, 5]]), heads=heads, max_new_tokens=21, eos_token_ids=()) if isinstance(e, StepEvent)]
+    events = [e for e in medusa.generate(model, torch.tensor([[3, 5]]), heads=heads, max_new_tokens=21,
+                                         eos_token_ids=()) if isinstance(e, StepEvent)]
     assert [t for e in events for t in e.committed] == list(range(6, 27))
     assert [len(e.committed) for e in events] == [1, 4, 4, 4, 4, 4]
 
@@ -273,7 +288,8 @@ def test_heads_round_trip_in_both_formats(tiny_model, tmp_path):
         assert loaded.top_tokens(hidden[0], (2, 1, 1)) == heads.top_tokens(hidden[0], (2, 1, 1))
     # the published format: one Sequential(ResBlock..., Linear) per head, saved whole
     published = torch.nn.ModuleList(
-        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size, bias=False)) for block in heads.blocks
+        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size,
+                                                    bias=False)) for block in heads.blocks
     )
     (tmp_path / "published").mkdir()
     torch.save(published.state_dict(), tmp_path / "published" / "medusa_lm_head.pt")
@@ -290,19 +306,24 @@ def test_medusa_with_trained_heads_equals_ar_on_embedded_model(embedded, tree):
     from specdemo.methods import method_options
 
     input_ids = embedded.encode_chat("Explain in two sentences why the sky is blue.")
-    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids)).tokens
+    expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=48,
+                                         eos_token_ids=embedded.eos_token_ids)).tokens
     heads = method_options("medusa", embedded)["heads"]
-    summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48, eos_token_ids=embedded.eos_token_ids))
+    summary = final_summary(medusa.generate(embedded.model, input_ids, heads=heads, tree=tree, max_new_tokens=48,
+                                            eos_token_ids=embedded.eos_token_ids))
     assert summary.tokens == expected
-    assert summary.tokens_per_forward > (1.0 if tree == "chain" else 1.1)  # the trained heads do get accepted (8-node trees)
+    # the trained heads do get accepted (8-node trees)
+    assert summary.tokens_per_forward > (1.0 if tree == "chain" else 1.1)
 
 
 def token_heads(model, num_heads=3, seed=0, vocab=None):
     """Random heads that also read the token their hidden state predicted."""
     torch.manual_seed(seed)
-    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab,
+    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads,
+                        shared_lm_head=model.get_output_embeddings(), vocab=vocab,
                         embedding=model.get_input_embeddings())
-    scale = float(model.get_input_embeddings().weight.detach().std())  # a tiny model's embeddings are small beside its hidden states
+    # a tiny model's embeddings are small beside its hidden states
+    scale = float(model.get_input_embeddings().weight.detach().std())
     for block, mixer in zip(heads.blocks, heads.mixers):
         torch.nn.init.normal_(mixer.linear.weight, std=0.2)
         mixer.linear.weight.data[:, model.config.hidden_size :] /= scale
@@ -315,7 +336,8 @@ def test_new_token_mixers_pass_the_hidden_state_through(tiny_model):
     """Heads that read the token start as the heads that do not (their mixers are [I 0]), so
     trained Medusa heads can be fine-tuned into them."""
     plain = random_heads(tiny_model)
-    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, shared_lm_head=tiny_model.get_output_embeddings(),
+    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3,
+                          shared_lm_head=tiny_model.get_output_embeddings(),
                           embedding=tiny_model.get_input_embeddings())
     reading.blocks.load_state_dict(plain.blocks.state_dict())
     hidden, tokens = torch.randn(5, tiny_model.config.hidden_size), torch.tensor([1, 2, 3, 4, 5])
@@ -332,7 +354,8 @@ def test_heads_that_read_the_token_propose_after_it_and_equal_ar(tiny_model, pro
     assert len({str(heads.top_tokens(hidden, (3, 2, 1), token=token)) for token in range(20)}) > 1
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
     for tree in ("dynamic", CHOICES):
-        summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, max_new_tokens=40, eos_token_ids=()))
+        summary = final_summary(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, max_new_tokens=40,
+                                                eos_token_ids=()))
         assert summary.tokens == expected
 
 
@@ -348,7 +371,8 @@ def test_heads_that_read_the_token_round_trip(tiny_model, tmp_path):
 def path_heads(model, num_heads=3, seed=0, vocab=None):
     """Random heads that read their tree path (Hydra)."""
     heads = token_heads(model, num_heads, seed, vocab)
-    reading = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads, shared_lm_head=model.get_output_embeddings(), vocab=vocab,
+    reading = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads,
+                          shared_lm_head=model.get_output_embeddings(), vocab=vocab,
                           embedding=model.get_input_embeddings(), reads_path=True)
     reading.load_trained(heads.blocks.state_dict() | {f"mixers.{k}": v for k, v in heads.mixers.state_dict().items()})
     scale = float(model.get_input_embeddings().weight.detach().std())
@@ -363,11 +387,13 @@ def test_heads_that_read_their_path_start_as_the_heads_that_read_the_token(tiny_
     reads the path again."""
     plain = token_heads(tiny_model)
     plain.save(tmp_path / "token")
-    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, shared_lm_head=tiny_model.get_output_embeddings(),
+    reading = MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3,
+                          shared_lm_head=tiny_model.get_output_embeddings(),
                           embedding=tiny_model.get_input_embeddings(), reads_path=True)
     from safetensors.torch import load_file
 
-    reading.load_trained({k: v for k, v in load_file(tmp_path / "token" / medusa_heads.HEADS_FILE).items() if k != medusa_heads.VOCAB_KEY})
+    reading.load_trained({k: v for k, v in load_file(tmp_path / "token" / medusa_heads.HEADS_FILE).items()
+                          if k != medusa_heads.VOCAB_KEY})
     hidden, path = torch.randn(5, tiny_model.config.hidden_size), torch.randint(0, 97, (5, 3))
     torch.testing.assert_close(reading(hidden, path), plain(hidden, path[:, 0]))
     heads = path_heads(tiny_model, vocab=torch.tensor([1, 5, 9, 30, 44]))
@@ -410,14 +436,17 @@ def test_a_path_reading_tree_guesses_each_node_from_its_own_path(tiny_model):
     static = medusa.path_tokens(heads, hidden, root, list(CHOICES))
     for path in CHOICES:
         above = [static[path[:d]] for d in range(1, len(path))]
-        assert heads.token_ids(guesses_along(heads, hidden, root, above).argsort(descending=True))[path[-1]] == static[path]
+        assert heads.token_ids(
+            guesses_along(heads, hidden, root, above).argsort(descending=True))[path[-1]] == static[path]
 
 
-@pytest.mark.parametrize("tree, tree_size, copy_length", [("dynamic", 3, 0), ("dynamic", 12, None), (CHOICES, None, 0), ("chain", None, None)])
+@pytest.mark.parametrize("tree, tree_size, copy_length",
+                         [("dynamic", 3, 0), ("dynamic", 12, None), (CHOICES, None, 0), ("chain", None, None)])
 def test_heads_that_read_their_path_equal_ar(tiny_model, prompt_ids, tree, tree_size, copy_length):
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=40, eos_token_ids=())).tokens
     heads = path_heads(tiny_model, vocab=torch.arange(0, 80, 2))
-    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, tree_size=tree_size, copy_length=copy_length, max_new_tokens=40,
+    events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree=tree, tree_size=tree_size,
+                                  copy_length=copy_length, max_new_tokens=40,
                                   eos_token_ids=()))
     assert events[-1].tokens == expected
     for event in events[1:-1]:

@@ -50,7 +50,8 @@ def test_only_heads_that_read_the_token_learn_what_it_alone_determines():
     losses = {}
     for reads in (False, True):
         torch.manual_seed(0)
-        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2, shared_lm_head=model.get_output_embeddings(),
+        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2,
+                            shared_lm_head=model.get_output_embeddings(),
                             embedding=model.get_input_embeddings() if reads else None)
         losses[reads] = loss_after_training(heads, states, generator)
     assert losses[True] < 0.5 * losses[False]
@@ -73,9 +74,11 @@ def test_heads_that_read_their_path_learn_what_only_the_path_determines():
     losses = {}
     for reads_path in (False, True):
         torch.manual_seed(0)
-        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2, shared_lm_head=model.get_output_embeddings(),
+        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2,
+                            shared_lm_head=model.get_output_embeddings(),
                             embedding=model.get_input_embeddings(), reads_path=reads_path)
         if reads_path:
-            assert head_tokens(heads, states, torch.tensor([0, n - 1])).tolist() == [tokens[1:3].tolist(), [tokens[-1]] * 2]
+            assert head_tokens(heads, states, torch.tensor([0, n - 1])).tolist() == [tokens[1:3].tolist(),
+                                                                                     [tokens[-1]] * 2]
         losses[reads_path] = loss_after_training(heads, states, generator)
     assert losses[True] < losses[False] - 0.3

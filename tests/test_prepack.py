@@ -10,8 +10,10 @@ from torch import nn
 from specdemo.core import prepack
 
 DTYPES = [
-    pytest.param(torch.float32, marks=pytest.mark.skipif(torch.float32 not in prepack.packed_dtypes(), reason="no oneDNN")),
-    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(torch.bfloat16 not in prepack.packed_dtypes(), reason="no native bfloat16")),
+    pytest.param(torch.float32,
+                 marks=pytest.mark.skipif(torch.float32 not in prepack.packed_dtypes(), reason="no oneDNN")),
+    pytest.param(torch.bfloat16,
+                 marks=pytest.mark.skipif(torch.bfloat16 not in prepack.packed_dtypes(), reason="no native bfloat16")),
 ]
 
 
@@ -27,14 +29,16 @@ def test_packed_layers_give_the_plain_products(dtype, rows):
     plain product is MKL's) within rounding."""
     plain, packed = layers(dtype), layers(dtype)
     assert prepack.prepack(packed) == 2
-    assert [type(layer) for layer in packed] == [prepack.PackedLinear, nn.SiLU, prepack.PackedLinear]  # swapped in the open
+    # swapped in the open
+    assert [type(layer) for layer in packed] == [prepack.PackedLinear, nn.SiLU, prepack.PackedLinear]
     assert packed[0].weight is not plain[0].weight and packed[2].bias is None
     x = torch.randn(1, rows, 64, dtype=dtype)
     with torch.inference_mode():
         if dtype == torch.bfloat16:
             assert torch.equal(packed(x), plain(x))
         torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-6)
-    assert all(layer.weight in prepack._PACKED for layer in packed if isinstance(layer, nn.Linear))  # the packed path ran
+    # the packed path ran
+    assert all(layer.weight in prepack._PACKED for layer in packed if isinstance(layer, nn.Linear))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -33,7 +33,8 @@ def stand_in(spec: str, model) -> LoadedModel:
 
 @pytest.mark.parametrize(
     ("method", "companion"),
-    [("speculative", "double7/vicuna-68m"), ("medusa", "FasterDecoding/medusa-vicuna-7b-v1.3"), ("cllm", "cllm/consistency-llm-7b-sharegpt48k")],
+    [("speculative", "double7/vicuna-68m"), ("medusa", "FasterDecoding/medusa-vicuna-7b-v1.3"),
+     ("cllm", "cllm/consistency-llm-7b-sharegpt48k")],
 )
 def test_a_gpu_preset_target_loads_the_companions_its_preset_names(tiny_model, method, companion):
     """Offline the Hub cannot serve them: the error names exactly the checkpoint the preset chose."""
@@ -72,7 +73,8 @@ def test_a_preset_with_local_companions_runs_speculative_exactly(tmp_path, monke
     target = load_model(target_folder, "float32", "cpu")
     assert method_options("speculative", target)["draft"].name == draft_folder
     answers = {
-        method: final_summary(live.run(target, live.Request("Count to five.", method, 24))).tokens for method in ("ar", "speculative")
+        method: final_summary(live.run(target, live.Request("Count to five.", method, 24))).tokens
+        for method in ("ar", "speculative")
     }
     assert answers["speculative"] == answers["ar"]
 
@@ -87,17 +89,20 @@ def test_published_heads_get_their_presets_tree(tiny_model, tmp_path, monkeypatc
 
     heads = medusa_module.MedusaHeads(tiny_model.config.hidden_size, tiny_model.config.vocab_size, 3, 1)
     published = torch.nn.ModuleList(
-        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size, bias=False)) for block in heads.blocks
+        torch.nn.Sequential(*block, torch.nn.Linear(tiny_model.config.hidden_size, tiny_model.config.vocab_size,
+                                                    bias=False)) for block in heads.blocks
     )
     torch.save(published.state_dict(), tmp_path / "medusa_lm_head.pt")
     (tmp_path / "config.json").write_text('{"medusa_num_heads": 3, "medusa_num_layers": 1}')
     tree = ((0,), (1,), (0, 0), (0, 0, 0))
-    monkeypatch.setattr(presets, "GPU_PRESETS", (Preset("tiny with heads", "tiny/target", medusa_heads=str(tmp_path), medusa_tree=tree),))
+    monkeypatch.setattr(presets, "GPU_PRESETS",
+                        (Preset("tiny with heads", "tiny/target", medusa_heads=str(tmp_path), medusa_tree=tree),))
     loaded = method_options("medusa", stand_in("tiny/target", tiny_model))["heads"]
     assert loaded.choices == [[0], [1], [0, 0], [0, 0, 0]]
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=24, eos_token_ids=())).tokens
     for kind in ("static", "dynamic"):
-        events = list(medusa_module.generate(tiny_model, prompt_ids, heads=loaded, tree=kind, max_new_tokens=24, copy_length=0, eos_token_ids=()))
+        events = list(medusa_module.generate(tiny_model, prompt_ids, heads=loaded, tree=kind, max_new_tokens=24,
+                                             copy_length=0, eos_token_ids=()))
         assert final_summary(events).tokens == expected
         assert len(events[1].proposed) == len(tree)  # the preset's tree, or a dynamic tree of its size
         if kind == "static":

@@ -14,17 +14,26 @@ from specdemo.core.events import StepEvent, committed_by_origin, final_summary
 from specdemo.core.steps import LookaheadStep, TreeStep
 from specdemo.methods import ar, draft_tree, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
-from specdemo.methods.retrieval import MOST_OCCURRENCES, SHORTEST_MATCH, Datastore, answers_of, guessed_branch, load_datastore
+from specdemo.methods.retrieval import (
+    MOST_OCCURRENCES,
+    SHORTEST_MATCH,
+    Datastore,
+    answers_of,
+    guessed_branch,
+    load_datastore,
+)
 
 
-def brute_force(answers: list[list[int]], text: list[int], length: int, width: int, least_share: float = 0.0) -> tuple[int, ...]:
+def brute_force(answers: list[list[int]], text: list[int], length: int, width: int,
+                least_share: float = 0.0) -> tuple[int, ...]:
     """The guess by its definition: the longest suffix of `text` (width down to SHORTEST_MATCH tokens)
     found inside an answer; then, among the occurrences that agreed so far, the most common next
     token (ties: the smallest), until an answer ends, fewer than `least_share` of them agree, or
     `length` tokens."""
     for k in range(min(width, len(text)), SHORTEST_MATCH - 1, -1):
         suffix = text[len(text) - k :]
-        found = [(a, i + k) for a, answer in enumerate(answers) for i in range(len(answer) - k + 1) if answer[i : i + k] == suffix]
+        found = [(a, i + k) for a, answer in enumerate(answers) for i in range(len(answer) - k + 1)
+                 if answer[i : i + k] == suffix]
         if found:
             break
     else:
@@ -51,18 +60,21 @@ def test_guesses_equal_the_brute_force_reference(vocab_size):
     for _ in range(300):
         text = [rng.randrange(small) for _ in range(rng.randrange(1, 8))]
         length, share = rng.randrange(0, 10), rng.choice([0.0, 0.3, 0.5, 0.9])
-        assert store.continuation(text, length, share) == brute_force(answers, text, length, store.width, share), (text, length, share)
+        assert store.continuation(text, length, share) == \
+            brute_force(answers, text, length, store.width, share), (text, length, share)
 
 
 def test_a_guess_never_runs_past_an_answer_and_needs_a_repeat_of_two():
     store = Datastore.of_answers([[1, 2, 3, 4], [7, 1, 2, 3, 9, 9], [1, 2, 3, 4, 5]], vocab_size=10)
-    assert store.continuation([0, 1, 2], 8) == (3, 4, 5)  # "1 2": 3 in all three, then 4 in two of them, then 5 (the answer without it ended)
+    # "1 2": 3 in all three, then 4 in two of them, then 5 (the answer without it ended)
+    assert store.continuation([0, 1, 2], 8) == (3, 4, 5)
     assert store.continuation([7, 1], 2) == (2, 3)
     assert store.continuation([8, 2], 5) == ()  # "8 2" never occurs, and one token is too short a match to trust
     assert store.continuation([3, 4, 5], 5) == ()  # "4 5" ends an answer: nothing follows it
     assert store.continuation([1, 2], 0) == ()
     assert store.continuation([0, 1, 2], 8, least_share=0.6) == (3, 4)  # two of three go on with 4, one of two with 5
-    assert store.continuation([12, 1, 2], 3) == ()  # a token the datastore cannot hold (another vocabulary) matches nothing
+    # a token the datastore cannot hold (another vocabulary) matches nothing
+    assert store.continuation([12, 1, 2], 3) == ()
 
 
 def test_a_frequent_suffix_is_followed_in_a_spread_of_its_occurrences():
@@ -97,7 +109,8 @@ def test_the_text_comes_first_then_the_datastore():
 def test_a_guess_below_the_likeliest_branch():
     """`extend_likeliest` hangs the guess below the draft's best leaf, reading the text and that
     branch; nothing below a leaf with children or an EOS."""
-    tree = draft_tree.DraftTree(tokens=[4, 6, 5], parents=[-1, -1, 0], scores=[-0.1, -2.0, -0.3], depths=[1, 1, 2], sources=["draft"] * 3)
+    tree = draft_tree.DraftTree(tokens=[4, 6, 5], parents=[-1, -1, 0], scores=[-0.1, -2.0, -0.3], depths=[1, 1, 2],
+                                sources=["draft"] * 3)
     store = Datastore.of_answers([[3, 4, 5, 1, 1, 9]], vocab_size=10)
     grown = draft_tree.extend_likeliest(tree, torch.tensor([7, 3]), 2, (), store)  # the branch "4 5" after "3": "1 1"
     assert grown.tokens[3:] == [1, 1] and grown.parents[3:] == [2, 3] and grown.depths[3:] == [3, 4]
@@ -121,8 +134,10 @@ def answered(tiny_model):
 
 GUESSERS = {  # each method that takes the datastore: its generator and what it needs beyond it on the tiny model
     # a draft that is never right alone commits nothing by itself: what speculative decoding gains is the datastore's
-    "speculative": lambda model: (speculative.generate, dict(draft=RunnerUpDraft("runner-up", model), gamma=1, draft_tree_size=1, draft_tree_top_k=1)),
-    "medusa": lambda model: (medusa.generate, dict(heads=medusa.MedusaHeads(model.config.hidden_size, model.config.vocab_size, 2).eval())),
+    "speculative": lambda model: (speculative.generate, dict(draft=RunnerUpDraft("runner-up", model), gamma=1,
+                                                             draft_tree_size=1, draft_tree_top_k=1)),
+    "medusa": lambda model: (medusa.generate, dict(heads=medusa.MedusaHeads(
+        model.config.hidden_size, model.config.vocab_size, 2).eval())),
     "lookahead": lambda model: (lookahead.generate, {}),  # the guess is its candidate after the copy
 }
 
@@ -149,7 +164,8 @@ def test_a_datastore_keeps_ar_answer_in_fewer_passes(tiny_model, answered, metho
         events = list(generate(tiny_model, prompt, **settings))
         assert without.tokens == events[-1].tokens == expected
         assert events[-1].target_forwards < without.target_forwards
-        assert "retrieved" in [source for e in events if isinstance(e, StepEvent) for source in accepted_sources(e.data)]
+        assert "retrieved" in [source for e in events if isinstance(e, StepEvent)
+                               for source in accepted_sources(e.data)]
 
 
 def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
@@ -158,16 +174,20 @@ def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
     pool.insert_text([8, 1, 1, 8, 2, 2])
     tokens = [6, 8, 7, 0, 4, 8]  # "8" occurred: the copy is "7 0"; "4 8" occurred in both answers: "3", then "3" or "5"
     candidates, sources = lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store)
-    assert candidates == [(7, 0), (3, 3), (2, 2)] and sources == ["copy", "retrieved", "pool"]  # ties: the smaller token
-    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store, eos=(3,))[0][1] == (3,)  # up to an EOS
-    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2)[1] == ["copy", "pool", "pool"]  # no datastore
+    # ties: the smaller token
+    assert candidates == [(7, 0), (3, 3), (2, 2)] and sources == ["copy", "retrieved", "pool"]
+    # up to an EOS
+    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store, eos=(3,))[0][1] == (3,)
+    # no datastore
+    assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2)[1] == ["copy", "pool", "pool"]
 
 
 def test_a_token_draft_tree_with_a_datastore_keeps_ar_answer(tiny_model, answered, prompt_ids):
     """The draft's likeliest branch gets its continuation below it: still AR's answer with a real draft."""
     store, _ = answered
     expected = final_summary(ar.generate(tiny_model, prompt_ids, max_new_tokens=50)).tokens
-    got = final_summary(speculative.generate(tiny_model, prompt_ids, draft=Draft("self", tiny_model), max_new_tokens=50, datastore=store))
+    got = final_summary(speculative.generate(tiny_model, prompt_ids, draft=Draft("self", tiny_model), max_new_tokens=50,
+                                             datastore=store))
     assert got.tokens == expected
 
 
@@ -176,7 +196,8 @@ def test_the_datastore_keeps_the_answers_of_greedy_shards_and_no_prompt(tmp_path
 
     from training.datastore import answers
 
-    shard = {"prompts": ["a", "b"], "sources": ["x", "y"], "sequences": [[1, 2, 3, 4], [5, 6, 7]], "answer_starts": [2, 1],
+    shard = {"prompts": ["a", "b"], "sources": ["x", "y"], "sequences": [[1, 2, 3, 4], [5, 6, 7]],
+             "answer_starts": [2, 1],
              "features": [torch.zeros(2, 4), torch.zeros(2, 4)]}
     torch.save(shard, tmp_path / "shard-00000.pt")
     (tmp_path / "plan.json").write_text(json.dumps({"temperature": 0.0, "dtype": "float32", "max_new_tokens": 160}))
@@ -206,5 +227,6 @@ def test_ar_commits_the_targets_tokens_and_jacobi_predicts(tiny_model, prompt_id
         {"datastore": 0, "text": 0, "prediction": 0, "target": 20}
     from specdemo.methods import jacobi
 
-    origins = committed_by_origin(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=20, eos_token_ids=(), block_size=4))
+    origins = committed_by_origin(jacobi.generate(tiny_model, prompt_ids, max_new_tokens=20, eos_token_ids=(),
+                                                  block_size=4))
     assert origins["datastore"] == origins["text"] == 0 and origins["prediction"] + origins["target"] == 20

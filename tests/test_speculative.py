@@ -50,7 +50,8 @@ def test_greedy_equals_ar(tiny_model, other_model, prompt_ids, gamma, draft_kind
         "vocab_subset": Draft("subset", tiny_model, torch.arange(0, 97, 2)),
     }[draft_kind]
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40).tokens
-    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma, draft_tree_size=0)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=gamma,
+                     draft_tree_size=0)
     assert summary.tokens == expected and summary.finish_reason == "length"
     if draft_kind == "always_right":  # every pass commits gamma + 1 tokens
         assert summary.target_forwards == -(-40 // (gamma + 1))
@@ -61,7 +62,8 @@ def test_adaptive_gamma_and_repetition_penalty_equal_ar(tiny_model, other_model,
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=40, sampling=sampling).tokens
     for draft in [Draft("target", tiny_model), Draft("other", other_model)]:
         summary = answer(
-            speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=2, adaptive_gamma=True, sampling=sampling
+            speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=40, gamma=2, adaptive_gamma=True,
+            sampling=sampling
         )
         assert summary.tokens == expected
 
@@ -70,7 +72,8 @@ def test_adaptive_gamma_and_repetition_penalty_equal_ar(tiny_model, other_model,
 def test_rollback_after_a_rejection_at_every_position(tiny_model, prompt_ids, every):
     gamma = 6
     expected = answer(ar, tiny_model, prompt_ids, max_new_tokens=60).tokens
-    events = list(speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=gamma, draft_tree_size=0))
+    events = list(speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every),
+                                       max_new_tokens=60, gamma=gamma, draft_tree_size=0))
     assert events[-1].tokens == expected
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert any(e.rejected for e in steps)
@@ -82,7 +85,8 @@ def test_rollback_after_a_rejection_at_every_position(tiny_model, prompt_ids, ev
 def test_rejections_cover_every_draft_position(tiny_model, prompt_ids):
     seen = set()
     for every in [2, 3, 4, 5, 6, 7, 8]:
-        for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60, gamma=6, draft_tree_size=0):
+        for e in speculative.generate(tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, every), max_new_tokens=60,
+                                      gamma=6, draft_tree_size=0):
             if isinstance(e, StepEvent) and e.rejected:
                 seen.add(e.data.accept_length)
     assert seen == set(range(6))
@@ -93,7 +97,8 @@ def test_eos_inside_an_accepted_run(tiny_model, prompt_ids):
     eos = greedy[4]
     expected = greedy[: greedy.index(eos) + 1]
     events = list(
-        speculative.generate(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8, eos_token_ids=[eos], draft_tree_size=0)
+        speculative.generate(tiny_model, prompt_ids, draft=Draft("target", tiny_model), max_new_tokens=30, gamma=8,
+                             eos_token_ids=[eos], draft_tree_size=0)
     )
     summary = events[-1]
     assert list(summary.tokens) == expected and summary.finish_reason == "eos"
@@ -101,7 +106,8 @@ def test_eos_inside_an_accepted_run(tiny_model, prompt_ids):
 
 
 def test_summary_reports_acceptance_by_position(tiny_model, prompt_ids):
-    summary = answer(speculative, tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, 3), max_new_tokens=40, gamma=4, draft_tree_size=0)
+    summary = answer(speculative, tiny_model, prompt_ids, draft=ScriptedDraft(tiny_model, 3), max_new_tokens=40,
+                     gamma=4, draft_tree_size=0)
     by_position = summary.extra["acceptance_by_position"]
     assert len(by_position) == 4 and all(0 <= a <= 1 for a in by_position)
     assert by_position == sorted(by_position, reverse=True)  # position i+1 is accepted only after position i
@@ -124,7 +130,8 @@ def target_marginals(model, prompt_ids, sampling, count: int = 2):
         for ids, weight in prefixes:
             probs = next_probs(ids)
             marginal = marginal + weight * probs
-            longer += [(torch.cat([ids, token.view(1, 1)], dim=-1), weight * float(probs[token])) for token in probs.nonzero()[:, 0]]
+            longer += [(torch.cat([ids, token.view(1, 1)], dim=-1), weight * float(probs[token]))
+                       for token in probs.nonzero()[:, 0]]
         marginals.append(marginal)
         prefixes = longer
     return marginals
@@ -149,7 +156,8 @@ def test_sampling_keeps_the_target_distribution(tiny_model, other_model, prompt_
     runs = 1500
     draft = Draft("other", other_model)
     summaries = [
-        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=3, gamma=2, sampling=SamplingConfig(seed=seed, **settings))
+        answer(speculative, tiny_model, prompt_ids, draft=draft, max_new_tokens=3, gamma=2,
+               sampling=SamplingConfig(seed=seed, **settings))
         for seed in range(runs)
     ]
     assert sum(s.proposed for s in summaries) >= 2 * runs  # every run's first pass drafted 2 tokens

@@ -33,7 +33,8 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
     with torch.inference_mode():
         dynamic = DynamicCache(config=tiny_model.config)
         decoder(input_ids=prompt_ids, past_key_values=dynamic, use_cache=True)
-        out = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True, attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
+        out = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True,
+                      attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
                       position_ids=chain_positions(sees, prompt_ids.shape[1]), output_hidden_states=True)
         expected = out.last_hidden_state
         static = StaticKV(tiny_model, 64)
@@ -44,9 +45,11 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
         static.length = n
         static.start.fill_(n)
         got = static_forward(decoder, static, tokens, chain_positions(sees, n), sees)
-        static.length = n  # the same pass again, also returning the residual stream after layer 1 (a feature draft's `layers`)
+        # the same pass again, also returning the residual stream after layer 1 (a feature draft's `layers`)
+        static.length = n
         static.start.fill_(n)
-        joined, logits = static_forward(decoder, static, tokens, chain_positions(sees, n), sees, tiny_model.get_output_embeddings(), layers=(1,))
+        joined, logits = static_forward(decoder, static, tokens, chain_positions(sees, n), sees,
+                                        tiny_model.get_output_embeddings(), layers=(1,))
         expected_logits = tiny_model.get_output_embeddings()(expected)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(joined, torch.cat([out.hidden_states[1], expected], dim=-1), rtol=1e-5, atol=1e-5)
@@ -130,11 +133,12 @@ def test_every_method_gives_ars_answer_through_the_compiled_pass(compiled_models
     passes = compiled[id(model)]
     assert isinstance(request_cache(model, 40, passes), StaticKV)
     before = sum(passes.runs.values())
-    drafted_by_target = getattr(options.get("draft"), "model", None) is target  # then the draft's passes take the same graphs
+    # then the draft's passes take the same graphs
+    drafted_by_target = getattr(options.get("draft"), "model", None) is target
     given = {"passes": passes, **({"cllm_passes": passes} if name.startswith("cllm") else {}),
              **({"draft_passes": passes} if drafted_by_target else {})}
-    summary = final_summary(generate(model if name.startswith("cllm") else target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS,
-                                     eos_token_ids=(), **options, **given))
+    summary = final_summary(generate(model if name.startswith("cllm") else target, prompt_ids,
+                                     max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options, **given))
     assert summary.tokens == expected[name]
     assert (sum(passes.runs.values()) - before > summary.target_forwards) if drafted_by_target else \
         (sum(passes.runs.values()) - before == summary.target_forwards)  # every target pass took the static path
@@ -156,7 +160,8 @@ def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_model
             ran.append(passes.runs[8] - before)
         compiled, eager = results
     assert ran == [1, 0]  # 1 pending + 4 nodes in the 8 bucket, through the graph; the eager pass not
-    assert compiled.logits.dtype == eager.logits.dtype == torch.float32 and compiled.logits.shape == (5, target.config.vocab_size)
+    assert compiled.logits.dtype == eager.logits.dtype == torch.float32 \
+        and compiled.logits.shape == (5, target.config.vocab_size)
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled.hidden, eager.hidden, rtol=1e-4, atol=1e-4)
     # a prompt wider than every bucket runs the same function eagerly, its head over the rows asked for alone
@@ -165,7 +170,8 @@ def test_a_compiled_target_pass_gives_the_heads_logits_in_float32(compiled_model
         before = passes.runs[0]
         wide, reference = (target_pass(target, cache, long_prompt, Proposal())
                            for cache in (request_cache(target, 60, passes), DynamicCache(config=target.config)))
-    assert passes.runs[0] == before + 1 and wide.logits.shape == (1, target.config.vocab_size) and wide.logits.dtype == torch.float32
+    assert passes.runs[0] == before + 1 and wide.logits.shape == (1, target.config.vocab_size) \
+        and wide.logits.dtype == torch.float32
     torch.testing.assert_close(wide.logits, reference.logits, rtol=1e-4, atol=1e-4)
 
 
@@ -200,12 +206,15 @@ def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
     assert fitted_size(12, 0, None, cpu) == 12 and fitted_size(12, 5, None, cuda) == 12  # eager: what was asked
     # a CPU pass costs about its width: the narrowest bucket holding the root, the copy and half the tree, filled
     assert fitted_size(12, 0, bucket, cpu) == 7  # 12 nodes run as 8, not 16
-    assert fitted_size(6, 0, bucket, cpu) == 7 and fitted_size(6, 3, bucket, cpu) == 4  # the copy takes the least likely nodes' room
+    # the copy takes the least likely nodes' room
+    assert fitted_size(6, 0, bucket, cpu) == 7 and fitted_size(6, 3, bucket, cpu) == 4
     assert fitted_size(6, 8, bucket, cpu) == 7  # a copy that needs 16 leaves room for more nodes than asked, at no cost
     assert fitted_size(12, 15, bucket, cpu) == 16  # a copy that takes 32 anyway: the tree fills it
-    assert fitted_size(7, 12, bucket, cpu) == 3 and fitted_size(7, 11, bucket, cpu) == 4  # half the tree, unless that takes a pass 32 wide
+    # half the tree, unless that takes a pass 32 wide
+    assert fitted_size(7, 12, bucket, cpu) == 3 and fitted_size(7, 11, bucket, cpu) == 4
     # with CUDA graphs a pass costs about the same at any width: the bucket holding everything, filled
-    assert fitted_size(12, 0, bucket, cuda) == 15 and fitted_size(12, 8, bucket, cuda) == 23 and fitted_size(6, 0, bucket, cuda) == 7
+    assert fitted_size(12, 0, bucket, cuda) == 15 and fitted_size(12, 8, bucket, cuda) == 23 \
+        and fitted_size(6, 0, bucket, cuda) == 7
 
 
 def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):
@@ -221,7 +230,8 @@ def test_a_compiled_draft_tree_fills_each_padded_pass(compiled_models, prompt_id
     """The default 6 nodes at depth 2 run as 8 on a CPU: 7 slots, which 2 children per node
     cannot fill (2 + 4), so the tree grows 3 (`draft_tree.children_to_fill`) and holds 7."""
     target, configs, expected, compiled = compiled_models
-    options = {**configs["speculative, feature draft, tree"][1], "gamma": 2, "draft_tree_size": 6, "draft_tree_top_k": 2, "copy_length": 0,
+    options = {**configs["speculative, feature draft, tree"][1], "gamma": 2, "draft_tree_size": 6,
+               "draft_tree_top_k": 2, "copy_length": 0,
                "passes": compiled[id(target)]}
     events = list(speculative.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), **options))
     summary, steps = events[-1], [event for event in events[1:-1] if event.proposed]  # the first pass drafts nothing
@@ -242,8 +252,8 @@ def compiled_draft(compiled_drafts: dict, draft):
     return compiled_drafts[id(draft.model)]
 
 
-@pytest.mark.parametrize("name", ["speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
-                                  "speculative, feature draft, tree"])
+@pytest.mark.parametrize("name", ["speculative, token draft, chain", "speculative, token draft, tree",
+                                  "speculative, feature draft, chain", "speculative, feature draft, tree"])
 def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models, compiled_drafts, prompt_ids, name):
     """The drafts' passes on the static path (point 5): the same proposals, pass for pass. gamma = 3
     trees feed a third level that looks back at the second's branches: the window of `sees`."""
@@ -256,7 +266,8 @@ def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models
             for draft_passes in (None, passes)]
     assert [event.proposed for event in runs[1][:-1]] == [event.proposed for event in runs[0][:-1]]
     assert runs[1][-1].tokens == expected[name]
-    assert passes.runs[0] and sum(passes.runs[width] for width in (1, 2, 4)) > len(runs[1]) // 2  # the prompt eagerly, steps compiled
+    # the prompt eagerly, steps compiled
+    assert passes.runs[0] and sum(passes.runs[width] for width in (1, 2, 4)) > len(runs[1]) // 2
     assert not passes.failed
 
 
@@ -284,7 +295,8 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
 
     passes.forward = broken
     with caplog.at_level(logging.WARNING, logger="specdemo.core.static"):
-        tokens = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(), passes=passes)).tokens
+        tokens = final_summary(ar.generate(model, prompt_ids, max_new_tokens=12, eos_token_ids=(),
+                                           passes=passes)).tokens
     assert tokens == expected
     assert passes.failed and "no C++ compiler" in passes.failed
     assert len([r for r in caplog.records if "eagerly" in r.message]) == 1
@@ -299,8 +311,8 @@ def test_the_embedded_model_gives_ars_answer_through_the_compiled_pass(compiled_
     generate = {"ar": ar.generate, "speculative": speculative.generate, "medusa": medusa.generate}[method]
     options = method_options(method, embedded)
     passes.runs.clear()
-    summary = final_summary(generate(model, input_ids, max_new_tokens=40, eos_token_ids=embedded.eos_token_ids, **options,
-                                     passes=passes))
+    summary = final_summary(generate(model, input_ids, max_new_tokens=40, eos_token_ids=embedded.eos_token_ids,
+                                     **options, passes=passes))
     assert summary.tokens == expected
     assert passes.runs[16] >= 10 and not passes.failed  # compiled passes ran (the prompt, wider, runs eagerly)
 
@@ -312,6 +324,6 @@ def compiled_embedded(embedded):
     tiny models' tests cover several buckets; one graph of the embedded model costs a minute)."""
     model = copy.deepcopy(embedded.model)
     input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
-    expected = final_summary(decode(embedded.model, input_ids, Proposer(), method="ar", max_new_tokens=40, sampling=GREEDY,
-                                    eos_token_ids=embedded.eos_token_ids)).tokens
+    expected = final_summary(decode(embedded.model, input_ids, Proposer(), method="ar", max_new_tokens=40,
+                                    sampling=GREEDY, eos_token_ids=embedded.eos_token_ids)).tokens
     return model, compile_passes(model, buckets=(16,)), expected

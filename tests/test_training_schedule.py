@@ -15,7 +15,8 @@ def test_by_steps_it_warms_up_then_decays_to_zero_and_never_stops_training():
     assert schedule.rate(9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.09)))
     assert schedule.rate(50) == pytest.approx(0.5)
     assert schedule.rate(100) == pytest.approx(0.0, abs=1e-12)
-    assert [schedule.rate(s) for s in range(10, 100)] == sorted([schedule.rate(s) for s in range(10, 100)], reverse=True)
+    assert [schedule.rate(s) for s in range(10, 100)] == sorted([schedule.rate(s) for s in range(10, 100)],
+                                                                reverse=True)
     assert not schedule.done(10**6)
 
 

@@ -15,7 +15,8 @@ from conftest import page_inputs
 def test_stream_answer_grows_to_the_full_answer(embedded):
     texts = list(stream_answer(embedded, "Say hello.", max_new_tokens=12))
     input_ids = embedded.encode_chat("Say hello.")
-    summary = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12, eos_token_ids=embedded.eos_token_ids))
+    summary = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12,
+                                        eos_token_ids=embedded.eos_token_ids))
     assert len(texts) == summary.target_forwards  # one update per target pass
     assert texts[-1] == embedded.decode(summary.tokens) and texts[-1].strip()
     assert len(texts[0]) < len(texts[-1])
@@ -37,7 +38,8 @@ def test_method_views_follow_the_method(embedded):
     from specdemo.app.views import method_pictures as method_view
 
     decode = lambda token: embedded.decode([token])  # noqa: E731
-    expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail", "tree"}, "lookahead": {"timeline", "detail"}}
+    expected = {"jacobi": {"timeline", "trajectory"}, "speculative": {"timeline", "detail", "tree"},
+                "lookahead": {"timeline", "detail"}}
     for method, plots in expected.items():
         events, _ = collect(run(embedded, Request("Name three colors.", method, 12)))
         view = method_view(events, decode)
@@ -48,8 +50,10 @@ def test_method_views_follow_the_method(embedded):
 def test_why_panel_predicts_from_the_runs_own_numbers():
     from specdemo.app.drawing import why_html
 
-    run_stats = {"forward_passes": 10, "wall_s": 0.5, "tokens_per_forward": 2.0, "draft_forwards": 20, "tokens_per_s": 40.0}
-    ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0, "tokens_per_s": 25.0}
+    run_stats = {"forward_passes": 10, "wall_s": 0.5, "tokens_per_forward": 2.0, "draft_forwards": 20,
+                 "tokens_per_s": 40.0}
+    ar_stats = {"forward_passes": 20, "wall_s": 0.8, "tokens_per_forward": 1.0, "draft_forwards": 0,
+                "tokens_per_s": 25.0}
     text = why_html(run_stats, ar_stats, [])
     assert "50.0 ms" in text and "40.0 ms" in text and "1.60x" in text and "faster" in text
 
@@ -107,7 +111,8 @@ def test_step_through_follows_every_run_and_stops_at_its_last_step(embedded):
     app = build_app(embedded, presets=())
     forward = next(f.fn for f in app.fns.values() if [getattr(b, "elem_id", None) for b in f.inputs] == ["step", None])
     ten_steps = ([object()] * 10, None, str, None)
-    assert forward(10, ten_steps) == 10 and forward(3, ten_steps) == 4 and forward(0, None) == 0  # steps count passes from 1; 0 is before the first
+    # steps count passes from 1; 0 is before the first
+    assert forward(10, ten_steps) == 10 and forward(3, ten_steps) == 4 and forward(0, None) == 0
     assert len(handler(app, "on_step")) == 2  # on the slider's change, and after every run
 
 
@@ -124,7 +129,8 @@ def test_a_cpu_target_is_offered_no_gpu_presets(embedded, monkeypatch):
 
 def test_a_bar_in_a_token_stays_in_its_race_cell():
     summary = Summary("speculative", (1, 2), "length", 2, 2)
-    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 1, summary, {2: " | x"}.get)
+    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 1, summary,
+                   {2: " | x"}.get)
     assert row.replace("\\|", "").count("|") == 7  # six cells
 
 
@@ -186,7 +192,8 @@ def test_an_answer_that_differs_from_ar_is_explained(embedded):
     assert "No." in same_as_ar_html(request, other, ar_summary, found, "float32", decode)
     same = checks(embedded, request, ar_summary, ar_summary, budget())
     assert "Yes, token for token" in same_as_ar_html(request, ar_summary, ar_summary, same, "float32", decode)
-    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other, decode, why=note)
+    row = race_row("speculative", {"tokens_per_s": 3.0, "tokens_per_forward": 1.5}, {"tokens_per_s": 2.0}, 2, other,
+                   decode, why=note)
     assert "At token 2" in row and row.replace("\\|", "").count("|") == 7
 
 
@@ -207,12 +214,14 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec
     baselines, request = Baselines(), Request("Name a colour.", "ar", 4)
     baselines.put(embedded, request, ([], None))
-    assert baselines.has(embedded, request) and not baselines.has(fast, request)  # same model and prompt, another precision
+    # same model and prompt, another precision
+    assert baselines.has(embedded, request) and not baselines.has(fast, request)
     with pytest.raises(SpecDemoError, match="precision must be one of"):
         targets(None, "fastest")
     monkeypatch.setattr(handlers, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
     assert list(handlers.Targets(embedded, ()).precisions) == [handlers.EXACT]
-    radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"] if c["props"].get("elem_id") == "precision")
+    radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"]
+                 if c["props"].get("elem_id") == "precision")
     assert radio["visible"] is False
 
 
@@ -242,13 +251,16 @@ def test_an_autoplay_tick_never_turns_the_timer_back_on():
 
 
 def test_the_retrieve_box_reaches_every_method_that_guesses_from_earlier_answers():
-    """Unchecked, speculative decoding, Medusa, lookahead and CLLM run without the datastore; other methods get no such setting."""
+    """Unchecked, speculative decoding, Medusa, lookahead and CLLM run without the datastore; other methods get no
+    such setting."""
     from specdemo.app.handlers import GENERATE_INPUTS, request_from
 
     for method in ("speculative", "medusa", "lookahead", "cllm"):
-        assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8, retrieve=False)))).settings["retrieve"] is False
+        assert request_from(dict(zip(GENERATE_INPUTS,
+                                     page_inputs("Hi.", method, 8, retrieve=False)))).settings["retrieve"] is False
         assert request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", method, 8)))).settings["retrieve"] is True
-    assert "retrieve" not in request_from(dict(zip(GENERATE_INPUTS, page_inputs("Hi.", "jacobi", 8, retrieve=False)))).settings
+    assert "retrieve" not in request_from(dict(zip(GENERATE_INPUTS,
+                                                   page_inputs("Hi.", "jacobi", 8, retrieve=False)))).settings
 
 
 def test_the_window_slider_at_0_leaves_each_method_its_own_window():
@@ -273,7 +285,8 @@ def test_a_run_locks_its_settings_and_clears_the_last_runs_outputs():
     settings = ("prompt", "method", "max_new_tokens")
     started = one_run.start(lesson.TITLES[1], "speculative", lesson.CODE)
     button, locks = started["generate"], [started[name] for name in settings]
-    assert button.interactive is False and button.value == one_run.RUNNING and all(lock.interactive is False for lock in locks)
+    assert button.interactive is False and button.value == one_run.RUNNING \
+        and all(lock.interactive is False for lock in locks)
     assert (started["run_status"].visible, started["busy"], started["answer"]) == (False, True, "")
     assert "lesson_note" not in started
     last_run = one_run.start(lesson.TITLES[1], "medusa", lesson.CODE)

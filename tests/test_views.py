@@ -26,7 +26,8 @@ decode = WORDS.__getitem__
 
 def speculative_step():
     """The draft proposed ' cat sat on dog'; the target kept ' cat sat' and put ' the' for ' on'."""
-    return StepEvent("speculative", step=2, committed=(2, 3, 8), proposed=(2, 3, 5, 4), accepted=(2, 3), rejected=(5, 4), target_forwards=3,
+    return StepEvent("speculative", step=2, committed=(2, 3, 8), proposed=(2, 3, 5, 4), accepted=(2, 3),
+                     rejected=(5, 4), target_forwards=3,
                      data=ChainStep(gamma=4, accept_length=2, target_token=8))
 
 
@@ -50,7 +51,8 @@ def test_ar_tokens_and_html_escaping():
 def test_sampling_numbers_go_into_the_tooltip():
     event = StepEvent(
         "speculative", step=0, committed=(2, 7), proposed=(2, 4), accepted=(2,), rejected=(4,),
-        data=SamplingCheck(gamma=2, accept_length=1, target_token=7, p=[0.5, 0.1], q=[0.4, 0.6], acceptance=[1.0, 0.1667], draws=[0.3, 0.9]),
+        data=SamplingCheck(gamma=2, accept_length=1, target_token=7, p=[0.5, 0.1], q=[0.4, 0.6],
+                           acceptance=[1.0, 0.1667], draws=[0.3, 0.9]),
     )
     titles = [title for _, title, _ in spans(stream_html([event], decode))]
     assert "min(1, p/q)=1.000" in titles[0] and "p=0.100, q=0.600" in titles[1] and "draw=0.900" in titles[1]
@@ -63,11 +65,13 @@ def test_jacobi_shows_only_the_replaced_guess_inline():
 
 def test_legend_names_every_origin():
     assert [origin for origin, _, _ in spans(legend_html())] == ["ar", "accepted", "target", "rejected"]
-    assert "proposed, and accepted by the target" in legend_html().split("</span>", 2)[2]  # in words, not only in a tooltip
+    # in words, not only in a tooltip
+    assert "proposed, and accepted by the target" in legend_html().split("</span>", 2)[2]
 
 
 def test_step_timeline_counts_per_origin():
-    figure = step_timeline_figure([speculative_step(), StepEvent("speculative", step=3, committed=(6,), proposed=(4,), rejected=(4,))])
+    figure = step_timeline_figure([speculative_step(),
+                                   StepEvent("speculative", step=3, committed=(6,), proposed=(4,), rejected=(4,))])
     bars = {bar.name: list(bar.y) for bar in figure.data}
     assert bars == {"accepted": [2, 0], "target": [1, 1], "rejected": [-2, -1]}
 
@@ -79,7 +83,8 @@ def test_acceptance_by_position_figure():
 
 
 def jacobi_event(step, iteration, state, committed, accepted, correct_since, fast=(), early=(), block_start=0):
-    data = JacobiStep(block_start=block_start, iteration=iteration, state=state, next_state=state, settled=0, accept_length=len(accepted),
+    data = JacobiStep(block_start=block_start, iteration=iteration, state=state, next_state=state, settled=0,
+                      accept_length=len(accepted),
                       correct_since=correct_since, fast_forwarded=list(fast), fixed_early=list(early))
     return StepEvent("jacobi", step=step, committed=committed, accepted=accepted, data=data)
 
@@ -96,7 +101,8 @@ def test_jacobi_trajectory_colours():
     ]
     assert trajectory_cells(events) == [[0, 0, 3, 0], [1, 2, 3, 0]]
     figure = trajectory_figure(events, decode)
-    assert [list(row) for row in figure.data[0].text] == [[" the", " the", " sat", " sat"], ["The", " cat", " sat", " dog"]]
+    assert [list(row) for row in figure.data[0].text] == [[" the", " the", " sat", " sat"],
+                                                          ["The", " cat", " sat", " dog"]]
     assert "2 passes for 4 tokens" in figure.layout.title.text
     assert [len(b) for b in jacobi_blocks(events + [jacobi_event(2, 0, [6], (6,), (), [1], block_start=4)])] == [2, 1]
 
@@ -105,25 +111,31 @@ def test_lookahead_view_lists_window_and_candidates():
     event = StepEvent(
         "lookahead", step=4, committed=(2, 3, 8), proposed=(2, 3, 5, 4, 7, 6), accepted=(2, 3), rejected=(5,),
         data=LookaheadStep(window=[[1, 2], [3, 5]], new_level=[5, 6], candidates=[[2, 3, 5], [4, 7], [6]],
-                           candidate_sources=["copy", "pool", "retrieved"], candidate_accept_lengths=[2, 0, 0], best_candidate=0,
+                           candidate_sources=["copy", "pool", "retrieved"], candidate_accept_lengths=[2, 0, 0],
+                           best_candidate=0,
                            accept_length=2, pool_size=17),
     )
     page = lookahead_html(event, decode)
     assert page.count("<tr>") == 3 and "pool size 17" in page
-    assert "copied from the text:" in page and "2 matched (committed)" in page and "from the pool:" in page and "0 matched" in page
+    assert "copied from the text:" in page and "2 matched (committed)" in page and "from the pool:" in page \
+        and "0 matched" in page
     assert "from earlier answers:" in page
-    assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == ["accepted", "accepted", "rejected", "rejected", "rejected", "rejected"]
+    assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == \
+        ["accepted", "accepted", "rejected", "rejected", "rejected", "rejected"]
 
 
 def test_pool_figure():
-    step = LookaheadStep(window=[], new_level=[], candidates=[], candidate_sources=[], candidate_accept_lengths=[], best_candidate=None, accept_length=0, pool_size=0)
-    events = [StepEvent("lookahead", step=i, committed=(1,), data=replace(step, accept_length=i, pool_size=10 * i)) for i in range(3)]
+    step = LookaheadStep(window=[], new_level=[], candidates=[], candidate_sources=[], candidate_accept_lengths=[],
+                         best_candidate=None, accept_length=0, pool_size=0)
+    events = [StepEvent("lookahead", step=i, committed=(1,), data=replace(step, accept_length=i, pool_size=10 * i))
+              for i in range(3)]
     bars, line = pool_figure(events).data
     assert list(bars.y) == [0, 1, 2] and list(line.y) == [0, 10, 20]
 
 
 def test_speed_figure_has_both_runs():
-    run = [StepEvent("lookahead", step=0, committed=(1, 2, 3), elapsed_s=0.1), StepEvent("lookahead", step=1, committed=(4,), elapsed_s=0.2)]
+    run = [StepEvent("lookahead", step=0, committed=(1, 2, 3), elapsed_s=0.1),
+           StepEvent("lookahead", step=1, committed=(4,), elapsed_s=0.2)]
     baseline = [StepEvent("ar", step=i, committed=(i,), elapsed_s=0.1 * (i + 1)) for i in range(4)]
     figure = speed_figure(run, baseline)
     assert [trace.name for trace in figure.data] == ["lookahead", "ar baseline"]
@@ -132,8 +144,10 @@ def test_speed_figure_has_both_runs():
 
 def test_explanations_say_what_happened():
     text = explain_step(speculative_step(), decode)
-    assert "proposed 4 tokens" in text and "first 2" in text and "3rd (' on')" in text and "' the'" in text and "3 tokens committed" in text
-    all_accepted = StepEvent("speculative", step=0, committed=(2, 3), proposed=(2,), accepted=(2,), data=ChainStep(gamma=1, accept_length=1, target_token=3))
+    assert "proposed 4 tokens" in text and "first 2" in text and "3rd (' on')" in text and "' the'" in text \
+        and "3 tokens committed" in text
+    all_accepted = StepEvent("speculative", step=0, committed=(2, 3), proposed=(2,), accepted=(2,),
+                             data=ChainStep(gamma=1, accept_length=1, target_token=3))
     assert "accepted all 1 and added ' sat'" in explain_step(all_accepted, decode)
     assert "one token a pass" in explain_step(StepEvent("ar", step=0, committed=(1,)), decode)
 
@@ -143,8 +157,10 @@ def medusa_step():
     the target accepted ' sat' and rejected ' on'."""
     return StepEvent(
         "medusa", step=1, committed=(3, 8), proposed=(3, 7, 5), accepted=(3,), rejected=(5,),
-        data=TreeStep(tree_tokens=[2, 3, 7, 5], tree_parents=[-1, 0, 0, 1], tree_depths=[0, 1, 1, 2], tree_sources=["head"] * 3,
-                      accepted_path=[0, 1], best_candidate=[0, 1, 3], accept_length=1, proposer="heads", tree_kind="static"),
+        data=TreeStep(tree_tokens=[2, 3, 7, 5], tree_parents=[-1, 0, 0, 1], tree_depths=[0, 1, 1, 2],
+                      tree_sources=["head"] * 3,
+                      accepted_path=[0, 1], best_candidate=[0, 1, 3], accept_length=1, proposer="heads",
+                      tree_kind="static"),
     )
 
 
@@ -153,7 +169,8 @@ def test_tree_plot_highlights_the_accepted_path():
     nodes = figure.data[-1]
     assert list(nodes.text) == [" cat", " sat", " ran", " on"] and list(nodes.x) == [0, 1, 1, 2]
     colours = list(nodes.marker.color)
-    assert colours[0] == colours[1] == COLOURS["accepted"] and colours[3] == COLOURS["rejected"] and colours[2] == COLOURS["waiting"]
+    assert colours[0] == colours[1] == COLOURS["accepted"] and colours[3] == COLOURS["rejected"] \
+        and colours[2] == COLOURS["waiting"]
     edges = figure.data[:-1]
     assert [e.line.color for e in edges] == [COLOURS["accepted"], "#c4c7cc", "#c4c7cc"]  # edges into nodes 1, 2, 3
 
@@ -171,7 +188,8 @@ def beam_step():
         {"token": 7, "tokens": [1, 7], "log_prob": -2.0, "score": -1.0, "parent": 0, "beam": None, "status": "pruned"},
         {"token": 5, "tokens": [1, 5], "log_prob": -3.0, "score": -1.5, "parent": 0, "beam": None, "status": "pruned"},
     ]
-    return StepEvent("beam", step=1, committed=(1,), target_forwards=2, data=BeamStep(beams=beams, num_beams=2, finished=[]))
+    return StepEvent("beam", step=1, committed=(1,), target_forwards=2,
+                     data=BeamStep(beams=beams, num_beams=2, finished=[]))
 
 
 def test_a_beam_step_is_explained_from_its_beams():
@@ -185,7 +203,8 @@ def test_a_beam_step_is_explained_from_its_beams():
 def test_answers_are_shown_side_by_side_under_their_labels():
     from specdemo.app.views import answers_html
 
-    page = answers_html({"contrastive": [1, 6], "expert <alone>": [1, 8]}, lambda tokens: "".join(decode(t) for t in tokens))
+    page = answers_html({"contrastive": [1, 6], "expert <alone>": [1, 8]},
+                        lambda tokens: "".join(decode(t) for t in tokens))
     assert "<h4>expert &lt;alone&gt;</h4>" in page
     assert page.index("The mat") < page.index("The the")
 
@@ -194,7 +213,8 @@ def test_a_medusa_step_says_whether_its_tree_was_chosen_for_it():
     step = medusa_step()
     step = replace(step, data=replace(step.data, tree_kind="dynamic"))
     text = explain_step(step, decode)
-    assert "a tree of 3 candidate tokens (the paths they were surest of at this step)" in text and "has 1 (' sat')" in text
+    assert "a tree of 3 candidate tokens (the paths they were surest of at this step)" in text \
+        and "has 1 (' sat')" in text
     step = replace(step, data=replace(step.data, tree_kind="static"))
     assert "surest" not in explain_step(step, decode)
 
@@ -212,7 +232,8 @@ def test_a_character_split_over_tokens_shows_whole():
 
 
 def test_a_speculative_pass_that_drafted_nothing_says_so():
-    text = explain_step(StepEvent("speculative", step=0, committed=(7,), data=ChainStep(gamma=0, accept_length=0, target_token=7)), decode)
+    text = explain_step(StepEvent("speculative", step=0, committed=(7,),
+                                  data=ChainStep(gamma=0, accept_length=0, target_token=7)), decode)
     assert "nothing was drafted" in text and "proposed 0" not in text and "accepted all" not in text
 
 

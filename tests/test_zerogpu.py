@@ -43,9 +43,11 @@ def test_a_click_declares_what_it_plans_within_the_cap():
     plan = zerogpu.plan_click(2, 128, 8.0, 0.006, 30.0)
     assert plan.max_new_tokens == 128 and plan.measure_s == 8.0 and not plan.note and plan.declared_s <= 30
     timed_less = zerogpu.plan_click(2, 128, 8.0, 0.006, 10.0)
-    assert timed_less.max_new_tokens == 128 and 0 < timed_less.measure_s < 8 and timed_less.declared_s <= 10 and "timed" in timed_less.note
+    assert timed_less.max_new_tokens == 128 and 0 < timed_less.measure_s < 8 and timed_less.declared_s <= 10 \
+        and "timed" in timed_less.note
     shorter = zerogpu.plan_click(2, 512, 8.0, 0.03, 10.0)
-    assert zerogpu.SHORTEST_ANSWER <= shorter.max_new_tokens < 512 and shorter.measure_s == 0 and shorter.declared_s <= 10
+    assert zerogpu.SHORTEST_ANSWER <= shorter.max_new_tokens < 512 and shorter.measure_s == 0 \
+        and shorter.declared_s <= 10
     assert "shortened" in shorter.note
     assert zerogpu.plan_click(6, 128, 20.0, 0.006, 10.0).declared_s <= 10
 
@@ -65,7 +67,8 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
     cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
     assert clicks.ready(cpu) is cpu  # on a CPU nothing is captured in a call
     assert captured == [target.model]
-    fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
+    fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s \
+        - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
     assert fixed < zerogpu.SETUP_S  # the measured setup, not the estimate
 
 
@@ -77,8 +80,10 @@ def test_off_zerogpu_the_start_is_as_asked(monkeypatch):
 def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
     import gradio as gr
 
-    error = gr.Error("You have exceeded your ZeroGPU quota (10s requested vs. 3s left). Try again in 23:59:12. ", title="ZeroGPU quota exceeded")
-    assert zerogpu.refused(error) and not zerogpu.refused(gr.Error("a bad prompt")) and not zerogpu.refused(ValueError())
+    error = gr.Error("You have exceeded your ZeroGPU quota (10s requested vs. 3s left). Try again in 23:59:12. ",
+                     title="ZeroGPU quota exceeded")
+    assert zerogpu.refused(error) and not zerogpu.refused(gr.Error("a bad prompt")) \
+        and not zerogpu.refused(ValueError())
     assert "used up" in zerogpu.refusal_sentence(error) and "23:59:12" in zerogpu.refusal_sentence(error)
 
 
@@ -88,7 +93,8 @@ def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(em
     outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))
     assert outputs and len(spaces.CALLS) == 1
     call = spaces.CALLS[0]
-    assert call["visitor"] == "first" and 0 < call["declared_s"] <= LIMITS.gpu_max_s and call["elapsed_s"] <= call["declared_s"]
+    assert call["visitor"] == "first" and 0 < call["declared_s"] <= LIMITS.gpu_max_s \
+        and call["elapsed_s"] <= call["declared_s"]
 
 
 def test_thirty_visitors_at_once_all_get_their_answers_on_the_gpu(embedded, spaces):
@@ -99,11 +105,13 @@ def test_thirty_visitors_at_once_all_get_their_answers_on_the_gpu(embedded, spac
         as_visitor(f"student {number}")
         answers[number] = generate("Name a fruit.", "ar", 8)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:  # clicks at once, served as a Gradio app's worker threads serve them
+    # clicks at once, served as a Gradio app's worker threads serve them
+    with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(visit, range(VISITORS)))
     assert len(answers) == VISITORS and all(text and "note" not in stats for text, stats in answers.values())
     assert len({call["visitor"] for call in spaces.CALLS}) == VISITORS
-    assert all(call["declared_s"] <= LIMITS.gpu_max_s and call["elapsed_s"] <= call["declared_s"] for call in spaces.CALLS)
+    assert all(call["declared_s"] <= LIMITS.gpu_max_s and call["elapsed_s"] <= call["declared_s"]
+               for call in spaces.CALLS)
 
 
 def test_a_used_up_quota_answers_on_the_cpu_with_a_sentence_and_spares_the_others(embedded, spaces):
@@ -123,7 +131,8 @@ def watch(monkeypatch, spaces, names: tuple[str, ...]) -> list[tuple[str, bool]]
     drawn = []
     for name in names:
         real = getattr(views, name)
-        monkeypatch.setattr(views, name, lambda *args, _real=real, _name=name, **kwargs: drawn.append((_name, spaces.inside())) or _real(*args, **kwargs))
+        monkeypatch.setattr(views, name, lambda *args, _real=real, _name=name, **kwargs:
+                            drawn.append((_name, spaces.inside())) or _real(*args, **kwargs))
     return drawn
 
 
@@ -144,4 +153,5 @@ def test_the_race_is_replayed_and_drawn_outside_its_gpu_call(embedded, spaces, m
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     outputs = list(page.on_race("", "", "Name three colours.", ["lookahead"], 12))
     assert outputs and len(spaces.CALLS) == 1
-    assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure", "race_table"} and not any(inside for _, inside in drawn)
+    assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure", "race_table"} \
+        and not any(inside for _, inside in drawn)
