@@ -74,7 +74,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     passes: CompiledPass | None = None  # the target's compiled static pass (`compiled`); None: eager
-    companions: Companions = field(default_factory=Companions, compare=False, repr=False)  # a copy (`replace`) shares them
+    # a copy (`replace`) shares them
+    companions: Companions = field(default_factory=Companions, compare=False, repr=False)
 
     @property
     def context_length(self) -> int | None:
