@@ -45,7 +45,8 @@ def main(dtype: str, rounds: int = 5) -> None:
                 dynamic.crop(-k)  # back to the prefix: every pass sees the same cache
 
             def compiled_pass(fed=fed, positions=positions, k=k):
-                compiled(input_ids=fed, past_key_values=static, use_cache=True, cache_position=positions, logits_to_keep=k)
+                compiled(input_ids=fed, past_key_values=static, use_cache=True, cache_position=positions,
+                         logits_to_keep=k)
                 for layer in static.layers:  # rollback is a length: what lies past it is masked by position
                     layer.cumulative_length.fill_(PREFIX)
 
@@ -64,9 +65,10 @@ def main(dtype: str, rounds: int = 5) -> None:
         for k in WIDTHS:
             eager_ms, compiled_ms = sorted(times[k, "eager"]), sorted(times[k, "compiled"])
             ratios = sorted(e / c for e, c in zip(times[k, "eager"], times[k, "compiled"]))
-            print(f"{dtype}, {k} token(s): eager {eager_ms[rounds // 2]:.1f} ms ({eager_ms[0]:.1f}-{eager_ms[-1]:.1f}), compiled "
-                  f"{compiled_ms[rounds // 2]:.1f} ms ({compiled_ms[0]:.1f}-{compiled_ms[-1]:.1f}); eager / compiled, round by round: "
-                  f"median {ratios[rounds // 2]:.2f}x ({ratios[0]:.2f}x-{ratios[-1]:.2f}x)", flush=True)
+            print(f"{dtype}, {k} token(s): eager {eager_ms[rounds // 2]:.1f} ms "
+                  f"({eager_ms[0]:.1f}-{eager_ms[-1]:.1f}), compiled {compiled_ms[rounds // 2]:.1f} ms "
+                  f"({compiled_ms[0]:.1f}-{compiled_ms[-1]:.1f}); eager / compiled, round by round: median "
+                  f"{ratios[rounds // 2]:.2f}x ({ratios[0]:.2f}x-{ratios[-1]:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

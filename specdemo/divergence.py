@@ -89,11 +89,13 @@ def divergences(model: PreTrainedModel, input_ids: torch.Tensor, ar_answer: Sequ
     if not parts:
         return dict.fromkeys(others)
     upto = max(parts.values())
-    narrow, wide = ar_logits(model, input_ids, ar_answer, upto, passes), wide_logits(model, input_ids, ar_answer, upto, passes)
+    narrow, wide = (ar_logits(model, input_ids, ar_answer, upto, passes),
+                    wide_logits(model, input_ids, ar_answer, upto, passes))
     found = {}
     for name, i in parts.items():
         a, b = ar_answer[i], others[name][i]
-        found[name] = Divergence(i, a, b, float(narrow[i, a] - narrow[i, b]), float(top_two_gap(narrow[i])), float(wide[i, a] - wide[i, b]))
+        found[name] = Divergence(i, a, b, float(narrow[i, a] - narrow[i, b]), float(top_two_gap(narrow[i])),
+                                 float(wide[i, a] - wide[i, b]))
     return {name: found.get(name) for name in others}
 
 
@@ -105,7 +107,8 @@ def rounding_noise(model: PreTrainedModel, input_ids: torch.Tensor, ar_answer: S
     if not ar_answer:
         return 0.0
     upto = len(ar_answer) - 1
-    narrow, wide = ar_logits(model, input_ids, ar_answer, upto, passes), wide_logits(model, input_ids, ar_answer, upto, passes)
+    narrow, wide = (ar_logits(model, input_ids, ar_answer, upto, passes),
+                    wide_logits(model, input_ids, ar_answer, upto, passes))
     top = narrow.topk(2, dim=-1).indices  # [T, 2]: AR's two likeliest tokens at each position
     gap_narrow = narrow.gather(-1, top[:, :1]) - narrow.gather(-1, top[:, 1:])
     gap_wide = wide.gather(-1, top[:, :1]) - wide.gather(-1, top[:, 1:])

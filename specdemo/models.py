@@ -76,7 +76,8 @@ class LoadedModel:
     dtype: torch.dtype
     passes: CompiledPass | None = None  # the target's compiled static pass (`compiled`); None: eager
     placed: dict | None = None  # its device map (`specdemo.placement`) when spread or offloaded; None: all on `device`
-    companions: Companions = field(default_factory=Companions, compare=False, repr=False)  # a copy (`replace`) shares them
+    # a copy (`replace`) shares them
+    companions: Companions = field(default_factory=Companions, compare=False, repr=False)
 
     @property
     def context_length(self) -> int | None:

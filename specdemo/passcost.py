@@ -29,7 +29,8 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.inference_mode()
-def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20, passes: CompiledPass | None = None) -> dict[int, float]:
+def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20,
+               passes: CompiledPass | None = None) -> dict[int, float]:
     """Milliseconds of one target pass feeding w tokens after `context` cached ones, by width:
     the median of `repeats` passes after three warm-ups, each rolled back after it (as a rejected
     proposal is). `passes`: the model's compiled static pass (None: eager)."""
@@ -60,13 +61,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--graphs", action="store_true", help="also measure the compiled static pass (CUDA graphs with CUDA)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also measure the compiled static pass (CUDA graphs with CUDA)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     widths = tuple(int(width) for width in args.widths.split(","))
-    report = {"model": target.source, "device": device_name(target.device), "dtype": str(target.dtype).removeprefix("torch."),
-              "torch": torch.__version__, "context": args.context, "eager": pass_costs(target.model, widths, args.context, args.repeats)}
+    report = {"model": target.source, "device": device_name(target.device),
+              "dtype": str(target.dtype).removeprefix("torch."), "torch": torch.__version__, "context": args.context,
+              "eager": pass_costs(target.model, widths, args.context, args.repeats)}
     if args.graphs:
         passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
         report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
@@ -82,11 +85,13 @@ def device_name(device: torch.device) -> str:
 
 def format_table(report: dict) -> str:
     kinds = [kind for kind in ("eager", "graphed") if kind in report]
-    lines = [f"pass cost by width: {report['device']}, {report['dtype']}, torch {report['torch']}, after {report['context']} cached positions",
+    lines = [f"pass cost by width: {report['device']}, {report['dtype']}, torch {report['torch']}, after "
+             f"{report['context']} cached positions",
              "| tokens fed | " + " | ".join(f"{kind} ms | {kind} vs 1 token" for kind in kinds) + " |",
              "| --- |" + " --- | --- |" * len(kinds)]
     for width in report["eager"]:
-        cells = [f"{report[kind][width]:.2f} | {report[kind][width] / report[kind][min(report[kind])]:.2f}x" for kind in kinds]
+        cells = [f"{report[kind][width]:.2f} | {report[kind][width] / report[kind][min(report[kind])]:.2f}x"
+                 for kind in kinds]
         lines.append(f"| {width} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

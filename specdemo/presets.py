@@ -29,20 +29,23 @@ class Preset:
     draft: str | None = None  # a causal LM sharing the target's tokenizer (speculative, contrastive)
     feature_draft: str | Path | None = None  # a folder of our EAGLE feature draft: speculative prefers it to `draft`
     medusa_heads: str | Path | None = None  # a folder or Hub id of heads: ours or the published Medusa format
-    medusa_tree: tuple[tuple[int, ...], ...] | None = None  # the default tree for heads that bring none (published heads)
+    # the default tree for heads that bring none (published heads)
+    medusa_tree: tuple[tuple[int, ...], ...] | None = None
     cllm: str | Path | None = None  # a folder of our adapters, or a whole consistency-trained model
-    datastore: str | Path | None = None  # a folder of the target's earlier answers (`retrieval`): the guesses of speculative decoding, Medusa, lookahead and CLLM
+    # a folder of the target's earlier answers (`retrieval`): the guesses of speculative decoding,
+    # Medusa, lookahead and CLLM
+    datastore: str | Path | None = None
     about: str = ""
 
 
 # The 63-node sparse tree the Medusa authors tuned for their Vicuna-7B heads (`mc_sim_7b_63` in
 # their medusa_choices.py; Cai et al. 2024, Sec. 2.1.2), in the medusa_choices form.
 MC_SIM_7B_63 = (
-    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5), (0, 0, 1), (5,),
-    (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2),
-    (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7),
-    (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5),
-    (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5), (0, 0, 1),
+    (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,), (1, 0, 0),
+    (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0),
+    (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1),
+    (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
 )
 
 EMBEDDED_PRESET = Preset(
@@ -53,8 +56,9 @@ EMBEDDED_PRESET = Preset(
     medusa_heads=EMBEDDED_HEADS,
     cllm=EMBEDDED_CLLM,
     datastore=EMBEDDED_ANSWERS,
-    about=("Runs offline on a laptop CPU. Its companions learned from the model's own answers to real prompts, by the scripts in "
-           "training/: most answers were written and the feature draft trained on a lent GPU, the rest trained on 2 CPU cores (assets/README.md)."),
+    about=("Runs offline on a laptop CPU. Its companions learned from the model's own answers to real prompts, by the "
+           "scripts in training/: most answers were written and the feature draft trained on a lent GPU, the rest "
+           "trained on 2 CPU cores (assets/README.md)."),
 )
 
 GPU_PRESETS = (
@@ -62,7 +66,8 @@ GPU_PRESETS = (
         name="Vicuna-7B v1.3 + Medusa heads + Vicuna-68M draft",
         target="lmsys/vicuna-7b-v1.3",
         draft="double7/vicuna-68m",  # a 68M Llama distilled for Vicuna, the usual small draft in the literature
-        medusa_heads="FasterDecoding/medusa-vicuna-7b-v1.3",  # the Medusa-1 heads of Cai et al. 2024 for this exact model
+        # the Medusa-1 heads of Cai et al. 2024 for this exact model
+        medusa_heads="FasterDecoding/medusa-vicuna-7b-v1.3",
         medusa_tree=MC_SIM_7B_63,
         cllm="cllm/consistency-llm-7b-sharegpt48k",  # a CLLM of a sibling Llama-7B chat model (same tokenizer)
         about="The Medusa paper's own model and heads (about 14 GB of float16 weights, downloaded on first use).",
@@ -78,7 +83,8 @@ GPU_PRESETS = (
         name="SmolLM2-1.7B-Instruct + SmolLM2-135M-Instruct draft",
         target="HuggingFaceTB/SmolLM2-1.7B-Instruct",
         draft="HuggingFaceTB/SmolLM2-135M-Instruct",  # same family, same tokenizer
-        about="A small GPU preset: a 1.7B target and its 135M sibling as the draft. No public Medusa heads or CLLM exist for it.",
+        about="A small GPU preset: a 1.7B target and its 135M sibling as the draft. No public Medusa heads or CLLM "
+              "exist for it.",
     ),
 )
 

@@ -13,7 +13,8 @@ class SpecDemoError(ValueError):
     """A request SpecDemo cannot serve: an empty prompt, an unknown method, a bad setting..."""
 
 
-def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None, lookahead_positions: int = 0) -> int:
+def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None,
+                  lookahead_positions: int = 0) -> int:
     """Check a prompt of token ids [1, L] and a token budget; return the prompt length L.
     `lookahead_positions`: how far past the request's last position a method's passes feed
     tokens that are never committed (lookahead's window), which must fit the context too."""
@@ -34,8 +35,9 @@ def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: 
     if context_length is not None and prompt_length + max_new_tokens + lookahead_positions > context_length:
         raise SpecDemoError(
             f"the lookahead window reaches {lookahead_positions} positions past the answer's last token, past the "
-            f"model's context of {context_length} tokens: ask for at most {context_length - prompt_length - lookahead_positions} "
-            "new tokens, or choose a smaller window or n-gram size"
+            f"model's context of {context_length} tokens: ask for at most "
+            f"{context_length - prompt_length - lookahead_positions} new tokens, or choose a smaller window or n-gram "
+            "size"
         )
     return prompt_length
 

@@ -146,7 +146,8 @@ def guesses_by_source(events: Iterable[StepEvent | Summary]) -> dict[str, dict[s
             for node in range(1, len(data.tree_tokens)):
                 count(data.tree_sources[node - 1], data.tree_depths[node], node in on_path)
         elif isinstance(data, LookaheadStep):
-            for age, level in enumerate(data.window):  # column c of level l sits c + l + 1 after the last committed token
+            # column c of level l sits c + l + 1 after the last committed token
+            for age, level in enumerate(data.window):
                 for column in range(len(level)):
                     count("window", column + age + 1, False)
             for index, (candidate, source) in enumerate(zip(data.candidates, data.candidate_sources)):

@@ -69,8 +69,8 @@ class CudaGraphs:
         """Whether `cache` is a view of the graphs' buffer (only such a pass may replay a graph)."""
         return isinstance(cache, StaticKV) and cache.start is self.cache.start
 
-    def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
-                 sees: torch.Tensor, head: torch.nn.Module | None, layers: tuple[int, ...]):
+    def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
+                 positions: torch.Tensor, sees: torch.Tensor, head: torch.nn.Module | None, layers: tuple[int, ...]):
         """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
         replayed from its graph for this kind of pass, captured now if it is the first."""
         key = (inputs.shape[1], inputs.dtype, head is not None, layers)

@@ -27,7 +27,8 @@ from specdemo.core.process import register_attention
 
 NAME = "grouped_sdpa"  # the attention implementation's name in transformers' registries
 MAX_QUERIES = 32  # queries a pass may hold to take the grouped path; a prompt's pass keeps transformers'
-_TILED: "WeakIdKeyDictionary[torch.Tensor, tuple[int, int, torch.Tensor]]" = WeakIdKeyDictionary()  # mask -> (groups, version, tiled)
+# mask -> (groups, version, tiled)
+_TILED: "WeakIdKeyDictionary[torch.Tensor, tuple[int, int, torch.Tensor]]" = WeakIdKeyDictionary()
 
 
 def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -36,12 +37,14 @@ def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     """transformers' attention interface: query [B, H, q, D], key and value [B, H_kv, k, D], an
     additive or boolean mask [B or 1, 1, q, k] or None; returns [B, q, H, D] and no weights."""
     if not takes_grouped_path(query, key, attention_mask, dropout, kwargs):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
     out = grouped_attention(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
-def takes_grouped_path(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float, extras: dict) -> bool:
+def takes_grouped_path(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float,
+                       extras: dict) -> bool:
     """A pass of 2 to MAX_QUERIES tokens on a CPU (one in bfloat16 or float16), outside a compiled
     graph, with a mask shared by the heads (or, for one token, none: it sees the whole cache)."""
     q = query.shape[2]
@@ -57,7 +60,8 @@ def takes_grouped_path(query: torch.Tensor, key: torch.Tensor, mask: torch.Tenso
     )
 
 
-def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
     """softmax(q k^T scale + mask) v for query [B, H, q, D] and key, value [B, H_kv, k, D], query
     head h reading key/value head h // (H / H_kv); returns [B, H, q, D]."""
     batch, heads, q, dim = query.shape
@@ -92,7 +96,8 @@ def use_grouped_attention(module: torch.nn.Module) -> int:
     register_attention(NAME, grouped_attention_forward)
     switched = 0
     for model in module.modules():
-        if isinstance(model, PreTrainedModel) and model.device.type == "cpu" and model.config._attn_implementation == "sdpa":
+        if (isinstance(model, PreTrainedModel) and model.device.type == "cpu"
+                and model.config._attn_implementation == "sdpa"):
             model.set_attn_implementation(NAME)
             switched += 1
     return switched

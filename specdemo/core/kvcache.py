@@ -68,7 +68,8 @@ class SlotLayer(StaticLayer):
         torch._dynamo.maybe_mark_dynamic(layer.values, 2)
         return layer
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         at = self.start + torch.arange(key_states.shape[-2], device=self.keys.device)
         self.keys.index_copy_(2, at, key_states)
         self.values.index_copy_(2, at, value_states)

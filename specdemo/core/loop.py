@@ -38,7 +38,8 @@ class Context:
     model: PreTrainedModel  # the target
     choose: TokenChooser  # the decoding rule and its seeded generator
     eos: tuple[int, ...]  # end-of-sequence token ids
-    bucket: Callable[[int], int] | None = None  # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
+    # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
+    bucket: Callable[[int], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ class Proposer:
     pass proposed travels in `Proposed.step`. A draft's cache is made with its proposer, and
     drafting feeds it past what it keeps: `learn` rolls it back to what the target kept."""
 
-    features: bool | tuple[int, ...] = False  # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`); layers: theirs before them
+    # True: the pass returns the target's last hidden states too (`verify.TargetPass.hidden`);
+    # layers: theirs before them
+    features: bool | tuple[int, ...] = False
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         """The tokens to verify after `sequence` [1, n]; at most `room` more tokens may be committed."""
@@ -93,7 +96,8 @@ class Proposer:
         proposal = proposed.proposal
         if context.choose.config.do_sample:
             if proposal.size:
-                raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or speculative to sample")
+                raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or "
+                                    "speculative to sample")
             return Verdict([], int(context.choose(sequence, verified.logits[:1])))
         path, token = accept_greedy(proposal, choices_after(context.choose, sequence, proposal, verified.logits))
         return Verdict(path, token)
@@ -129,7 +133,8 @@ def decode(
     check_request(input_ids, max_new_tokens, getattr(model.config, "max_position_embeddings", None), reach)
     # holds the committed tokens but the last few (at least the root); static, run by `passes`, when given
     cache = request_cache(model, input_ids.shape[1] + max_new_tokens + reach, passes)
-    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids), padded_width(cache))
+    context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids),
+                      padded_width(cache))
     recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     sequence = input_ids  # [1, n] prompt + committed tokens
     events = []  # this run's events, for the proposer's totals

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-_PACKED: "WeakIdKeyDictionary[torch.Tensor, tuple[tuple[int, int], torch.Tensor]]" = WeakIdKeyDictionary()  # weight -> (stamp, packed)
+# weight -> (stamp, packed)
+_PACKED: "WeakIdKeyDictionary[torch.Tensor, tuple[tuple[int, int], torch.Tensor]]" = WeakIdKeyDictionary()
 
 
 def cpu_multiplies_bfloat16() -> bool:
@@ -54,7 +55,8 @@ class PackedLinear(nn.Linear):
 def prepack(module: nn.Module) -> int:
     """Swap every float32 or bfloat16 `nn.Linear` of `module` on a CPU for a `PackedLinear` of the
     same parameters (bfloat16 only where this CPU multiplies it natively); returns how many."""
-    names = [name for name, layer in module.named_modules() if name and type(layer) is nn.Linear and packable(layer.weight)]
+    names = [name for name, layer in module.named_modules()
+             if name and type(layer) is nn.Linear and packable(layer.weight)]
     for name in names:
         module.set_submodule(name, PackedLinear.of(module.get_submodule(name)))
     return len(names)

@@ -38,14 +38,17 @@ from specdemo.core.process import compiling_on_cpu
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 8, 16, 32, 64)  # pass widths a graph is compiled for (vLLM and SGLang capture a few padded sizes too)
-DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
+# a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
+DRAFT_BUCKETS = (1, 2, 4, 8, 16)
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
-WINDOW_STEP = 64  # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
+# without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
+WINDOW_STEP = 64
 CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
 
 
-def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
-                   head: torch.nn.Module | None = None, layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+                   sees: torch.Tensor, head: torch.nn.Module | None = None,
+                   layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The decoder's last hidden states [1, w, H] over `inputs` (token ids [1, w], or embeddings
     [1, w, H] for a decoder fed by something else: a feature draft) at `positions` [1, w], written
     into `cache` at `cache.start` and on. `sees` [w, back + w] says what token i attends to among
@@ -62,7 +65,8 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     window = (offset >= 0) & (offset < span)
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
-    out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
+    out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                  output_hidden_states=bool(layers))
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
 
@@ -72,7 +76,8 @@ def with_layers(out, layers: tuple[int, ...] = ()) -> torch.Tensor:
     (k: after k decoder layers; `out` asked with `output_hidden_states`), then the last hidden
     states, joined [..., (len(layers) + 1) * H] (EAGLE-3's low, middle and high features); without
     layers the last hidden states [..., H] alone."""
-    return torch.cat([*(out.hidden_states[k] for k in layers), out.last_hidden_state], dim=-1) if layers else out.last_hidden_state
+    return (torch.cat([*(out.hidden_states[k] for k in layers), out.last_hidden_state], dim=-1) if layers
+            else out.last_hidden_state)
 
 
 def fed(inputs: torch.Tensor) -> dict:
@@ -137,7 +142,8 @@ def warm_up(model: PreTrainedModel, compiled: CompiledPass, progress: Callable[[
             if progress:
                 progress(f"{verb} the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
             static_pass(model, cache, warm_inputs(model, width),
-                        torch.arange(width, device=model.device)[None], torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
+                        torch.arange(width, device=model.device)[None],
+                        torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
                         rows=range(width) if role == "target" else None)
             cache.length = 0
             if compiled.failed:
@@ -221,8 +227,9 @@ def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bu
     return fed, at, seen
 
 
-def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor,
-                rows: Sequence[int] | None = None, layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+                sees: torch.Tensor, rows: Sequence[int] | None = None,
+                layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
@@ -236,9 +243,11 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     passes = cache.passes
     bucket = passes.bucket(width) if passes and passes.serves(cache) and sees.shape[1] == width else None
     if cache.length + (bucket or width) > cache.capacity:
-        raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs {cache.length + (bucket or width)}")
+        raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
+                            f"{cache.length + (bucket or width)}")
     cache.start.fill_(cache.length)
-    seen = cache if passes and passes.mode else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP)
+    seen = (cache if passes and passes.mode
+            else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP))
     lm_head = None if rows is None else model.get_output_embeddings()
     out = None
     if bucket is not None:
@@ -271,7 +280,8 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
     (compiled when the cache carries a compiled pass, `request_cache`); on any other cache transformers' pass."""
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
-        tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype), "position_ids": position_ids}
+        tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype),
+                                           "position_ids": position_ids}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
     if allowed is None:
         sees = torch.ones(width, width, dtype=torch.bool, device=inputs.device).tril()

@@ -119,8 +119,10 @@ def first_leaf_path(parents: tuple[int, ...], node: int) -> tuple[int, ...]:
 class TargetPass:
     """What the target's pass over a proposal returned."""
 
-    logits: torch.Tensor  # [1 + candidates + len(read), V] float32: after the root, each candidate node, each read work node
-    hidden: torch.Tensor | None  # [1, f, H] the last hidden state of every fed position (when asked for; [1, f, (k + 1) H] with k layers)
+    # [1 + candidates + len(read), V] float32: after the root, each candidate node, each read work node
+    logits: torch.Tensor
+    # [1, f, H] the last hidden state of every fed position (when asked for; [1, f, (k + 1) H] with k layers)
+    hidden: torch.Tensor | None
     cached: int  # cache length before the pass
     pending: int  # committed tokens fed first (the cache had not seen them); the last is the root
 
@@ -158,18 +160,22 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
         sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
-        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)  # [1, f, H], [rows, V]
+        # [1, f, H], [rows, V]
+        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)
         return TargetPass(logits, hidden if features else None, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
-        tree = {"attention_mask": additive_mask(sees, cached, model.dtype), "position_ids": chain_positions(sees, cached)}
+        tree = {"attention_mask": additive_mask(sees, cached, model.dtype),
+                "position_ids": chain_positions(sees, cached)}
     if features:
-        out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **tree)
+        out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True,
+                                  output_hidden_states=bool(layers), **tree)
         logits = model.get_output_embeddings()(out.last_hidden_state[0, rows]).float()
         return TargetPass(logits, with_layers(out, layers), cached, pending)  # hidden [1, f, (len(layers) + 1) * H]
     # the rows as a count from the end where they are the last ones, else as indices
-    keep = len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows, device=fed.device)
+    keep = (len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1
+            else torch.tensor(rows, device=fed.device))
     logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree).logits[0]
     return TargetPass(logits.float(), None, cached, pending)
 
@@ -192,7 +198,8 @@ def batch_pass(model: PreTrainedModel, cache: Cache, sequences: torch.Tensor) ->
     return model(fed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()
 
 
-def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:
+def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal,
+                 logits: torch.Tensor) -> torch.Tensor:
     """The target's processed scores [1 + candidates, V] after the root and after each candidate
     node (`logits` rows in that order; `sequence` [1, n] ends with the root). A repetition penalty
     or n-gram ban depends on the tokens before, so each row is processed after its own path, as
@@ -230,7 +237,8 @@ def deepest(proposal: Proposal, verdicts: list[bool], likelihoods: list[float] |
             continue
         passed.add(node)
         depth[node] = depth[parent] + 1
-        log_likelihood[node] = log_likelihood[parent] + (math.log(max(likelihoods[node], 1e-30)) if likelihoods else 0.0)
+        log_likelihood[node] = log_likelihood[parent] + (math.log(max(likelihoods[node], 1e-30))
+                                                         if likelihoods else 0.0)
         if (depth[node], log_likelihood[node]) > (depth[best], log_likelihood[best]):
             best = node
     return proposal.ancestry(best)

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
 # companions `method_options` loads, the target's compiled pass, and internals
-LOADED = frozenset({"draft", "draft_passes", "heads", "cllm_model", "cllm_passes", "amateur", "datastore", "method_name", "passes"})
+LOADED = frozenset({"draft", "draft_passes", "heads", "cllm_model", "cllm_passes", "amateur", "datastore",
+                    "method_name", "passes"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class MethodSpec:
     processors: bool = True  # takes a repetition penalty and n-gram blocking, with the answer AR would give under them
     other_answer: str | None = None  # why its answer may differ from greedy AR's on purpose (None: it must not)
     controls: tuple[str, ...] = ()  # the settings the page has a control for (the others: library, API and bench only)
-    plain: str = ""  # one sentence without jargon: the page's first words on the method (the description is its "details")
+    # one sentence without jargon: the page's first words on the method (the description is its "details")
+    plain: str = ""
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -68,10 +70,12 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             '**Autoregressive decoding.** One target pass per token: x_t ~ p(x | x_<t). Every other method is measured '
             'against it.'
         ), samples=True,
-        plain='The target, the model whose answer we want, runs one pass per token: each pass reads the text so far and adds one token. Every other method is measured against it.',
+        plain='The target, the model whose answer we want, runs one pass per token: each pass reads the text so far '
+              'and adds one token. Every other method is measured against it.',
     ),
     "speculative": MethodSpec(
-        "speculative", speculative.generate, 'a small draft proposes a chain or tree of tokens; the target checks them all in one pass',
+        "speculative", speculative.generate,
+        'a small draft proposes a chain or tree of tokens; the target checks them all in one pass',
         (
             '**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft proposes γ tokens; the '
             'target scores them all in one pass and keeps the longest prefix it agrees with, plus one token of its '
@@ -82,10 +86,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'path the draft finds likeliest, and the target checks every branch in one pass with tree attention, '
             'keeping the branch it agrees with. The tree also gets a branch copied from the text (prompt lookup, '
             "Saxena 2023): the tokens that followed the answer's last few tokens where they occurred before, so an "
-            'answer that quotes its prompt or repeats itself commits several tokens a pass. Where the text offers no copy, '
-            "the branch is what most of the target's earlier answers wrote after the same words (REST, He et al. 2024: a "
-            "datastore of its own answers, diamonds in the tree), and a few tokens guessed that way also go below the "
-            "draft's likeliest branch."
+            'answer that quotes its prompt or repeats itself commits several tokens a pass. Where the text offers no '
+            "copy, the branch is what most of the target's earlier answers wrote after the same words (REST, He et al. "
+            "2024: a datastore of its own answers, diamonds in the tree), and a few tokens guessed that way also go "
+            "below the draft's likeliest branch."
         ), samples=True, controls=("gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve"),
         plain=(
             'A small, cheap draft model guesses the next few tokens; the target checks all the guesses in one pass and '
@@ -93,7 +97,8 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
         ),
     ),
     "medusa": MethodSpec(
-        "medusa", medusa.generate, 'extra heads on the target guess several tokens ahead; the target checks their tree in one pass',
+        "medusa", medusa.generate,
+        'extra heads on the target guess several tokens ahead; the target checks their tree in one pass',
         (
             "**Medusa** (Cai et al. 2024). Extra heads on the target's last hidden state guess the tokens 2, 3, 4 "
             'places ahead; their top candidates form a tree that the target checks in one pass, each node attending '
@@ -106,25 +111,27 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             "Greedy: the output equals AR's. To sample, Medusa's typical acceptance keeps a node when p(x) "
             '> min(ε, α·exp(−H(p))) (ε = 0.09, α = 0.3): plausible tokens pass, more of them where the target is '
             'unsure. It is faster but NOT distribution-preserving: the answer is no longer a sample of the target.'
-        ), samples_when="typical_acceptance", controls=("tree", "tree_size", "typical_acceptance", "copy_length", "retrieve"),
+        ), samples_when="typical_acceptance",
+        controls=("tree", "tree_size", "typical_acceptance", "copy_length", "retrieve"),
         plain=(
-            'Extra heads on the target guess the tokens two, three and four places ahead from its last pass; the next pass '
-            'checks a small tree of those guesses at once and keeps the longest branch the target agrees with.'
+            'Extra heads on the target guess the tokens two, three and four places ahead from its last pass; the next '
+            'pass checks a small tree of those guesses at once and keeps the longest branch the target agrees with.'
         ),
     ),
     "lookahead": MethodSpec(
-        "lookahead", lookahead.generate, 'Jacobi iterations in a window make n-grams; the same pass checks the ones that fit',
+        "lookahead", lookahead.generate,
+        'Jacobi iterations in a window make n-grams; the same pass checks the ones that fit',
         (
             '**Lookahead decoding** (Fu et al. 2024). One pass runs Jacobi iterations in a 2D window (W columns × N−1 '
             'levels), collects the n-grams each column produces into a pool, and verifies pool n-grams that start with '
             'the last token. Here the pool is also fed from the prompt, one candidate is copied from the text '
-            "(prompt lookup decoding), and another is what most of the target's earlier answers wrote after the same words "
-            '(REST, He et al. 2024).'
+            "(prompt lookup decoding), and another is what most of the target's earlier answers wrote after the same "
+            'words (REST, He et al. 2024).'
         ), controls=("window", "ngram", "candidates", "retrieve"),
         plain=(
-            'No draft model: in the same pass that checks its guesses, the target also guesses a few tokens further ahead, '
-            'collects the short phrases (n-grams) it saw, and tries them whenever the answer starts one again, beside phrases the '
-            'model wrote in its earlier answers.'
+            'No draft model: in the same pass that checks its guesses, the target also guesses a few tokens further '
+            'ahead, collects the short phrases (n-grams) it saw, and tries them whenever the answer starts one again, '
+            'beside phrases the model wrote in its earlier answers.'
         ),
     ),
     "jacobi": MethodSpec(
@@ -136,8 +143,8 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'shows.'
         ), controls=("block_size",),
         plain=(
-            'The target guesses a whole block of tokens, then re-runs one pass over the block again and again, fixing it '
-            'from the left; each pass fixes at least one token, and sometimes several.'
+            'The target guesses a whole block of tokens, then re-runs one pass over the block again and again, fixing '
+            'it from the left; each pass fixes at least one token, and sometimes several.'
         ),
     ),
     "cllm": MethodSpec(
@@ -153,8 +160,8 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'Here: low-rank adapters trained on this CPU (assets/smollm2-135m-cllm).'
         ), controls=("decoder", "block_size", "window", "ngram", "candidates", "retrieve"),
         plain=(
-            "A copy of the target trained (a CLLM) to get a guessed block's later tokens right sooner, so each pass fixes "
-            "more of them; being a changed copy, its answer can differ from the original's."
+            "A copy of the target trained (a CLLM) to get a guessed block's later tokens right sooner, so each pass "
+            "fixes more of them; being a changed copy, its answer can differ from the original's."
         ),
     ),
     "beam": MethodSpec(
@@ -165,11 +172,14 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'continuations compete, the k best are kept and the rest pruned. A finished answer is scored by its '
             'log-probability divided by its length to the power of the length penalty (> 1 favours longer answers). It '
             "looks further ahead than greedy, so its answer can differ from AR's: it is about search, not speed."
-        ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy", controls=("num_beams", "length_penalty", "early_stopping"),
-        plain='Not a speed-up: the target follows several candidate answers (beams) at once and keeps the likeliest; it searches for a better answer, not a faster one.',
+        ), other_answer="not expected: beam search keeps k answers and may find a likelier one than greedy",
+        controls=("num_beams", "length_penalty", "early_stopping"),
+        plain='Not a speed-up: the target follows several candidate answers (beams) at once and keeps the likeliest; '
+              'it searches for a better answer, not a faster one.',
     ),
     "contrastive": MethodSpec(
-        "contrastive", contrastive.generate, 'prefer what the target finds likely and a small amateur does not (about quality, not speed)',
+        "contrastive", contrastive.generate,
+        'prefer what the target finds likely and a small amateur does not (about quality, not speed)',
         (
             '**Contrastive decoding** (Li et al. 2023). The target is the expert, our small draft the amateur. Each '
             'token maximises log p_expert(x) − log p_amateur(x) among the plausible tokens, those with p_expert(x) ≥ α '
@@ -177,8 +187,10 @@ METHODS: MappingProxyType[str, MethodSpec] = MappingProxyType({
             'only the stronger model sees is favoured. It is about quality, NOT speed: every token costs an expert and '
             "an amateur pass, and the answer differs from greedy AR on purpose. The expert's and the amateur's own "
             'greedy answers are shown beside it.'
-        ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur", controls=("alpha", "amateur_temperature"),
-        plain="Not a speed-up: a small amateur model's preferences are subtracted from the target's, steering the answer away from bland, repetitive text.",
+        ), processors=False, other_answer="not expected: contrastive decoding rescores tokens against the amateur",
+        controls=("alpha", "amateur_temperature"),
+        plain="Not a speed-up: a small amateur model's preferences are subtracted from the target's, steering the "
+              "answer away from bland, repetitive text.",
     ),
 })
 
@@ -208,7 +220,8 @@ def load_options(name: str, target: LoadedModel) -> dict:
         return {"draft": draft, "draft_passes": passes, **datastore_of(target)}
     if name == "medusa":  # published heads bring no tree: the preset's is their default
         tree = getattr(preset_for(target.spec), "medusa_tree", None)
-        heads = medusa.load_heads(companion(target, "medusa_heads"), target.model, tree and [list(path) for path in tree])
+        heads = medusa.load_heads(companion(target, "medusa_heads"), target.model,
+                                  tree and [list(path) for path in tree])
         return {"heads": heads, **datastore_of(target)}
     if name == "cllm":
         model = target.companions.get("cllm", lambda: cllm.load_cllm(companion(target, "cllm"), target))
@@ -234,7 +247,8 @@ def datastore_of(target: LoadedModel) -> dict:
     folder = getattr(preset_for(target.spec), "datastore", None)
     if folder is None:
         return {}
-    return {"datastore": target.companions.get("datastore", lambda: load_datastore(folder, target.model.config.vocab_size))}
+    return {"datastore": target.companions.get("datastore",
+                                               lambda: load_datastore(folder, target.model.config.vocab_size))}
 
 
 MISSING_COMPANION = {
@@ -243,7 +257,8 @@ MISSING_COMPANION = {
     "medusa_heads": "Medusa decoding of {target} needs heads trained for it, and no preset names any: "
     "pass heads=medusa.load_heads(FOLDER_OR_HUB_ID, model)",
     "cllm": "CLLM decoding of {target} needs a consistency-trained copy of it, and no preset names one: pass "
-    "cllm_model=cllm.load_cllm(SPEC, target), e.g. SPEC 'cllm/consistency-llm-7b-sharegpt48k' for its ShareGPT Llama-7B",
+    "cllm_model=cllm.load_cllm(SPEC, target), e.g. SPEC 'cllm/consistency-llm-7b-sharegpt48k' for its ShareGPT "
+    "Llama-7B",
 }
 
 

@@ -31,8 +31,8 @@ def generate(
 ) -> Iterator[StepEvent | Summary]:
     """Decode after the prompt `input_ids` [1, L], one token per target pass. `passes`: the model's
     compiled static pass (`static.compile_passes`); None: the eager pass."""
-    return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  passes=passes)
+    return decode(model, input_ids, Proposer(), method="ar", max_new_tokens=max_new_tokens, sampling=sampling,
+                  eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
 
 class Replay(Proposer):
@@ -45,18 +45,19 @@ class Replay(Proposer):
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         return Verdict([], self.answer[len(self.rows)])
 
-    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass, verdict: Verdict,
-              kept: list[int]) -> Learned:
+    def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
+              verdict: Verdict, kept: list[int]) -> Learned:
         self.rows.append(verified.logits[0])
         return Learned()
 
 
-def replay(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int], passes: CompiledPass | None = None) -> torch.Tensor:
+def replay(model: PreTrainedModel, input_ids: torch.Tensor, answer: Sequence[int],
+           passes: CompiledPass | None = None) -> torch.Tensor:
     """[len(answer), V] float32: the logits AR's passes give for answer positions 0.. after the
     prompt `input_ids` [1, L], fed `answer` (not their own choices): `generate`'s loop, cache and
     pass (the compiled static one with `passes`, as `generate` takes it), EOS ignored."""
     replayed = Replay(answer)
-    for _ in decode(model, input_ids, replayed, method="ar", max_new_tokens=len(answer), sampling=GREEDY, eos_token_ids=(),
-                    passes=passes):
+    for _ in decode(model, input_ids, replayed, method="ar", max_new_tokens=len(answer), sampling=GREEDY,
+                    eos_token_ids=(), passes=passes):
         pass
     return torch.stack(replayed.rows)

@@ -74,9 +74,7 @@ class Hypothesis:
 
 @torch.inference_mode()
 def generate(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    *,
+    model: PreTrainedModel, input_ids: torch.Tensor, *,
     max_new_tokens: int = 128,
     num_beams: int = 4,
     length_penalty: float = 1.0,
@@ -95,7 +93,8 @@ def generate(
     processors = logits_processors(sampling)
     k = num_beams
     width = max(2, 1 + len(recorder.eos_token_ids)) * k  # candidates per step: enough for k that do not end
-    cache = batch_cache(model, prompt_length + max_new_tokens, k, passes)  # static for one beam when the model is compiled
+    # static for one beam when the model is compiled
+    cache = batch_cache(model, prompt_length + max_new_tokens, k, passes)
     sequences = input_ids.expand(k, -1)  # [k, L + t]: prompt and new tokens of each beam
     beam_log_probs = torch.full((k,), NO_BEAM, device=input_ids.device)  # [k]
     beam_log_probs[0] = 0.0
@@ -114,14 +113,16 @@ def generate(
         new_tokens = [tuple(c) for c in candidates[:, prompt_length:].tolist()]
         ends = [c[-1] in recorder.eos_token_ids or length == max_new_tokens for c in new_tokens]
         # 3. ended candidates among the best k join the finished ones; the best k that go on are the beams
-        ended = [Hypothesis(new_tokens[i], candidate_log_probs[i].item(), scores[i].item()) for i in range(k) if ends[i]]
+        ended = [Hypothesis(new_tokens[i], candidate_log_probs[i].item(), scores[i].item())
+                 for i in range(k) if ends[i]]
         finished = sorted(finished + ended, key=lambda h: h.score, reverse=True)[:k]
         kept = [i for i in range(width) if not ends[i]][:k]
         if kept:  # none only at max_new_tokens, where the search ends
             sequences, beam_log_probs = candidates[kept], candidate_log_probs[kept]
         # 4. stop or go on; commit what every possible answer starts with
         over = search_over(length, beam_log_probs, finished, k, max_new_tokens, length_penalty, early_stopping)
-        certain = finished[0].tokens if over else common_prefix([new_tokens[i] for i in kept] + [h.tokens for h in finished])
+        certain = (finished[0].tokens if over
+                   else common_prefix([new_tokens[i] for i in kept] + [h.tokens for h in finished]))
         chosen = list(finished[0].tokens) if over else None
         data = step_data(new_tokens, candidate_log_probs, scores, parents, kept, ends, finished, k, chosen)
         yield recorder.step(committed=certain[len(recorder.tokens) :], data=data)
@@ -129,18 +130,23 @@ def generate(
             break
         if k > 1:
             cache.reorder_cache(parents[kept])
-    answer = {"log_prob": finished[0].log_prob, "score": finished[0].score} if recorder.finish_reason != "stopped" else {}
+    answer = ({"log_prob": finished[0].log_prob, "score": finished[0].score}
+              if recorder.finish_reason != "stopped" else {})
     yield recorder.summary(extra={"num_beams": k} | answer)
 
 
-def check_beam_settings(num_beams: int, length_penalty: float, early_stopping: bool | str, sampling: SamplingConfig) -> None:
+def check_beam_settings(num_beams: int, length_penalty: float, early_stopping: bool | str,
+                        sampling: SamplingConfig) -> None:
     check_whole("num_beams", num_beams, 1, what="1 is greedy decoding")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
-        raise SpecDemoError(f"length_penalty must be a number (1.0: score = mean log-probability), got {length_penalty!r}")
+    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float))
+            or not math.isfinite(length_penalty)):
+        raise SpecDemoError("length_penalty must be a number (1.0: score = mean log-probability), got "
+                            f"{length_penalty!r}")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise SpecDemoError(f'early_stopping must be True, False or "never", got {early_stopping!r}')
     if sampling.do_sample:
-        raise SpecDemoError("beam search here is greedy: turn sampling off (the repetition penalty and n-gram ban still apply)")
+        raise SpecDemoError("beam search here is greedy: turn sampling off (the repetition penalty and n-gram ban "
+                            "still apply)")
 
 
 def next_log_probs(processors: LogitsProcessorList, sequences: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -211,6 +217,7 @@ def step_data(
     for i, (tokens, log_prob, score, parent) in enumerate(rows):
         status = "kept" if i in kept else "finished" if i < k and ends[i] and tokens in finished_tokens else "pruned"
         beam = kept.index(i) if i in kept else None
-        beams.append(dict(token=tokens[-1], tokens=list(tokens), log_prob=log_prob, score=score, parent=parent, beam=beam, status=status))
+        beams.append(dict(token=tokens[-1], tokens=list(tokens), log_prob=log_prob, score=score, parent=parent,
+                          beam=beam, status=status))
     hypotheses = [{"tokens": list(h.tokens), "log_prob": h.log_prob, "score": h.score} for h in finished]
     return BeamStep(num_beams=k, beams=beams, finished=hypotheses, chosen=chosen)

@@ -78,26 +78,32 @@ def generate(
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` with `cllm_model` by `decoder`: "jacobi" over blocks of
     `block_size`, or "lookahead" with its `window`, `ngram`, `candidates`, `copy_length` and
-    `retrieve` from `datastore` (`specdemo.methods.lookahead`). `model`, the target, only has to share its vocabulary (the
-    prompt was tokenized for it). The CLLM's passes run by `cllm_passes`, its own compiled pass, beside a compiled
-    target's `passes` (None: eager)."""
+    `retrieve` from `datastore` (`specdemo.methods.lookahead`). `model`, the target, only has to
+    share its vocabulary (the prompt was tokenized for it). The CLLM's passes run by `cllm_passes`,
+    its own compiled pass, beside a compiled target's `passes` (None: eager)."""
     if cllm_model.config.vocab_size != model.config.vocab_size:
         raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
-    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop, method_name="cllm",
-                  passes=cllm_passes if passes else None)
+    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
+                  method_name="cllm", passes=cllm_passes if passes else None)
     if decoder == "jacobi":
         return jacobi.generate(cllm_model, input_ids, block_size=block_size, **common)
     if decoder == "lookahead":
-        return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates, copy_length=copy_length,
-                                  retrieve=retrieve, datastore=datastore, **common)
+        return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates,
+                                  copy_length=copy_length, retrieve=retrieve, datastore=datastore, **common)
     raise SpecDemoError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
 
 
 def load_cllm(spec: str | Path, target: LoadedModel) -> PreTrainedModel:
+<<<<<<< HEAD
     """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`): a folder of our adapters (merged into a copy of
     the target, which stays as it was), or any model spec `specdemo.models` loads (a published
     CLLM, on the target's dtype and device). A target spread or offloaded (`LoadedModel.placed`)
     gets a CLLM placed the same way, merged from a fresh copy of its weights."""
+=======
+    """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`):
+    a folder of our adapters (merged into a copy of the target, which stays as it was), or any model
+    spec `specdemo.models` loads (a published CLLM, on the target's dtype and device)."""
+>>>>>>> wrap-core
     folder = Path(spec)
     if not (folder / ADAPTER_FILE).exists():
         return load_model(str(spec), target.dtype, str(target.device), device_map=target.placed).model
@@ -115,8 +121,10 @@ def merge_adapters(model: PreTrainedModel, tensors: dict[str, torch.Tensor], sca
         try:
             weight = model.get_submodule(name).weight
         except AttributeError as error:
-            raise SpecDemoError(f"the CLLM adapters name {name!r}, which this model has not: they were trained for another model") from error
+            raise SpecDemoError(f"the CLLM adapters name {name!r}, which this model has not: they were trained for "
+                                "another model") from error
         delta = scale * tensors[f"{name}.lora_B"].float() @ tensors[f"{name}.lora_A"].float()
         if delta.shape != weight.shape:
-            raise SpecDemoError(f"the CLLM adapter for {name} is {tuple(delta.shape)}, the model's weight {tuple(weight.shape)}")
+            raise SpecDemoError(f"the CLLM adapter for {name} is {tuple(delta.shape)}, the model's weight "
+                                f"{tuple(weight.shape)}")
         weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))

@@ -88,16 +88,19 @@ def generate(
     check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_temperature, top_candidates)
     eos = resolve_eos(model, eos_token_ids)
     recorder = StepRecorder("contrastive", max_new_tokens, eos, stop)
-    expert_cache = request_cache(model, input_ids.shape[1] + max_new_tokens, passes)  # static when the expert is compiled
+    # static when the expert is compiled
+    expert_cache = request_cache(model, input_ids.shape[1] + max_new_tokens, passes)
     amateur_cache = DynamicCache(config=amateur.config)
     sequence = input_ids  # [1, n] prompt + committed tokens
     pending = input_ids  # tokens the amateur's cache has not seen yet: the whole prompt, then one token
     while not recorder.done:
         # 1. One pass of each model over the same new tokens: the expert's is the engine's target pass.
         expert_logits = target_pass(model, expert_cache, sequence, EMPTY).logits[0]  # [V]
-        amateur_logits = amateur(pending, past_key_values=amateur_cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
+        # [V]
+        amateur_logits = amateur(pending, past_key_values=amateur_cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         # 2. Score the plausible tokens by how much more the expert likes them; take the best.
-        log_p_expert, log_p_amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)  # [V] each
+        # [V] each
+        log_p_expert, log_p_amateur = expert_and_amateur_logprobs(expert_logits, amateur_logits, amateur_temperature)
         scores, plausible = contrastive_scores(log_p_expert, log_p_amateur, alpha)
         chosen = int(scores.argmax())
         pending = torch.tensor([[chosen]], device=input_ids.device)  # [1, 1]
@@ -119,7 +122,8 @@ def check_settings(model, amateur, input_ids, max_new_tokens, alpha, amateur_tem
         )
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
         raise SpecDemoError(f"alpha (the plausibility threshold) must be a number in (0, 1], got {alpha!r}")
-    if isinstance(amateur_temperature, bool) or not isinstance(amateur_temperature, (int, float)) or not amateur_temperature > 0:
+    if (isinstance(amateur_temperature, bool) or not isinstance(amateur_temperature, (int, float))
+            or not amateur_temperature > 0):
         raise SpecDemoError(f"amateur_temperature must be a positive number, got {amateur_temperature!r}")
     check_whole("top_candidates", top_candidates, 1, 64)
 
@@ -131,7 +135,8 @@ def step_data(expert, amateur, scores, plausible, chosen, alpha, top_candidates)
     if chosen not in shown:
         shown.append(chosen)
     index = torch.tensor(shown, device=expert.device)
-    rows = zip(shown, expert[index].tolist(), amateur[index].tolist(), scores[index].tolist(), plausible[index].tolist())
+    rows = zip(shown, expert[index].tolist(), amateur[index].tolist(), scores[index].tolist(),
+               plausible[index].tolist())
     candidates = [
         {"token": token, "expert_logprob": e, "amateur_logprob": a, "score": s if ok else None, "plausible": ok}
         for token, e, a, s, ok in rows

@@ -104,7 +104,8 @@ def _is_own(name: str) -> bool:
 def load_shared_draft(folder: Path, target: LoadedModel) -> Draft:
     """Our trained draft: its layers from `folder`, its embedding and head from the target."""
     if target.model.config.model_type != "llama" or target.model.config.vocab_size != 49152:
-        raise SpecDemoError(f"the draft in {folder} was trained for the embedded SmolLM2; choose a draft for {target.spec}")
+        raise SpecDemoError(f"the draft in {folder} was trained for the embedded SmolLM2; choose a draft for "
+                            f"{target.spec}")
     num_layers = json.loads((folder / "draft_config.json").read_text())["num_hidden_layers"]
     draft = build_shared_draft(target.model, tuple(range(num_layers)))
     missing, unexpected = draft.load_state_dict(load_file(folder / "draft.safetensors"), strict=False)
@@ -129,7 +130,8 @@ def load_draft(spec: str, target: LoadedModel, trust_remote_code: bool = False) 
         tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=target.dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise SpecDemoError(f"could not load draft {spec!r}: not a local folder, and the Hub could not serve it") from error
+        raise SpecDemoError(f"could not load draft {spec!r}: not a local folder, and the Hub could not "
+                            "serve it") from error
     check_same_vocabulary(tokenizer, target)
     model.to(target.device).eval()
     prepack(model)

@@ -125,8 +125,8 @@ def grow(
     return tree
 
 
-def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int, size: int, eos: tuple[int, ...] = (),
-           first_k: int | None = None) -> DraftTree:
+def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int,
+           size: int, eos: tuple[int, ...] = (), first_k: int | None = None) -> DraftTree:
     """EAGLE-2's expand and rerank for any drafter: `logits` [1, K] are its guesses for the root's
     children (`state` [1, H]: what their own children's guesses read, or None); level by level,
     `level_logits(tree, nodes, tokens, states, level)` gives its guesses [q, K] after each of the
@@ -136,10 +136,12 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
     head's, the path it read. `first_k`: the root's children, if not `top_k`."""
     tree = DraftTree([], [], [], [], [], draft_passes=1)
     states = []  # per node, the state its children's guesses read
-    frontier = add_children(tree, states, token_ids, logits, state, parents=[-1], parent_scores=[0.0], depth=1, top_k=first_k or top_k)
+    frontier = add_children(tree, states, token_ids, logits, state, parents=[-1], parent_scores=[0.0], depth=1,
+                            top_k=first_k or top_k)
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
-        nodes = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar), key=lambda n: -tree.scores[n])[:top_k]
+        nodes = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar),
+                       key=lambda n: -tree.scores[n])[:top_k]
         if not nodes:
             break
         tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
@@ -147,7 +149,8 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         logits, new_states = level_logits(tree, nodes, tokens, parent_states, level)
         tree.draft_passes = level
         frontier = add_children(
-            tree, states, token_ids, logits, new_states, parents=nodes, parent_scores=[tree.scores[n] for n in nodes], depth=level, top_k=top_k
+            tree, states, token_ids, logits, new_states, parents=nodes, parent_scores=[tree.scores[n] for n in nodes],
+            depth=level, top_k=top_k
         )
     return best_nodes(tree, size)
 
@@ -226,7 +229,8 @@ def add_copy(tree: DraftTree, copied: list[int], below: int = -1, source: str = 
     draft's nodes while they hold its tokens, and its remaining tokens hang below as new nodes
     (`source`: "copy" from the text, "retrieved" from a datastore). A copied node has no draft
     probability of its own; it takes its parent's value."""
-    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources), tree.draft_passes)
+    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources),
+                      tree.draft_passes)
     node = below
     score, depth = (tree.scores[below], tree.depths[below]) if below >= 0 else (0.0, 0)
     for token in copied:
@@ -242,8 +246,8 @@ def add_copy(tree: DraftTree, copied: list[int], below: int = -1, source: str = 
     return grown
 
 
-def extend_likeliest(tree: DraftTree, sequence: torch.Tensor, length: int, eos: tuple[int, ...], datastore: Datastore | None,
-                     least_share: float = 0.0) -> DraftTree:
+def extend_likeliest(tree: DraftTree, sequence: torch.Tensor, length: int, eos: tuple[int, ...],
+                     datastore: Datastore | None, least_share: float = 0.0) -> DraftTree:
     """The tree with up to `length` more tokens below the end of the draft's likeliest branch,
     guessed without a model pass after the text `sequence` [n] and that branch: copied from the
     text, else retrieved (`retrieval.guessed_branch`). The draft stops `depth` deep, where a

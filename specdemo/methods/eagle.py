@@ -61,7 +61,8 @@ class FeatureDraft(nn.Module):
         self.model.norm = nn.Identity()  # the target's features are already normalised; the LM head reads f̂ as is
         del self.model.embed_tokens  # shared with the target, kept outside this module's weights
         self.shared = {"embed": target.get_input_embeddings()}  # a dict: not a submodule, so never saved
-        self.vocab = None if vocab is None else vocab.to(target.device)  # [K] token ids it may propose, ascending (None: all)
+        # [K] token ids it may propose, ascending (None: all)
+        self.vocab = None if vocab is None else vocab.to(target.device)
         self.to(device=target.device, dtype=target.dtype)
         head = target.get_output_embeddings().weight  # [V, H]
         # the rows it may propose, gathered once: slicing 8,192 of 49,152 rows each step cost 5x the matmul
@@ -84,7 +85,8 @@ class FeatureDraft(nn.Module):
         hidden = embedded.shape[-1]
         if features.shape[-1] > hidden:  # the target's, with its layers' residual stream first
             parts = features.split(hidden, dim=-1)
-            features = self.reduce(torch.cat([*(norm(part) for norm, part in zip(self.norms, parts)), parts[-1]], dim=-1))
+            features = self.reduce(torch.cat([*(norm(part) for norm, part in zip(self.norms, parts)), parts[-1]],
+                                             dim=-1))
         return self.fc(torch.cat([embedded, features], dim=-1))
 
     @property
@@ -116,8 +118,10 @@ def init_from_target(draft: FeatureDraft, target: PreTrainedModel) -> None:
 
 def save_feature_draft(draft: FeatureDraft, folder: Path, metadata: dict | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({name: tensor.to(torch.float16).contiguous() for name, tensor in draft.state_dict().items()}, folder / WEIGHTS_FILE)
-    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "layers": list(draft.layers), **(metadata or {})}, indent=2) + "\n")
+    save_file({name: tensor.to(torch.float16).contiguous() for name, tensor in draft.state_dict().items()},
+              folder / WEIGHTS_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "layers": list(draft.layers), **(metadata or {})},
+                                                 indent=2) + "\n")
     if draft.vocab is not None:
         (folder / VOCAB_FILE).write_text(json.dumps(draft.vocab.tolist()) + "\n")
 
@@ -129,7 +133,8 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
     layers = tuple(json.loads((folder / CONFIG_FILE).read_text()).get("layers", ()))
     draft = FeatureDraft(target, vocab, layers)
     try:
-        draft.load_state_dict({name: tensor.to(target.dtype) for name, tensor in load_file(folder / WEIGHTS_FILE).items()})
+        draft.load_state_dict({name: tensor.to(target.dtype)
+                               for name, tensor in load_file(folder / WEIGHTS_FILE).items()})
     except RuntimeError as error:
         raise SpecDemoError(f"the feature draft in {folder} was trained for another model: {error}") from error
     prepack(draft)

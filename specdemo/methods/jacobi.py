@@ -48,8 +48,8 @@ def generate(
     check_greedy(sampling, method_name)
     check_whole("block_size", block_size, 1, MAX_BLOCK_SIZE)
     proposer = JacobiIteration(block_size)
-    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  passes=passes)
+    return decode(model, input_ids, proposer, method=method_name, max_new_tokens=max_new_tokens, sampling=sampling,
+                  eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ class JacobiIteration(Proposer):
         newly_correct = mark_correct(correct_since, list(block.trajectory), block.settled, kept, accept_length,
                                      iteration)
         learned = Learned(
-            rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],  # guesses this pass replaced
+            # guesses this pass replaced
+            rejected=[g for g, c in zip(guess[accept_length:], choices[accept_length:]) if g != c],
             data=JacobiStep(
                 block_start=block.start,
                 iteration=iteration,
@@ -134,7 +135,8 @@ def initial_guess(sequence: torch.Tensor, length: int) -> list[int]:
 
 
 def mark_correct(
-    correct_since: list[int | None], trajectory: list[list[int]], settled: int, committed: list[int], accept_length: int, iteration: int
+    correct_since: list[int | None], trajectory: list[list[int]], settled: int, committed: list[int],
+    accept_length: int, iteration: int
 ) -> list[int]:
     """Record, for the block positions this pass committed, the iteration from which each held its
     final token without change (the target's own token, after the `accept_length` accepted

@@ -98,13 +98,15 @@ def generate(
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
     them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next one
-    guessed as long from `datastore`, the target's earlier answers). The defaults are the fastest we measured
-    on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G, since a wider pass costs it little.
-    `passes`: the model's compiled static pass (None: eager)."""
+    guessed as long from `datastore`, the target's earlier answers). The defaults are the fastest
+    we measured on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G,
+    since a wider pass costs it little. `passes`: the model's compiled static pass (None: eager)."""
     check_greedy(sampling, method_name)
-    for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32), ("copy_length", copy_length, 1, 32)):
+    for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32),
+                                   ("copy_length", copy_length, 1, 32)):
         check_whole(name, value, low, high)
-    proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0, datastore if retrieve else None)
+    proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0,
+                         datastore if retrieve else None)
     # A pass's root (the last committed token) is at least 1 before the request's last position,
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     reach = max(window + ngram - 3, 0)
@@ -124,8 +126,10 @@ class Lookahead(Proposer):
     """Proposes the pool's n-grams (and a copy, and a guess from earlier answers) as chains from the
     root, with the Jacobi window as work nodes; learns a new window level and the n-grams down its columns."""
 
-    def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int, datastore: Datastore | None = None):
-        self.window, self.ngram, self.limit, self.copy_length, self.datastore = window, ngram, candidates, copy_length, datastore
+    def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int,
+                 datastore: Datastore | None = None):
+        self.window, self.ngram, self.limit, self.copy_length, self.datastore = (window, ngram, candidates, copy_length,
+                                                                                 datastore)
         self.pool = NgramPool(ngram, per_key=max(candidates, 1))
         if copy_length:  # text n-grams: the prompt's go into the pool too
             self.pool.insert_text(input_ids[0].tolist())
@@ -171,7 +175,8 @@ def initial_window(input_ids: torch.Tensor, window: int, levels: int) -> list[li
     from the prompt too; any start converges, this one is reproducible)."""
     generator = torch.Generator().manual_seed(0)
     prompt = input_ids[0].cpu()
-    picks = torch.randint(len(prompt), (levels, window), generator=generator, device="cpu")  # CPU whatever the default device
+    # CPU whatever the default device
+    picks = torch.randint(len(prompt), (levels, window), generator=generator, device="cpu")
     return prompt[picks].tolist()
 
 

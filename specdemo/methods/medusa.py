@@ -31,8 +31,19 @@ from specdemo.core.static import CompiledPass, fitted_size
 from specdemo.core.steps import ChainStep, tree_step
 from specdemo.core.verify import TargetPass, deepest, first_leaf_path, scores_after
 from specdemo.methods.draft_tree import DraftTree, expand
-from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401 (the library's `medusa.load_heads`, as before the split)
-from specdemo.methods.medusa_tree import MAX_TREE_SIZE, Tree, cached_tree, check_dynamic_size, dynamic_paths, proposal, resolve_tree, tree_tokens
+
+# the library's `medusa.load_heads`, as before the split (F401)
+from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401
+from specdemo.methods.medusa_tree import (
+    MAX_TREE_SIZE,
+    Tree,
+    cached_tree,
+    check_dynamic_size,
+    dynamic_paths,
+    proposal,
+    resolve_tree,
+    tree_tokens,
+)
 from specdemo.methods.prompt_lookup import check_copy_length
 from specdemo.methods.retrieval import Datastore, guessed_branch
 
@@ -83,9 +94,10 @@ def generate(
         raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
     check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
-    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k, datastore if retrieve else None)
-    return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  passes=passes)
+    proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k,
+                          datastore if retrieve else None)
+    return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling,
+                  eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
 
 class MedusaTree(Proposer):
@@ -94,9 +106,10 @@ class MedusaTree(Proposer):
 
     features = True  # the heads read the target's last hidden state
 
-    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int, typical: tuple[float, float] | None,
-                 top_k: int = 3, datastore: Datastore | None = None):
-        self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = heads, static, dynamic_size, copy_length, typical
+    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int,
+                 typical: tuple[float, float] | None, top_k: int = 3, datastore: Datastore | None = None):
+        self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = (heads, static, dynamic_size,
+                                                                                      copy_length, typical)
         self.datastore = datastore
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
@@ -115,15 +128,18 @@ class MedusaTree(Proposer):
             if self.static is None:
                 size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
                 depth = min(self.heads.num_heads, depth_limit)
-                token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size, eos=context.eos))
+                token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size,
+                                         eos=context.eos))
             else:
-                token_at = path_tokens(self.heads, self.hidden, root, [p for p in self.static.paths if len(p) <= depth_limit])
+                token_at = path_tokens(self.heads, self.hidden, root,
+                                       [p for p in self.static.paths if len(p) <= depth_limit])
             tree = cached_tree(tuple(sorted(token_at)), len(copied))
             return Proposed(proposal(tree, [*(token_at[path] for path in tree.paths), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
-            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))  # sorted: one cache entry per shape
+            # sorted: one cache entry per shape
+            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))
         else:
             paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
@@ -167,7 +183,8 @@ class MedusaTree(Proposer):
         )
 
 
-def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, top_k: int, size: int, eos: tuple[int, ...] = ()) -> DraftTree:
+def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, top_k: int, size: int,
+         eos: tuple[int, ...] = ()) -> DraftTree:
     """The dynamic tree of heads that read their path (Hydra), after the hidden state `hidden` [H]
     and the token it predicted: EAGLE-2's expand and rerank (`draft_tree.expand`), head k guessing
     the children of the nodes at depth k from [h; e(x); e(y_1); ...; e(y_k)], their paths. The
@@ -175,13 +192,15 @@ def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, to
     guess (it sees one hidden state, no attention), and its alternatives are most of what a tree
     of 8 gains (26 Spec-Bench questions, bfloat16: 2.44 tokens a pass, against 2.34 with at most
     3 children at the root as at every other level)."""
-    joined = torch.cat([hidden, heads.embedded(torch.tensor(token, device=hidden.device), hidden.dtype)])[None]  # [1, 2H]
+    # [1, 2H]
+    joined = torch.cat([hidden, heads.embedded(torch.tensor(token, device=hidden.device), hidden.dtype)])[None]
 
     def level_logits(tree: DraftTree, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor, level: int):
         joined = torch.cat([states, heads.embedded(tokens, states.dtype)], dim=-1)  # [q, (1 + level) H]
         return heads.head_logits(level - 1, joined), joined
 
-    return expand(heads.token_ids, heads.head_logits(0, joined), joined, level_logits, depth=depth, top_k=top_k, size=size, eos=eos, first_k=size)
+    return expand(heads.token_ids, heads.head_logits(0, joined), joined, level_logits, depth=depth, top_k=top_k,
+                  size=size, eos=eos, first_k=size)
 
 
 def paths_of(tree: DraftTree) -> dict[tuple[int, ...], int]:
@@ -197,7 +216,8 @@ def paths_of(tree: DraftTree) -> dict[tuple[int, ...], int]:
     return token_at
 
 
-def path_tokens(heads: MedusaHeads, hidden: torch.Tensor, token: int, paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+def path_tokens(heads: MedusaHeads, hidden: torch.Tensor, token: int,
+                paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
     """The token at each rank path of a static tree for heads that read their path: head d - 1's
     r-th best guess after the node's parent's path, one call a level."""
     embed = lambda t: heads.embedded(torch.tensor(t, device=hidden.device), hidden.dtype)  # noqa: E731
@@ -220,7 +240,8 @@ def check_acceptance(sampling: SamplingConfig, typical_acceptance: bool, epsilon
             "which samples but does not keep the target's distribution; or choose ar or speculative to sample exactly"
         )
     if typical_acceptance and not sampling.do_sample:
-        raise SpecDemoError("typical acceptance is Medusa's rule for sampling: turn sampling on, or turn it off for greedy verification")
+        raise SpecDemoError("typical acceptance is Medusa's rule for sampling: turn sampling on, or turn it off for "
+                            "greedy verification")
     if not (0 < epsilon <= 1 and 0 < alpha <= 1):
         raise SpecDemoError(f"typical acceptance needs 0 < epsilon <= 1 and 0 < alpha <= 1, got {epsilon} and {alpha}")
 

@@ -95,11 +95,14 @@ class MedusaHeads(nn.Module):
         if reads_path and embedding is None:
             raise SpecDemoError("heads that read their tree path read the tokens' embeddings: pass the target's")
         self.num_heads, self.num_layers, self.reads_path = num_heads, num_layers, reads_path
-        self.mixers = None if embedding is None else nn.ModuleList(TokenMixer(hidden_size, 1 + k * reads_path) for k in range(num_heads))
+        self.mixers = (None if embedding is None
+                       else nn.ModuleList(TokenMixer(hidden_size, 1 + k * reads_path) for k in range(num_heads)))
         if embedding is not None:  # the target's, never saved with the heads
             self.register_buffer("embedding_weight", embedding.weight.detach(), persistent=False)
-        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads))
-        self.lm_heads = None if shared_lm_head is not None else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)])
+                                    for _ in range(num_heads))
+        self.lm_heads = (None if shared_lm_head is not None
+                         else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads)))
         self.vocab = vocab
         if shared_lm_head is not None:  # a buffer, so .to() moves it, but never saved with the blocks
             weight = shared_lm_head.weight.detach()
@@ -122,14 +125,16 @@ class MedusaHeads(nn.Module):
             if tokens is None:
                 raise SpecDemoError("these Medusa heads read the token each hidden state predicted: pass it")
             if self.reads_path:
-                joined = torch.cat([hidden, *self.embedded(tokens, hidden.dtype).unbind(-2)], dim=-1)  # [..., (1 + K) H]
+                # [..., (1 + K) H]
+                joined = torch.cat([hidden, *self.embedded(tokens, hidden.dtype).unbind(-2)], dim=-1)
                 inputs = [mixer(joined[..., : (2 + k) * hidden.shape[-1]]) for k, mixer in enumerate(self.mixers)]
             else:
                 joined = torch.cat([hidden, self.embedded(tokens, hidden.dtype)], dim=-1)
                 inputs = [mixer(joined) for mixer in self.mixers]
         if self.lm_heads is not None:
             return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
-        return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight)  # one product for all heads
+        # one product for all heads
+        return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight)
 
     def embedded(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The target's embeddings of `tokens` [...] -> [..., H], in `dtype`."""
@@ -154,7 +159,8 @@ class MedusaHeads(nn.Module):
         """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
         the heads' vocabulary), for one hidden state [H] (and the token it predicted)."""
         if self.reads_path:
-            raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or `medusa.path_tokens`")
+            raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or "
+                                "`medusa.path_tokens`")
         tokens = None if token is None else torch.tensor(token, device=hidden.device)
         log_probs = torch.log_softmax(self(hidden, tokens).float(), dim=-1)  # [K, S]
         best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
@@ -164,13 +170,16 @@ class MedusaHeads(nn.Module):
         """The blocks and, for heads that read the token, the mixers from the tensors `save` wrote
         (without the proposal vocabulary). Heads that read the token may start from heads that do
         not: their mixers then stay [I 0]."""
-        mixers = {name.removeprefix(f"{MIXERS_KEY}."): tensor for name, tensor in tensors.items() if name.startswith(f"{MIXERS_KEY}.")}
-        self.blocks.load_state_dict({name: tensor for name, tensor in tensors.items() if not name.startswith(f"{MIXERS_KEY}.")})
+        mixers = {name.removeprefix(f"{MIXERS_KEY}."): tensor for name, tensor in tensors.items()
+                  if name.startswith(f"{MIXERS_KEY}.")}
+        self.blocks.load_state_dict({name: tensor for name, tensor in tensors.items()
+                                     if not name.startswith(f"{MIXERS_KEY}.")})
         if mixers and self.mixers is not None:
             own = self.mixers.state_dict()
             for name, tensor in mixers.items():  # a mixer that read fewer tokens: its columns first, the new ones zero
                 if tensor.shape != own[name].shape:
-                    tensor = torch.cat([tensor, tensor.new_zeros(tensor.shape[0], own[name].shape[1] - tensor.shape[1])], dim=1)
+                    tensor = torch.cat(
+                        [tensor, tensor.new_zeros(tensor.shape[0], own[name].shape[1] - tensor.shape[1])], dim=1)
                 own[name] = tensor
             self.mixers.load_state_dict(own)
 
@@ -184,8 +193,8 @@ class MedusaHeads(nn.Module):
         if self.vocab is not None:
             tensors[VOCAB_KEY] = self.vocab.cpu()
         save_file(tensors, folder / HEADS_FILE)
-        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers, "reads_token": self.reads_token,
-                  "reads_path": self.reads_path, **metadata}
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                  "reads_token": self.reads_token, "reads_path": self.reads_path, **metadata}
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -201,14 +210,15 @@ def load_heads(folder: str | Path, target: PreTrainedModel, choices: list[list[i
         tensors = load_file(folder / HEADS_FILE)
         proposal_vocab = tensors.pop(VOCAB_KEY, None)
         embedding = target.get_input_embeddings() if config.get("reads_token") else None
-        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"], target.get_output_embeddings(), proposal_vocab, embedding,
-                            config.get("reads_path", False))
+        heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"],
+                            target.get_output_embeddings(), proposal_vocab, embedding, config.get("reads_path", False))
         heads.load_trained(tensors)
         heads.choices, heads.default_tree_size = config.get("medusa_choices"), config.get("default_tree_size")
     elif (folder / PUBLISHED_FILE).exists():
         config = json.loads((folder / PUBLISHED_CONFIG).read_text())
         heads = MedusaHeads(hidden, vocab, config["medusa_num_heads"], config["medusa_num_layers"])
-        heads.load_state_dict(published_to_ours(torch.load(folder / PUBLISHED_FILE, map_location="cpu", weights_only=True), heads.num_layers))
+        heads.load_state_dict(published_to_ours(
+            torch.load(folder / PUBLISHED_FILE, map_location="cpu", weights_only=True), heads.num_layers))
     else:
         raise SpecDemoError(f"no Medusa heads in {folder}: expected {HEADS_FILE} or {PUBLISHED_FILE}")
     heads.choices = heads.choices or choices

@@ -11,8 +11,11 @@ import torch
 
 from specdemo.core.errors import check_whole
 
-COPY_LENGTH = 8  # tokens a tree's copied branch may hold: the best of 0 to 16 for speculative on our bench prompts (docs/methods/speculative.md)
-SHORTEST_MATCH = 2  # copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass
+# tokens a tree's copied branch may hold: the best of 0 to 16 for
+# speculative on our bench prompts (docs/methods/speculative.md)
+COPY_LENGTH = 8
+# copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass
+SHORTEST_MATCH = 2
 MAX_COPY_LENGTH = 16
 
 
@@ -23,7 +26,8 @@ def check_copy_length(copy_length: int | None) -> int:
     return check_whole("copy_length", copy_length, 0, MAX_COPY_LENGTH, "tokens copied from the text into the tree")
 
 
-def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match: int = 3, shortest_match: int = 1) -> tuple[int, ...]:
+def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match: int = 3,
+                   shortest_match: int = 1) -> tuple[int, ...]:
     """The up to `length` tokens that followed the latest earlier occurrence of the text's last
     k tokens (`tokens` [n]), trying k = `longest_match` down to `shortest_match`; () when none
     occurred. Each k is one comparison of every earlier k-gram with the suffix, not a Python

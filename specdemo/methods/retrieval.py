@@ -41,10 +41,12 @@ class Datastore:
         self.bits = vocab_size.bit_length()  # enough for every token and `end`
         self.width = 64 // self.bits  # K: tokens a key holds
         if self.width < SHORTEST_MATCH:
-            raise SpecDemoError(f"a datastore needs at least {SHORTEST_MATCH} tokens a 64-bit key: a vocabulary of {vocab_size} is too large")
+            raise SpecDemoError(f"a datastore needs at least {SHORTEST_MATCH} tokens a 64-bit key: a vocabulary of "
+                                f"{vocab_size} is too large")
         self.tokens = np.asarray(tokens, dtype=np.int64)  # [n]
         if len(self.tokens) and (self.tokens.min() < 0 or self.tokens.max() > self.end or self.tokens[-1] != self.end):
-            raise SpecDemoError(f"a datastore holds a token outside the vocabulary of {vocab_size}, or does not end an answer")
+            raise SpecDemoError(f"a datastore holds a token outside the vocabulary of {vocab_size}, or does not end an "
+                                "answer")
         self.answers = int((self.tokens == self.end).sum())
         padded = np.concatenate([self.tokens, np.full(self.width, self.end)])
         keys = np.zeros(len(self.tokens), dtype=np.uint64)
@@ -104,7 +106,8 @@ class Datastore:
                 break
         else:
             return ()
-        if len(follow) > MOST_OCCURRENCES:  # keys sort the occurrences by what follows them: take them evenly, not the first ones
+        # keys sort the occurrences by what follows them: take them evenly, not the first ones
+        if len(follow) > MOST_OCCURRENCES:
             follow = follow[np.linspace(0, len(follow) - 1, MOST_OCCURRENCES).round().astype(np.int64)]
         guessed = []
         for _ in range(length):
@@ -123,7 +126,8 @@ class Datastore:
         folder.mkdir(parents=True, exist_ok=True)
         dtype = np.uint16 if self.end < 1 << 16 else np.uint32
         np.save(folder / TOKENS_FILE, self.tokens.astype(dtype), allow_pickle=False)
-        config = {"vocab_size": self.vocab_size, "answers": self.answers, "tokens": int(len(self.tokens) - self.answers), **(about or {})}
+        config = {"vocab_size": self.vocab_size, "answers": self.answers,
+                  "tokens": int(len(self.tokens) - self.answers), **(about or {})}
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1) + "\n")
 
 
@@ -155,5 +159,6 @@ def load_datastore(folder: str | Path, vocab_size: int) -> Datastore:
     except (OSError, ValueError) as error:
         raise SpecDemoError(f"cannot read a datastore from {folder}: {error}") from error
     if config["vocab_size"] != vocab_size:
-        raise SpecDemoError(f"the datastore in {folder} holds answers of a {config['vocab_size']}-token vocabulary, the target has {vocab_size}")
+        raise SpecDemoError(f"the datastore in {folder} holds answers of a {config['vocab_size']}-token vocabulary, "
+                            f"the target has {vocab_size}")
     return Datastore(tokens, vocab_size)

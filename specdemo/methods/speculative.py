@@ -87,8 +87,8 @@ def generate(
                           draft_passes if passes else None)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
                              datastore if retrieve else None)
-    return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
-                  passes=passes)
+    return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling,
+                  eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
 
 @dataclass(frozen=True)
@@ -109,13 +109,14 @@ class DraftProposer(Proposer):
     pass returns them (`features`), and the draft's cache keeps only the pairs whose feature the
     target computed. The first pass therefore drafts nothing."""
 
-    def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int, copy_length: int,
-                 cache: Cache, datastore: Datastore | None = None):
+    def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int,
+                 copy_length: int, cache: Cache, datastore: Datastore | None = None):
         self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache = cache  # the draft's own KV cache for the request
-        self.target_features: torch.Tensor | None = None  # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
+        # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
+        self.target_features: torch.Tensor | None = None
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
@@ -161,7 +162,8 @@ class DraftProposer(Proposer):
         # tokens (a feature draft: only the pairs fed the target's features).
         if self.features:
             kept_rows = [*range(verified.pending), *(verified.pending + node for node in path)]
-            self.target_features = torch.cat([*([] if self.target_features is None else [self.target_features]), verified.hidden[:, kept_rows]], dim=1)
+            self.target_features = torch.cat([*([] if self.target_features is None else [self.target_features]),
+                                              verified.hidden[:, kept_rows]], dim=1)
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
@@ -172,7 +174,8 @@ class DraftProposer(Proposer):
             rejected, draft_passes = [tree.tokens[node] for node in turned_down], tree.draft_passes
         else:
             numbers = dict(gamma=proposal.size, accept_length=len(path), target_token=verdict.token)
-            data = SamplingCheck(**numbers, **verdict.details) if "p" in verdict.details else ChainStep(**numbers, **verdict.details)
+            data = (SamplingCheck(**numbers, **verdict.details) if "p" in verdict.details
+                    else ChainStep(**numbers, **verdict.details))
             rejected, draft_passes = list(proposal.tokens[len(path) :]), proposal.size
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
         # (a copied branch can commit more than γ: that is no rejection).
@@ -190,8 +193,9 @@ def drawn_tree(tree: draft_tree.DraftTree, root: int, path: list[int], rejected:
                      gamma=max(tree.depths), target_token=token, tree_scores=tree.scores)
 
 
-AUTO_TREE_SIZE = 7  # with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,
+# with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,
 # and a little faster; 10 nodes commit 2.43 but cost more than that (docs/methods/speculative.md)
+AUTO_TREE_SIZE = 7
 
 
 def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampling: SamplingConfig) -> int:
@@ -279,7 +283,8 @@ def accept_sampled(
     if g == 0:  # nothing was drafted (no room left): one token from p
         p = torch.softmax(choose.scores(candidate, logits[:1]), dim=-1)
         return 0, int(torch.multinomial(p[0], 1, generator=choose.generator)), {}
-    p = torch.cat([torch.softmax(choose.scores(candidate[:, : n + i], logits[i : i + 1]), dim=-1) for i in range(g + 1)])
+    p = torch.cat([torch.softmax(choose.scores(candidate[:, : n + i], logits[i : i + 1]), dim=-1)
+                   for i in range(g + 1)])
     p_x = p[torch.arange(g), draft_tokens]  # [g] target probability of each draft token
     q_x = q[torch.arange(g), draft_tokens]  # [g] draft probability of each draft token
     acceptance = torch.clamp(p_x / q_x, max=1.0)  # min(1, p/q)

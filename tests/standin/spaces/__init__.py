@@ -60,12 +60,14 @@ def schedule(seconds: float) -> str:
 
     who, requested = visitor(), round(seconds)
     if requested > TIER_MAX_S:
-        raise gr.Error(f"The requested GPU duration ({requested}s) is larger than the maximum allowed", title="ZeroGPU illegal duration")
+        raise gr.Error(f"The requested GPU duration ({requested}s) is larger than the maximum allowed",
+                       title="ZeroGPU illegal duration")
     with LOCK:
         left = QUOTA_S - USED.get(who, 0)
         if requested > left:
-            raise gr.Error(f"You have exceeded your ZeroGPU quota ({requested}s requested vs. {max(0, round(left))}s left). "
-                           f"Try again in {timedelta(hours=23, minutes=59, seconds=12)}. ", title="ZeroGPU quota exceeded")
+            raise gr.Error(f"You have exceeded your ZeroGPU quota ({requested}s requested vs. {max(0, round(left))}s "
+                           f"left). Try again in {timedelta(hours=23, minutes=59, seconds=12)}. ",
+                           title="ZeroGPU quota exceeded")
         USED[who] = USED.get(who, 0) + requested
     return who
 
@@ -89,7 +91,8 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
             try:
                 for item in task(*args, **kwargs):
                     INSIDE.call = False
-                    yield item  # the page draws what a GPU call yields outside it, as the real worker's queue hands it over
+                    # the page draws what a GPU call yields outside it, as the real worker's queue hands it over
+                    yield item
                     INSIDE.call = True
             finally:
                 INSIDE.call = False
