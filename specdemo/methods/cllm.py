@@ -94,16 +94,11 @@ def generate(
 
 
 def load_cllm(spec: str | Path, target: LoadedModel) -> PreTrainedModel:
-<<<<<<< HEAD
-    """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`): a folder of our adapters (merged into a copy of
-    the target, which stays as it was), or any model spec `specdemo.models` loads (a published
-    CLLM, on the target's dtype and device). A target spread or offloaded (`LoadedModel.placed`)
-    gets a CLLM placed the same way, merged from a fresh copy of its weights."""
-=======
     """The CLLM for `target` (the target's companions hold it once loaded: `methods.method_options`):
     a folder of our adapters (merged into a copy of the target, which stays as it was), or any model
-    spec `specdemo.models` loads (a published CLLM, on the target's dtype and device)."""
->>>>>>> wrap-core
+    spec `specdemo.models` loads (a published CLLM, on the target's dtype and device). A target
+    spread or offloaded (`LoadedModel.placed`) gets a CLLM placed the same way, merged from a fresh
+    copy of its weights."""
     folder = Path(spec)
     if not (folder / ADAPTER_FILE).exists():
         return load_model(str(spec), target.dtype, str(target.device), device_map=target.placed).model
