@@ -198,7 +198,7 @@ def load_model(
     source, model, tokenizer = read_model(spec, torch_dtype, trust_remote_code)
     if device_map is None:
         model.to(torch_device).eval()
-        prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32, and bfloat16 where native)
+        prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32; bfloat16 where native)
         use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
         return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
     placed = placement.device_map_for(model, device_map, torch_device, max_memory)
@@ -230,14 +230,16 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def read_model(spec: str, torch_dtype: torch.dtype, trust_remote_code: bool) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase]:
+def read_model(spec: str, torch_dtype: torch.dtype,
+               trust_remote_code: bool) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase]:
     """The file, folder or Hub id `spec` names, and its model (on the CPU) and tokenizer."""
     source = str(embedded_gguf_path() or EMBEDDED_HUB_ID) if spec == EMBEDDED else spec
     try:
         if source.endswith(".gguf"):
             return source, *_load_gguf(Path(source), torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        return source, AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code), tokenizer
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        return source, model, tokenizer
     except (OSError, ValueError) as error:
         raise SpecDemoError(
             f"could not load model {spec!r} ({source}): it is not a local model file or folder, and the "

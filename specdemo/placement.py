@@ -84,9 +84,12 @@ def dispatch(model: PreTrainedModel, device_map: dict, offload_folder: str | Pat
 def execution_device(device_map: dict) -> torch.device:
     """Where a dispatched model's passes start: the first device of the map that is not disk."""
     placed = [device for device in device_map.values() if device != DISK]
-    return torch.device(f"cuda:{placed[0]}" if isinstance(placed[0], int) else placed[0]) if placed else torch.device("cpu")
+    if not placed:
+        return torch.device("cpu")
+    return torch.device(f"cuda:{placed[0]}" if isinstance(placed[0], int) else placed[0])
 
 
 def is_dispatched(model: PreTrainedModel) -> bool:
     """Whether accelerate spread `model` over more than one place (its weights may move in at each pass)."""
-    return len(set(getattr(model, "hf_device_map", {}).values())) > 1 or DISK in getattr(model, "hf_device_map", {}).values()
+    placed = getattr(model, "hf_device_map", {})
+    return len(set(placed.values())) > 1 or DISK in placed.values()

@@ -83,4 +83,5 @@ def test_the_embedded_model_with_its_layers_on_disk_gives_ars_answer(embedded, t
     assert compiled(offloaded) is offloaded  # its weights move in during a pass: no graph can hold them
     input_ids = embedded.encode_chat("Name a colour.")
     expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12, eos_token_ids=())).tokens
-    assert final_summary(ar.generate(offloaded.model, input_ids, max_new_tokens=12, eos_token_ids=())).tokens == expected
+    got = final_summary(ar.generate(offloaded.model, input_ids, max_new_tokens=12, eos_token_ids=())).tokens
+    assert got == expected
