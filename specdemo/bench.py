@@ -21,13 +21,14 @@ import torch
 from tqdm import tqdm
 
 # the bench's names (F401)
-from specdemo.bench_table import EAGER, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401
+from specdemo.bench_table import EAGER, OFFLOADED, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary, guesses_by_source
 from specdemo.core.static import default_compile
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded, get_method, method_options, settings_of, speculative, token_draft
 from specdemo.models import AUTO, EMBEDDED, LoadedModel, compiled, load_model
+from specdemo.placement import parse_max_memory
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 8
@@ -124,11 +125,27 @@ def cllm_ar(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, *
                               passes=passes, **settings))
 
 
+def offloaded(target: LoadedModel) -> LoadedModel:
+    """The target with every decoder layer offloaded to disk (`placement`), loaded once and held
+    with the target: the same weights, streamed in at every pass."""
+    return target.companions.get("offloaded to disk", lambda: load_model(
+        target.spec, target.dtype, str(target.device), device_map="disk"))
+
+
+def offloaded_runner(name: str) -> Runner:
+    """A runner of method `name` on the target's offloaded twin (`offloaded`), eager."""
+    run = specdemo_runner(name)
+    return lambda target, input_ids, max_new_tokens, **settings: run(offloaded(target), input_ids, max_new_tokens,
+                                                                      **settings)
+
+
 # eager twins (`EAGER`): the method with compilation off (transformers' eager passes over DynamicCaches),
 # beside the compiled methods in the same run: what compiling gains, and each method's speedup on
 # either path (an eager twin is checked against, and its speedup reported against, `ar_eager`)
 RUNNERS: dict[str, Runner] = {name: specdemo_runner(name) for name in METHODS} | {
     **{twin: specdemo_runner(name, passes=None) for twin, name in EAGER.items()},
+    # offloaded twins (`OFFLOADED`): the method with the target's layers on disk, against AR offloaded the same way
+    **{twin: offloaded_runner(name) for twin, name in OFFLOADED.items()},
     "hf_generate": hf_generate,
     "hf_assisted": hf_assisted,
     "speculative_token": speculative_token,
@@ -176,7 +193,7 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
 # which checks its own)
 SETTINGS_OF = {name: spec.generate for name, spec in METHODS.items()} | {
     "speculative_token": speculative.generate, "cllm_ar": ar.generate} | {
-    twin: METHODS[name].generate for twin, name in EAGER.items()}
+    twin: METHODS[name].generate for twin, name in (EAGER | OFFLOADED).items()}
 
 
 def settable(method: str) -> list[str] | None:
@@ -232,6 +249,7 @@ def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: l
         others = {name: answer for name, answer in others.items() if answer != answers[reference]}
         if others:
             model, passes = (decoded("cllm", target) if reference == "cllm_ar"
+                             else (offloaded(target).model, None) if reference in OFFLOADED
                              else (target.model, None if reference in EAGER else target.passes))
             parted |= divergences(model, input_ids, answers[reference], others, passes)
     return parted
@@ -385,6 +403,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
                         help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    parser.add_argument("--device-map", default=None,
+                        help="spread the target over devices (auto, balanced, balanced_low_0, sequential) or offload "
+                        "every decoder layer to disk (disk), through accelerate")
+    parser.add_argument("--max-memory", default=None,
+                        help="with --device-map: per-device limits, e.g. 0=6GiB,cpu=30GiB")
+    parser.add_argument("--offload-folder", type=Path, default=None,
+                        help="with --device-map: where offloaded weights go")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the target's pass over a static KV cache (default: on with CUDA, off on a CPU: "
                              "docs/benchmarks.md)")
@@ -398,7 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
-    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code, device_map=args.device_map,
+                        max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_folder)
     if default_compile(target.device) if args.compile is None else args.compile:  # its companions compile as they load
         target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)

@@ -4,9 +4,12 @@ and the compiled path."""
 from specdemo.methods import METHODS
 
 EAGER = {"ar_eager": "ar", "speculative_eager": "speculative", "medusa_eager": "medusa"}
+# the same methods on the target with every decoder layer offloaded to disk (`placement`)
+OFFLOADED = {"ar_disk": "ar", "speculative_disk": "speculative", "medusa_disk": "medusa", "lookahead_disk": "lookahead"}
 # a method that decodes other weights than the target's is checked against AR on those weights,
-# an eager twin against eager AR (in bfloat16 the two paths round differently)
-REFERENCES = {"cllm": "cllm_ar", **{twin: "ar_eager" for twin in EAGER if twin != "ar_eager"}}
+# an eager twin against eager AR (in bfloat16 the two paths round differently), an offloaded one against offloaded AR
+REFERENCES = {"cllm": "cllm_ar", **{twin: "ar_eager" for twin in EAGER if twin != "ar_eager"},
+              **{twin: "ar_disk" for twin in OFFLOADED if twin != "ar_disk"}}
 
 
 def format_table(report: dict) -> str:
@@ -29,7 +32,8 @@ def format_table(report: dict) -> str:
     lines += guess_lines(report["methods"])
     for name, s in report["methods"].items():
         if name in REFERENCES:
-            own = "AR on the eager path" if name in EAGER else "AR on its own weights"
+            own = ("AR on the eager path" if name in EAGER else "AR offloaded the same way" if name in OFFLOADED
+                   else "AR on its own weights")
             lines.append(
                 f"{name}: matches_ar is against {REFERENCES[name]} ({own}); {s['speedup_vs_own_ar']:.2f}x against it; "
                 f"its answer differs from the base model's AR on {s['differs_from_base_ar']:.0%} of the prompts"

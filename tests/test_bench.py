@@ -180,3 +180,16 @@ def test_an_eager_twin_is_measured_against_eager_ar(embedded):
     twin, eager_ar = report["methods"]["speculative_eager"], report["methods"]["ar_eager"]
     assert twin["matches_ar"] == 1.0 and twin["tokens_per_forward"] > 1.0
     assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / eager_ar["tokens_per_s"])
+
+
+def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way():
+    """`medusa_disk` runs Medusa on the target with every decoder layer on disk and brings `ar_disk`
+    along: it gives offloaded AR's answer (float32), and its speedup is reported against it."""
+    argv = ["--methods", "ar,medusa_disk", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32",
+            "--device", "cpu"]
+    report = bench.main(argv)
+    assert list(report["methods"]) == ["ar", "medusa_disk", "ar_disk"]
+    twin, offloaded_ar = report["methods"]["medusa_disk"], report["methods"]["ar_disk"]
+    assert twin["matches_ar"] == 1.0 and twin["differs_from_base_ar"] == 0.0 and twin["tokens_per_forward"] > 1.0
+    assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / offloaded_ar["tokens_per_s"])
+    assert "AR offloaded the same way" in bench.format_table(report)
