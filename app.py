@@ -21,7 +21,8 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the target's pass over a static KV cache, warmed up before serving (default: on with CUDA, off on a CPU)")
+                        help="compile the target's pass over a static KV cache, warmed up before serving (default: on "
+                        "with CUDA, off on a CPU)")
     args = parser.parse_args()
     args.device, args.compile = at_start(args.device, args.compile)  # on ZeroGPU: on cuda, uncaptured
     try:
@@ -29,8 +30,10 @@ def main() -> None:
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
         sys.exit(f"error: {error}")
     if default_compile(target.device) if args.compile is None else args.compile:
-        target = compiled(target, progress=lambda message: print(message, flush=True))  # the presets loaded later are compiled too
-    serve(build_app(target))  # limits: specdemo.app.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
+        # the presets loaded later are compiled too
+        target = compiled(target, progress=lambda message: print(message, flush=True))
+    # limits: specdemo.app.limits (SPECDEMO_* variables); GRADIO_SERVER_NAME / GRADIO_SERVER_PORT apply
+    serve(build_app(target))
 
 
 if __name__ == "__main__":

@@ -187,14 +187,16 @@ def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Su
     return replace(found, divergence=divergence(target, request, summary, baseline))
 
 
-def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan, stop: Deadline) -> Iterator:
+def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan,
+                     stop: Deadline) -> Iterator:
     """Generate's decoding: the AR baseline (unless `baselines` holds it), then the method, each
     streamed as `Streaming` records; the `Answered` run; then both timed alike (`Timed`), or why not."""
     method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
     if baselines.has(target, request):
         baseline_events, baseline_summary = baselines.get(target, request)
     else:
-        for baseline_events, baseline_summary in timed_events(run(target, Baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):  # noqa: B007 (the last pair is the run)
+        for baseline_events, baseline_summary in timed_events(  # noqa: B007 (the last pair is the run)
+                run(target, Baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):
             yield Streaming(baseline_events)
         if baseline_summary is None or baseline_summary.finish_reason == "stopped":
             return
@@ -203,21 +205,24 @@ def generate_records(target: LoadedModel, baselines: Baselines, request: Request
         if summary is None:
             yield Streaming(events, baseline_events)
     kept(target, summary)
-    yield Answered(events, summary, baseline_events, baseline_summary, checks(target, request, summary, baseline_summary, stop), dtype_of(target))
+    yield Answered(events, summary, baseline_events, baseline_summary,
+                   checks(target, request, summary, baseline_summary, stop), dtype_of(target))
     if summary.finish_reason == "stopped":
         return
-    if not plan.measure_s or baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:  # no round fits the click
+    # no round fits the click
+    if not plan.measure_s or baseline_summary.elapsed_s + summary.elapsed_s > time_left(stop) - MARGIN_S:
         yield Untimed(time_left(stop))
         return
     timed = []
-    for round_, rounds, done, timed in timing_rounds(target, [Baselines.ar_request(request), request], stop, plan.measure_s):  # noqa: B007
+    for round_, rounds, done, timed in timing_rounds(  # noqa: B007
+            target, [Baselines.ar_request(request), request], stop, plan.measure_s):
         yield Timing(round_, rounds, done, 2)
     if not timed or not timed[0]:  # Stop, or the click's deadline, ended the timing
         yield Stopped()
         return
     ar_runs, method_runs = timed
-    yield Timed(spread(speeds(method_runs), speeds(ar_runs)), stats(*median_run(method_runs)), stats(*median_run(ar_runs)),
-                median(speeds(method_runs)), median(speeds(ar_runs)))
+    yield Timed(spread(speeds(method_runs), speeds(ar_runs)), stats(*median_run(method_runs)),
+                stats(*median_run(ar_runs)), median(speeds(method_runs)), median(speeds(ar_runs)))
 
 
 def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tokens: int, plan: GpuPlan, stop: Deadline,
@@ -239,7 +244,8 @@ def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tok
     raced = []
     for request, runs, (events, summary) in zip(requests, timed, medians):
         shown = {**stats(events, summary), "tokens_per_s": median(speeds(runs))}
-        part = Raced(request.method, events, summary, shown, spread(speeds(runs), ar_speeds), [stats(*r)["tokens_per_forward"] for r in runs])
+        part = Raced(request.method, events, summary, shown, spread(speeds(runs), ar_speeds),
+                     [stats(*r)["tokens_per_forward"] for r in runs])
         if request.method != "ar":
             reference = own_reference(target, request, stop)
             part = replace(part, differs=first_difference(summary.tokens, baseline.tokens), reference=reference,

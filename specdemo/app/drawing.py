@@ -46,8 +46,8 @@ def why_html(run_stats: dict, baseline_stats: dict, events: list[StepEvent], mea
     return (
         f"<p><b>Why is it {'faster' if median > 1 else 'not faster'}?</b> A step of this run took {pass_ms:.1f} ms "
         f"(one target pass over about {1 + fed:.1f} tokens{', plus the draft' if run_stats['draft_forwards'] else ''}) "
-        f"against {ar_pass_ms:.1f} ms for AR's one-token pass, and committed {run_stats['tokens_per_forward']:.2f} tokens "
-        f"against 1. Those predict {run_stats['tokens_per_forward']:.2f} × {ar_pass_ms:.1f} / {pass_ms:.1f} = "
+        f"against {ar_pass_ms:.1f} ms for AR's one-token pass, and committed {run_stats['tokens_per_forward']:.2f} "
+        f"tokens against 1. Those predict {run_stats['tokens_per_forward']:.2f} × {ar_pass_ms:.1f} / {pass_ms:.1f} = "
         f"<b>{predicted:.2f}x</b>; measured: {said}.</p>"
     )
 
@@ -65,23 +65,28 @@ def export_events(events: list[StepEvent], summary) -> str:
     for old in EXPORTS.glob("specdemo-run-*.json"):
         if time.time() - old.stat().st_mtime > EXPORTS_KEPT_S:
             old.unlink(missing_ok=True)
-    payload = {"events": [e.as_dict() for e in events], "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
+    payload = {"events": [e.as_dict() for e in events],
+               "summary": {**vars(summary), "tokens": list(summary.tokens)} if summary else None}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-run-", dir=EXPORTS, delete=False) as handle:
         json.dump(payload, handle, default=list)
         return handle.name
 
 
-BASELINE_NOTE = "<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs next.</i></p>"
+BASELINE_NOTE = ("<p><i>First the AR baseline on this prompt (once per prompt and settings); the chosen method runs "
+                 "next.</i></p>")
 
 
-NOT_TIMED = ("Not timed again: the {left:.0f} s left of this click's time hold no more round of AR and this method, so the speed is "
-             "the streamed runs' above (one run each, drawn as they ran; no spread). A shorter answer gets timed rounds.")
+NOT_TIMED = ("Not timed again: the {left:.0f} s left of this click's time hold no more round of AR and this method, so "
+             "the speed is the streamed runs' above (one run each, drawn as they ran; no spread). A shorter answer "
+             "gets timed rounds.")
 
 
-TIMING = "Timing the speed: AR and this method run again, alternately and without drawing, as many rounds as fit a few seconds."
+TIMING = ("Timing the speed: AR and this method run again, alternately and without drawing, as many rounds as fit a "
+          "few seconds.")
 
 
-STOPPED = f"stopped: Stop was pressed, or the click's {LIMITS.budget_s:.0f} s (loading, AR and every method together) ran out"
+STOPPED = (f"stopped: Stop was pressed, or the click's {LIMITS.budget_s:.0f} s (loading, AR and every method together) "
+           "ran out")
 
 
 def decoder(target: LoadedModel):
@@ -101,10 +106,12 @@ def budget_note(summary) -> str:
 def verdict_html(request: Request, answered: clicks.Answered, decode, decode_tokens) -> str:
     """Generate's verdict on a finished answer: does it equal AR's, and why not; for contrastive
     decoding, its answer beside the expert's and the amateur's own."""
-    verdict = same_as_ar_html(request, answered.summary, answered.baseline_summary, answered.checks, answered.dtype, decode)
+    verdict = same_as_ar_html(request, answered.summary, answered.baseline_summary, answered.checks, answered.dtype,
+                              decode)
     if answered.checks.amateur is None:
         return verdict
-    answers = {"contrastive (expert − amateur)": answered.summary.tokens, "expert alone (greedy AR)": answered.baseline_summary.tokens,
+    answers = {"contrastive (expert − amateur)": answered.summary.tokens,
+               "expert alone (greedy AR)": answered.baseline_summary.tokens,
                "amateur alone (greedy)": answered.checks.amateur}
     return verdict + views.answers_html(answers, decode_tokens)
 
@@ -167,14 +174,16 @@ class GenerateDrawing:
 
     def on_answered(self, record: clicks.Answered) -> dict | None:
         self.answered, self.shown = record, self.pictures(record.events, record.baseline_events)
-        self.verdict = plan_html(self.plan) + verdict_html(self.request, record, self.decode, self.target.decode) + budget_note(record.summary)
+        self.verdict = (plan_html(self.plan) + verdict_html(self.request, record, self.decode, self.target.decode)
+                        + budget_note(record.summary))
         steps = max(len(record.events), 1)
         self.finished = {"why": self.verdict,
                          "history": (record.events, record.summary, self.decode, self.target.decode),
                          "download": export_events(record.events, record.summary),
                          "step": gr.Slider(maximum=steps, value=steps)}
         self.pending = True
-        return self.after_answer(views.stats_html(self.run_stats, done=True)) if record.summary.finish_reason == "stopped" else None
+        return (self.after_answer(views.stats_html(self.run_stats, done=True))
+                if record.summary.finish_reason == "stopped" else None)
 
     @property
     def run_stats(self) -> dict:
@@ -187,18 +196,21 @@ class GenerateDrawing:
         return self.after_answer(views.stats_html(self.run_stats, single, ar_speed, note=note, done=True, drawn=True))
 
     def on_timing(self, record: clicks.Timing) -> dict:
-        return self.after_answer(views.stats_html(self.run_stats, note=f"{TIMING} Round {record.round_} of {record.rounds}: {record.done} of 2 runs done."))
+        return self.after_answer(views.stats_html(self.run_stats, note=f"{TIMING} Round {record.round_} of "
+                                                  f"{record.rounds}: {record.done} of 2 runs done."))
 
     def on_stopped(self, record: clicks.Stopped) -> dict:
         return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True))
 
     def on_timed(self, record: clicks.Timed) -> dict:
-        table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured, record.ar_speed, done=True)
+        table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured,
+                                 record.ar_speed, done=True)
         why = why_html(record.method_stats, record.ar_stats, self.answered.events, record.measured)
         return {"stats": table, "why": why + self.verdict}
 
 
-def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="", measured: Spread | None = None) -> str:
+def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="",
+             measured: Spread | None = None) -> str:
     """One row of the race table. A method on other weights (cllm) is checked against AR on its
     own weights (`reference`); beside it, whether its answer also equals the target's AR; `why`
     explains a difference (`difference_note`). `measured`: the speedup over timed runs (else
@@ -216,9 +228,12 @@ def race_row(method, run_stats, baseline_stats, differs, summary, decode, refere
     if METHODS[method].other_answer:
         same = f"{same} ({METHODS[method].other_answer})"
     if reference is not None:
-        same = f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned copy may answer differently)"
-    speed = f"{run_stats['tokens_per_s']:.1f}" if isinstance(run_stats["tokens_per_s"], float) else run_stats["tokens_per_s"]
-    return f"| {method} | {speed} | {run_stats['tokens_per_forward']} | {gain} | {views.memory_cell(run_stats.get('origins'))} | {same} |"
+        same = (f"as its own AR: {same}; as the target's AR: {same_tokens(differs, summary, decode)} (a fine-tuned "
+                "copy may answer differently)")
+    speed = (f"{run_stats['tokens_per_s']:.1f}" if isinstance(run_stats["tokens_per_s"], float)
+             else run_stats["tokens_per_s"])
+    return (f"| {method} | {speed} | {run_stats['tokens_per_forward']} | {gain} | "
+            f"{views.memory_cell(run_stats.get('origins'))} | {same} |")
 
 
 def same_tokens(differs: int | None, summary, decode) -> str:

@@ -53,8 +53,9 @@ def click_budget(plan: GpuPlan) -> Deadline:
 
 
 KNOBS = (  # in the order of the page's inputs
-    "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve", "tree", "tree_size", "typical_acceptance", "decoder", "block_size", "window", "ngram", "candidates",
-    "num_beams", "length_penalty", "early_stopping", "alpha", "amateur_temperature",
+    "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve", "tree", "tree_size", "typical_acceptance",
+    "decoder", "block_size", "window", "ngram", "candidates", "num_beams", "length_penalty", "early_stopping", "alpha",
+    "amateur_temperature",
 )
 
 
@@ -70,19 +71,24 @@ def request_from(named: dict) -> Request:
     values = {name: named[name] for name in KNOBS}
     # the draft tree and copy boxes: checked, speculative chooses (a tree, with a copy, when greedy); unchecked, none
     chooses = lambda checked: None if checked else 0  # noqa: E731
-    convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "retrieve": bool, "tree": str, "decoder": str,
-               "typical_acceptance": bool, "early_stopping": bool, "length_penalty": float, "alpha": float, "amateur_temperature": float}
+    convert = {"adaptive_gamma": bool, "draft_tree_size": chooses, "copy_length": chooses, "retrieve": bool,
+               "tree": str, "decoder": str, "typical_acceptance": bool, "early_stopping": bool, "length_penalty": float,
+               "alpha": float, "amateur_temperature": float}
     for name, value in values.items():  # a value posted to the queue may be anything: a sentence, not a bare "Error"
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecDemoError(f"{name} must be a number, got {value!r}")
-    for name in ("tree_size", "window"):  # 0 on the slider: the method's own (the tree's size; lookahead's or the CLLM's window)
+    # 0 on the slider: the method's own (the tree's size; lookahead's or the CLLM's window)
+    for name in ("tree_size", "window"):
         if not values[name]:
             values[name] = None
     method = named["method"]
     own = METHODS[method].controls if method in METHODS else ()  # an unknown method gets its sentence from Request
-    settings = {name: convert.get(name, int)(values[name]) for name in KNOBS if name in own and values[name] is not None}
-    sampling = sampling_from(*(named[name] for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "no_repeat_ngram_size")))
-    return Request(text("prompt", named["prompt"] or ""), text("method", method), whole("max_new_tokens", named["max_new_tokens"]), sampling, settings)
+    settings = {name: convert.get(name, int)(values[name])
+                for name in KNOBS if name in own and values[name] is not None}
+    sampling = sampling_from(*(named[name] for name in ("do_sample", "temperature", "top_k", "top_p",
+                                                        "repetition_penalty", "seed", "no_repeat_ngram_size")))
+    return Request(text("prompt", named["prompt"] or ""), text("method", method),
+                   whole("max_new_tokens", named["max_new_tokens"]), sampling, settings)
 
 
 class Targets:
@@ -101,7 +107,8 @@ class Targets:
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
         self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
-        # exact: float32, where every method's answer is AR's; fast: the dtype this device multiplies fastest, if not float32
+        # exact: float32, where every method's answer is AR's; fast: the dtype this device multiplies fastest, if
+        # not float32
         fast = fast_dtype(start.device)
         self.precisions = {EXACT: "float32", **({fast_label(fast): fast} if fast != "float32" else {})}
         start_dtype = str(start.dtype).removeprefix("torch.")
@@ -125,7 +132,8 @@ class Targets:
         if (not name or name == self.start_name) and same_dtype:
             return self.start
         spec = self.start.spec if not name or name == self.start_name else preset_named(name, self.presets).target
-        if self.resident is not None and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype):
+        if (self.resident is not None
+                and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype)):
             return self.resident
         if self.resident is not None:
             self.resident = None
@@ -164,11 +172,14 @@ class Handlers:
 
     def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
         """Generate's GPU call: its plan first, then `clicks.generate_records`' records, within the plan's deadline."""
-        stop = click_budget(plan)  # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
+        # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
+        stop = click_budget(plan)
         try:
             yield plan
             target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
-            yield from clicks.generate_records(target, self.baselines, dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan, stop)
+            yield from clicks.generate_records(target, self.baselines,
+                                               dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
+                                               stop)
         except SpecDemoError as error:  # raised in the GPU call's process: a sentence crosses back, not a traceback
             raise gr.Error(str(error)) from error
         finally:
@@ -183,8 +194,10 @@ class Handlers:
         try:
             request = request_from(named)
             target = self.targets(named["model"], named["precision"])
-            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s)  # the method and its AR baseline
-            records = with_cpu_fallback(self.generate_on_gpu, self.decode_generate, plan, named["model"], named["precision"], request)
+            # the method and its AR baseline
+            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s)
+            records = with_cpu_fallback(self.generate_on_gpu, self.decode_generate, plan, named["model"],
+                                        named["precision"], request)
             with contextlib.closing(records):  # Stop closes this generator, and with it the GPU call's
                 drawing = GenerateDrawing(target, request, self.baselines)
                 for record in records:
@@ -203,7 +216,8 @@ class Handlers:
                     "explanation": "Generate an answer first, then walk through it step by step here."}
         step = max(0, min(int(step), len(events)))  # the slider counts passes from 1, the events from 0
         if step == 0:
-            before = "<p>Step 0: before the first target pass. Nothing is committed yet; press Play or Next to watch each pass.</p>"
+            before = ("<p>Step 0: before the first target pass. Nothing is committed yet; press Play or Next to watch "
+                      "each pass.</p>")
             return {"answer": "", **view_updates(views.before_pictures(events, decode)), "explanation": before}
         event = events[step - 1]
         shown = view_updates(views.method_pictures(events[:step], decode))
@@ -224,14 +238,15 @@ class Handlers:
             raise gr.Error(str(error)) from error
         plan = plan_for(len(names), request.max_new_tokens, RACE_MEASURE_S, LIMITS.gpu_max_s)
         outcome = None
-        records = with_cpu_fallback(self.race_on_gpu, self.decode_race, plan, model_name, precision, request.prompt, names, request.max_new_tokens)
+        records = with_cpu_fallback(self.race_on_gpu, self.decode_race, plan, model_name, precision, request.prompt,
+                                    names, request.max_new_tokens)
         with contextlib.closing(records):
             for record in records:
                 if isinstance(record, GpuPlan):
                     plan = record
                 elif isinstance(record, clicks.Timing):
-                    note = (f"Timing every method the same way, without drawing: round {record.round_} of {record.rounds}, "
-                            f"{record.done} of {record.runs} runs done; {record.running} running.")
+                    note = (f"Timing every method the same way, without drawing: round {record.round_} of "
+                            f"{record.rounds}, {record.done} of {record.runs} runs done; {record.running} running.")
                     notes = [views.race_note(m, note if m == record.running else "") for m in names]
                     yield {"table": views.race_table(notes), "streams": ""}
                 elif isinstance(record, clicks.Stopped):
@@ -249,7 +264,8 @@ class Handlers:
         try:
             yield plan
             target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
-            yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop, RACE_MIN_ROUNDS)
+            yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
+                                           RACE_MIN_ROUNDS)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         finally:
@@ -257,7 +273,8 @@ class Handlers:
 
     @staticmethod
     def replay(outcome: clicks.RaceOutcome, target: LoadedModel, plan: GpuPlan, replay_speed):
-        """A finished race, replayed as it ran (each method's median run, at `replay_speed`), then its table, answers and chart."""
+        """A finished race, replayed as it ran (each method's median run, at `replay_speed`), then its table, answers
+        and chart."""
         decode_tokens, decode = target.decode, decoder(target)
         names, medians = [part.method for part in outcome.raced], [part.events for part in outcome.raced]
         slow = REPLAY_SPEEDS.get(replay_speed, 1.0) if isinstance(replay_speed, str) else 1.0
@@ -265,10 +282,14 @@ class Handlers:
             streams = [(label, views.stream_html(events, decode, decode_tokens)) for label, events in frame]
             yield {"streams": views.race_grid(streams)}
             time.sleep(REPLAY_EVERY_S)
-        answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens)) for m, events in zip(names, medians)])
-        rows = [race_row(part.method, part.stats, None, part.differs, part.summary, decode, part.reference, part.own_differs,
-                         difference_note(part.divergence, outcome.dtype, decode), measured=part.measured) for part in outcome.raced]
-        results = [{"method": part.method, "speedup": part.measured, "tokens_per_pass": part.tokens_per_pass} for part in outcome.raced]
+        answers = views.race_grid([(m, views.stream_html(events, decode, decode_tokens))
+                                   for m, events in zip(names, medians)])
+        rows = [race_row(part.method, part.stats, None, part.differs, part.summary, decode, part.reference,
+                         part.own_differs, difference_note(part.divergence, outcome.dtype, decode),
+                         measured=part.measured)
+                for part in outcome.raced]
+        results = [{"method": part.method, "speedup": part.measured, "tokens_per_pass": part.tokens_per_pass}
+                   for part in outcome.raced]
         quality = views.cllm_quality_html(outcome.quality) if "cllm" in names else ""
         yield {"table": views.race_table(rows), "streams": plan_html(plan) + quality + answers,
                "plot": views.race_figure(results)}
@@ -291,16 +312,20 @@ class Handlers:
 
 
 def api_generate_for(targets: Targets):
-    def decode(plan: GpuPlan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed, model,
-               no_repeat_ngram_size, precision) -> tuple[str, dict]:
+    def decode(plan: GpuPlan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
+               seed, model, no_repeat_ngram_size, precision) -> tuple[str, dict]:
         stop = click_budget(plan)
         try:
-            sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size)
-            request = Request(text("prompt", prompt or ""), text("method", method), min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
-            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")), plan, targets.on_cpu)
+            sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                                     no_repeat_ngram_size)
+            request = Request(text("prompt", prompt or ""), text("method", method),
+                              min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
+            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")),
+                                    plan, targets.on_cpu)
             events, summary = collect(run(target, request, stop))
             clicks.kept(target, summary)
-            return target.decode(list(summary.tokens)), {**stats(events, summary), **({"note": plan.note} if plan.note else {})}
+            return (target.decode(list(summary.tokens)),
+                    {**stats(events, summary), **({"note": plan.note} if plan.note else {})})
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         finally:
@@ -308,17 +333,19 @@ def api_generate_for(targets: Targets):
 
     decode_on_gpu = gpu_call(decode)
 
-    def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = -1, model: str = "",
-                 no_repeat_ngram_size: int = 0, precision: str = "") -> tuple[str, dict]:
-        """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's model);
-        `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
+    def generate(prompt: str, method: str = "ar", max_new_tokens: int = 64, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+                 seed: int = -1, model: str = "", no_repeat_ngram_size: int = 0,
+                 precision: str = "") -> tuple[str, dict]:
+        """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's
+        model); `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
         try:
             plan = plan_for(1, whole("max_new_tokens", max_new_tokens), 0.0, LIMITS.gpu_max_s)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
-        return call_with_cpu_fallback(decode_on_gpu, decode, plan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p,
-                                      repetition_penalty, seed, model, no_repeat_ngram_size, precision)
+        return call_with_cpu_fallback(decode_on_gpu, decode, plan, prompt, method, max_new_tokens, do_sample,
+                                      temperature, top_k, top_p, repetition_penalty, seed, model, no_repeat_ngram_size,
+                                      precision)
 
     return generate
 

@@ -31,23 +31,25 @@ REUSE = "Write a Python function that returns the largest of three numbers, with
 
 LESSON = (
     Step("1. One token a pass (AR)", "ar", CODE, 64,
-         "Every token is grey: one target pass made each. Note the speed: the range beside the speedup (about 1.0x here, AR against "
-         "itself) is how much the timing wobbles on its own."),
+         "Every token is grey: one target pass made each. Note the speed: the range beside the speedup (about 1.0x "
+         "here, AR against itself) is how much the timing wobbles on its own."),
     Step("2. A draft guesses, the target checks (speculative)", "speculative", CODE, 64,
-         "Green tokens were guessed by the small draft and accepted by the target; red ones were rejected. Tokens per pass is above 1: "
-         "that is the whole trick. The answer is exactly AR's."),
+         "Green tokens were guessed by the small draft and accepted by the target; red ones were rejected. Tokens per "
+         "pass is above 1: that is the whole trick. The answer is exactly AR's."),
     Step("3. Heads instead of a draft (Medusa)", "medusa", CODE, 64,
-         "No second model: extra heads on the target guess ahead. Look at the tree: the green path is the branch the target agreed with."),
+         "No second model: extra heads on the target guess ahead. Look at the tree: the green path is the branch the "
+         "target agreed with."),
     Step("4. Guess a whole block (Jacobi, then CLLM)", "jacobi", LIST, 64,
-         "The grid shows one block being fixed pass by pass. Plain Jacobi rarely fixes more than one token a pass, so it is slower than "
-         "AR: then try cllm, a copy of the model trained to fix several at once (Method settings: decode by jacobi to see its grid; "
-         "by lookahead, the default, it also tries phrases it has seen, and is faster)."),
+         "The grid shows one block being fixed pass by pass. Plain Jacobi rarely fixes more than one token a pass, so "
+         "it is slower than AR: then try cllm, a copy of the model trained to fix several at once (Method settings: "
+         "decode by jacobi to see its grid; by lookahead, the default, it also tries phrases it has seen, and is "
+         "faster)."),
     Step("5. Reuse phrases seen before (lookahead)", "lookahead", REUSE, 64,
-         "No draft at all: the target's own earlier guesses, and phrases of the text so far, become the phrases it tries. It gains "
-         "most where the answer repeats itself, as code repeats its names."),
+         "No draft at all: the target's own earlier guesses, and phrases of the text so far, become the phrases it "
+         "tries. It gains most where the answer repeats itself, as code repeats its names."),
     Step("6. The race", "", CODE, 64,
-         "Open the Race tab and press Race: every method is timed the same way, replayed side by side, and ends in a bar chart. "
-         "Which wins, and is its bar clear of AR's range?"),
+         "Open the Race tab and press Race: every method is timed the same way, replayed side by side, and ends in a "
+         "bar chart. Which wins, and is its bar clear of AR's range?"),
 )
 
 TITLES = [step.title for step in LESSON]
@@ -61,7 +63,8 @@ EXAMPLES = (  # the page's examples: the lesson's prompts first, those on which 
     "Write a Python class for a bank account with deposit and withdraw methods.",
     "Translate to French: The library opens at nine in the morning.",
     "What is 17 times 23? Show your steps.",
-    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the Mediterranean Sea.",
+    "Summarize: The Nile is the longest river in Africa. It flows north through eleven countries into the "
+    "Mediterranean Sea.",
 )
 DOCS_PROMPTS = ("Why is the sky blue?", "Write a haiku about the sea.")  # the prompts the README and docs quote
 

@@ -15,12 +15,15 @@ from specdemo.core.errors import SpecDemoError
 class Limits:
     max_new_tokens: int = 512  # SPECDEMO_MAX_NEW_TOKENS: the most tokens one answer may have
     max_prompt_chars: int = 4000  # SPECDEMO_MAX_PROMPT_CHARS
-    budget_s: float = 120.0  # SPECDEMO_BUDGET_S: one click's time: loading, the AR baseline, the method(s), reference runs
-    timing_s: float = 8.0  # SPECDEMO_TIMING_S: after an answer, about how long AR and the method are timed again (3 rounds at least)
+    # SPECDEMO_BUDGET_S: one click's time: loading, the AR baseline, the method(s), reference runs
+    budget_s: float = 120.0
+    # SPECDEMO_TIMING_S: after an answer, about how long AR and the method are timed again (3 rounds at least)
+    timing_s: float = 8.0
     queue_size: int = 64  # SPECDEMO_QUEUE_SIZE: decodes waiting, all visitors together (a class of 30 and more)
     presets: bool = True  # SPECDEMO_PRESETS: 0 offers only the model the app started with (the default on a Space)
     max_upload: str = "1mb"  # SPECDEMO_MAX_UPLOAD: the page takes no uploads; Gradio's upload route gets this cap
-    gpu_max_s: float = 10.0  # SPECDEMO_GPU_MAX_S: on ZeroGPU, the most GPU seconds one click declares (`zerogpu.plan_click`)
+    # SPECDEMO_GPU_MAX_S: on ZeroGPU, the most GPU seconds one click declares (`zerogpu.plan_click`)
+    gpu_max_s: float = 10.0
 
     @staticmethod
     def variable(name: str) -> str:

@@ -41,15 +41,17 @@ def check_request(request: Request) -> None:
     if not isinstance(request.prompt, str) or not request.prompt.strip():
         raise SpecDemoError("the prompt is empty: type something for the model to answer")
     if len(request.prompt) > MAX_PROMPT_CHARS:
-        raise SpecDemoError(f"the prompt is {len(request.prompt)} characters long; this app takes at most {MAX_PROMPT_CHARS}")
+        raise SpecDemoError(f"the prompt is {len(request.prompt)} characters long; this app takes at most "
+                            f"{MAX_PROMPT_CHARS}")
     if not isinstance(request.method, str) or request.method not in METHODS:
         raise SpecDemoError(f"unknown method {request.method!r}: choose one of {', '.join(METHODS)}")
     tokens = request.max_new_tokens
     check_whole("max_new_tokens", tokens, 1, MAX_NEW_TOKENS)
     if request.sampling.do_sample and not samples(request):
         raise SpecDemoError(
-            f"{request.method} picks its tokens deterministically (greedy verification or a greedy search), so it does not sample: "
-            f"turn sampling off, or choose {' or '.join(sorted(m for m, spec in METHODS.items() if spec.samples))}"
+            f"{request.method} picks its tokens deterministically (greedy verification or a greedy search), so it does "
+            "not sample: turn sampling off, or choose "
+            f"{' or '.join(sorted(m for m, spec in METHODS.items() if spec.samples))}"
         )
     if not request.sampling.do_sample and request.sampling != GREEDY and not processes(request):
         raise SpecDemoError(
@@ -100,27 +102,32 @@ def text(name: str, value) -> str:
 def race_methods(methods) -> list[str]:
     """The methods a race runs against AR: known ones, each once, in the page's order. A list
     repeated 300 times races each method once; anything that is not a list of names is refused."""
-    if isinstance(methods, str) or not isinstance(methods, (list, tuple)) or not all(isinstance(m, str) for m in methods):
+    if (isinstance(methods, str) or not isinstance(methods, (list, tuple))
+            or not all(isinstance(m, str) for m in methods)):
         raise SpecDemoError(f"methods must be a list of method names, got {methods!r}")
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
-        raise SpecDemoError(f"unknown method {', '.join(map(repr, unknown))}: a race takes methods from {', '.join(METHODS)}")
+        raise SpecDemoError(f"unknown method {', '.join(map(repr, unknown))}: a race takes methods from "
+                            f"{', '.join(METHODS)}")
     chosen = [m for m in METHODS if m in set(methods) and m != "ar"]
     if not chosen:
         raise SpecDemoError("choose at least one method to race against ar")
     return chosen
 
 
-def sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed, no_repeat_ngram_size=0) -> SamplingConfig:
+def sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                  no_repeat_ngram_size=0) -> SamplingConfig:
     """The sampling settings as the page or an API client sent them, each checked against RANGES
     (a sentence naming the setting otherwise); GREEDY when nothing changes greedy decoding.
     A seed of -1 (or None) draws a random one."""
-    do_sample, penalty, ngram = flag("do_sample", do_sample), number("repetition_penalty", repetition_penalty), whole("no_repeat_ngram_size", no_repeat_ngram_size)
+    do_sample, penalty, ngram = (flag("do_sample", do_sample), number("repetition_penalty", repetition_penalty),
+                                 whole("no_repeat_ngram_size", no_repeat_ngram_size))
     temperature, top_k, top_p = number("temperature", temperature), whole("top_k", top_k), number("top_p", top_p)
     seed = None if seed is None else whole("seed", seed)
     if not do_sample and penalty == 1.0 and not ngram:
         return GREEDY
-    return SamplingConfig(do_sample, temperature, top_k, top_p, penalty, None if seed is None or seed < 0 else seed, ngram)
+    return SamplingConfig(do_sample, temperature, top_k, top_p, penalty, None if seed is None or seed < 0 else seed,
+                          ngram)
 
 
 def samples(request: Request) -> bool:
@@ -192,7 +199,8 @@ class Baselines:
                 self.runs.pop(next(iter(self.runs)))
             self.runs[self.key(target, request)] = measured
 
-    def get(self, target: LoadedModel, request: Request, stop: threading.Event | None = None) -> tuple[list[StepEvent], Summary]:
+    def get(self, target: LoadedModel, request: Request,
+            stop: threading.Event | None = None) -> tuple[list[StepEvent], Summary]:
         """The AR run for this request, measured now (without drawing, as the race runs) when not
         kept. A run that `stop` cut short is returned but not kept: it is no baseline."""
         if not self.has(target, request):
@@ -244,7 +252,8 @@ def divergence_from(target: LoadedModel, request: Request, tokens, reference_tok
     if request.sampling.do_sample or first_difference(tokens, reference_tokens) is None:
         return None
     model, passes = decoded(request.method, target)
-    return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)}, passes)["other"]
+    return divergences(model, target.encode_chat(request.prompt), list(reference_tokens), {"other": list(tokens)},
+                       passes)["other"]
 
 
 def stats(events: list[StepEvent], summary: Summary | None = None) -> dict:
@@ -352,11 +361,12 @@ def spread(speeds: list[float], baseline_speeds: list[float]) -> Spread | None:
     """`speeds` against `baseline_speeds` (tokens/s of repeated runs), or None without both."""
     if not speeds or not baseline_speeds or min(baseline_speeds) <= 0:
         return None
-    return Spread(median(speeds) / median(baseline_speeds), min(speeds) / max(baseline_speeds), max(speeds) / min(baseline_speeds),
-                  min(len(speeds), len(baseline_speeds)))
+    return Spread(median(speeds) / median(baseline_speeds), min(speeds) / max(baseline_speeds),
+                  max(speeds) / min(baseline_speeds), min(len(speeds), len(baseline_speeds)))
 
 
-def rounds_for(one_round_s: float, measure_s: float | None = None, least: int | None = None, most: int = MAX_ROUNDS) -> int:
+def rounds_for(one_round_s: float, measure_s: float | None = None, least: int | None = None,
+               most: int = MAX_ROUNDS) -> int:
     """How many timing rounds to run when one takes `one_round_s`: as many as fit `measure_s`, within least..most."""
     measure_s, least = MEASURE_S if measure_s is None else measure_s, MIN_ROUNDS if least is None else least
     fitting = int(measure_s // one_round_s) if one_round_s > 0 else most
@@ -364,12 +374,13 @@ def rounds_for(one_round_s: float, measure_s: float | None = None, least: int | 
 
 
 def timing_rounds(
-    target: LoadedModel, requests: list[Request], stop: threading.Event, measure_s: float | None = None, least: int | None = None
+    target: LoadedModel, requests: list[Request], stop: threading.Event, measure_s: float | None = None,
+    least: int | None = None
 ) -> Iterator[tuple[int, int, int, list[list[tuple[list[StepEvent], Summary]]]]]:
     """Run every request once a round, the order reversed every other round, undrawn. After each
     run, and every TICK_S while one goes on, (round, rounds planned, runs done this round, per
-    request its runs of the whole rounds so far). The first round's time decides how many follow (`rounds_for`). Ends early, keeping
-    whole rounds only, when `stop` is set."""
+    request its runs of the whole rounds so far). The first round's time decides how many follow
+    (`rounds_for`). Ends early, keeping whole rounds only, when `stop` is set."""
     measure_s, least = MEASURE_S if measure_s is None else measure_s, MIN_ROUNDS if least is None else least
     runs: list[list[tuple[list[StepEvent], Summary]]] = [[] for _ in requests]
     planned, done = least, 0
@@ -393,7 +404,8 @@ def timing_rounds(
         if done == 1:
             round_s, left = time.perf_counter() - started, time_left(stop) - MARGIN_S
             planned = rounds_for(round_s, measure_s, least)
-            if math.isfinite(left) and round_s > 0:  # never more rounds than the click's budget still holds (fewer than `least`, if need be)
+            # never more rounds than the click's budget still holds (fewer than `least`, if need be)
+            if math.isfinite(left) and round_s > 0:
                 planned = min(planned, 1 + int(max(0.0, left) // round_s))
         yield done, planned, len(requests), runs
 

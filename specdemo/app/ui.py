@@ -1,10 +1,9 @@
-"""The web page: layout and event wiring only. What the events do is `specdemo.app.handlers`'s,
-running a method `specdemo.app.live`'s, drawing `specdemo.app.views`'; this module places the
-Gradio components and connects them: one builder per tab returns its components (`lesson_tab`,
-`generate_tab`, `step_through_tab`, `race_tab`, and `header` above them), one function per group
-of events wires them (`wire_generate`, `wire_race`, `wire_controls`, `wire_step_through`), and
-`build_app` composes the two in the page's order. A handler's updates are keyed by name; each
-event is wired with its outputs by those names (`specdemo.app.wiring`)."""
+"""The web page: layout and event wiring only. What the events do is `specdemo.app.handlers`'s, running a method
+`specdemo.app.live`'s, drawing `specdemo.app.views`'; this module places the Gradio components and connects them: one
+builder per tab returns its components (`lesson_tab`, `generate_tab`, `step_through_tab`, `race_tab`, and `header`
+above them), one function per group of events wires them (`wire_generate`, `wire_race`, `wire_controls`,
+`wire_step_through`), and `build_app` composes the two in the page's order. A handler's updates are keyed by name;
+each event is wired with its outputs by those names (`specdemo.app.wiring`)."""
 
 import functools
 from dataclasses import dataclass
@@ -25,12 +24,12 @@ from specdemo.presets import Preset, available_presets
 
 EXAMPLES = list(lesson.EXAMPLES)
 
-
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
-               "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass", "best": "The pass that committed the most"}
+               "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass",
+               "best": "The pass that committed the most"}
 FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
-START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses in colour "
-              "(see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
+START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses "
+              "in colour (see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
 SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
 # One generation at a time on this model: every event that decodes shares one queue slot,
 # so Gradio's queue tells each waiting visitor how many are ahead.
@@ -54,15 +53,15 @@ def processing_methods() -> list[str]:
 def sampling_label() -> str:
     """The sampling accordion's title, from the registry: who samples, who takes the processors."""
     exact = " and ".join(m for m, spec in METHODS.items() if spec.samples)
-    opt_in = "; ".join(f"{m} only with {spec.samples_when.replace('_', ' ')}" for m, spec in METHODS.items() if spec.samples_when)
-    return (f"Sampling ({exact} exactly; {opt_in}; the others decode greedily). Repetition penalty and n-gram blocking: "
-            f"{', '.join(processing_methods())}, with the answer AR would give under them")
+    opt_in = "; ".join(f"{m} only with {spec.samples_when.replace('_', ' ')}"
+                       for m, spec in METHODS.items() if spec.samples_when)
+    return (f"Sampling ({exact} exactly; {opt_in}; the others decode greedily). Repetition penalty and n-gram "
+            f"blocking: {', '.join(processing_methods())}, with the answer AR would give under them")
 
 
 @dataclass(frozen=True)
 class Header:
     """The controls above the tabs: the model, its precision and the two display switches."""
-
     model: gr.Dropdown
     model_about: gr.Markdown
     precision: gr.Radio
@@ -76,7 +75,6 @@ class GenerateTab:
     the examples, what a run draws (`run_view`: the answer, the method's plots and HTML, the speed
     plot, the statistics and "why", by the names of `handlers.on_generate`'s updates), the sampling and method
     settings (`settings`, by their GENERATE_INPUTS names) and the run's events to download."""
-
     prompt: gr.Textbox
     generate: gr.Button
     stop: gr.Button
@@ -106,7 +104,6 @@ class GenerateTab:
 class StepThroughTab:
     """The Step through tab: the step slider, its buttons and autoplay, and the step drawn (`outputs`:
     its answer so far, plots, HTML and explanation, by the names of `handlers.on_step`'s updates)."""
-
     step: gr.Slider
     back: gr.Button
     forward: gr.Button
@@ -125,7 +122,6 @@ class StepThroughTab:
 @dataclass(frozen=True)
 class RaceTab:
     """The Race tab: the methods raced, its buttons and replay speed, and the race drawn."""
-
     choice: gr.CheckboxGroup
     button: gr.Button
     stop: gr.Button
@@ -142,10 +138,9 @@ class RaceTab:
 
 @dataclass(frozen=True)
 class Page:
-    """Every component the events read or write: the header, each tab's, and what the page remembers
-    (`history`: the last run's events, for the step-through; `busy`: a run of this page waits or decodes, so a lesson step
-    then stops it before it is set up; `shown_step`: the lesson step whose method and prompt were last set up)."""
-
+    """Every component the events read or write: the header, each tab's, and what the page remembers (`history`: the
+    last run's events, for the step-through; `busy`: a run of this page waits or decodes, so a lesson step then stops it
+    before it is set up; `shown_step`: the lesson step whose method and prompt were last set up)."""
     header: Header
     tabs: gr.Tabs
     lesson_step: gr.Radio
@@ -175,20 +170,19 @@ class Page:
 def header(targets: Targets, target: LoadedModel) -> Header:
     """The page's style and title, the model picker (shown when there are presets) and the switches."""
     gr.HTML(views.PAGE_STYLE)
-    # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a switch
+    # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a
+    # switch
     dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
-    model = gr.Dropdown(
-        targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, Medusa heads and CLLM; "
-        "loaded on first use)", elem_id="model", visible=len(targets.names) > 1,
-    )
+    model = gr.Dropdown(targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, "
+                        "Medusa heads and CLLM; loaded on first use)", elem_id="model", visible=len(targets.names) > 1)
     model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
     with gr.Row(equal_height=True):
-        precision = gr.Radio(
-            list(targets.precisions), value=targets.start_precision, elem_id="precision", visible=len(targets.precisions) > 1,
-            scale=3, label="Precision (exact: every method gives AR's answer; fast: rounding may flip a near-tie, and the page says where)",
-        )
-        answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours", elem_id="answer-only", scale=1)
+        precision = gr.Radio(list(targets.precisions), value=targets.start_precision, elem_id="precision",
+                             visible=len(targets.precisions) > 1, scale=3, label="Precision (exact: every method gives "
+                             "AR's answer; fast: rounding may flip a near-tie, and the page says where)")
+        answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours",
+                                  elem_id="answer-only", scale=1)
         large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
     return Header(model, model_about, precision, answer_only, large_text)
 
@@ -196,8 +190,9 @@ def header(targets: Targets, target: LoadedModel) -> Header:
 def lesson_tab() -> gr.Radio:
     """The Lesson tab: the glossary and the steps, each of which sets up Generate (or Race)."""
     with gr.Tab("Lesson", id="lesson"):
-        gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its gain shows, "
-                    "then opens Generate; choosing a step stops an answer still running.\n\n" + lesson.GLOSSARY)
+        gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its "
+                    "gain shows, then opens Generate; choosing a step stops an answer still running.\n\n"
+                    + lesson.GLOSSARY)
         lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
         gr.HTML(views.legend_html())
     return lesson_step
@@ -209,23 +204,28 @@ def generate_tab() -> GenerateTab:
         with gr.Row():
             with gr.Column(scale=3):
                 gr.Markdown(START_HERE, elem_id="start-here")
-                prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2, placeholder="Ask something...")
+                prompt = gr.Textbox(FIRST.prompt, label="Prompt", elem_id="prompt", lines=2,
+                                    placeholder="Ask something...")
                 with gr.Row():
                     generate = gr.Button(one_run.GENERATE, variant="primary", elem_id="generate", scale=3)
                     stop = gr.Button("Stop", elem_id="stop", scale=1)
-                run_status = gr.HTML(elem_id="run-status", padding=False, visible=False)  # shown when it has something to say
+                # shown when it has something to say
+                run_status = gr.HTML(elem_id="run-status", padding=False, visible=False)
                 stream = gr.HTML(elem_id="stream")
             with gr.Column(scale=2):
                 with gr.Row():
-                    method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method", min_width=140)
-                    max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1, precision=0,
-                                               label="Max new tokens", elem_id="max-new-tokens", min_width=120)
+                    method = gr.Dropdown(list(METHODS), value=FIRST.method, label="Method", elem_id="method",
+                                         min_width=140)
+                    max_new_tokens = gr.Number(FIRST.max_new_tokens, minimum=1, maximum=MAX_NEW_TOKENS, step=1,
+                                               precision=0, label="Max new tokens", elem_id="max-new-tokens",
+                                               min_width=120)
                 view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
         lesson_note = gr.HTML(elem_id="lesson-note")
         how = gr.Markdown(how_for(FIRST.method), elem_id="how")
-        # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone (`one_run.example_chosen`)
-        examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index", label="Examples",
-                              elem_id="examples")
+        # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone
+        # (`one_run.example_chosen`)
+        examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index",
+                              label="Examples", elem_id="examples")
         gr.HTML(views.legend_html())
         with gr.Row():
             with gr.Column():
@@ -242,7 +242,8 @@ def generate_tab() -> GenerateTab:
         download = gr.File(label="This run's events (JSON)", elem_id="export")
     run_view = dict(answer=stream, timeline=view_plot, detail=detail_plot, trajectory=trajectory_plot, tree=tree_plot,
                     best=best_plot, method_html=view_html, speed_plot=speed_plot, stats=run_stats, why=why)
-    return GenerateTab(prompt, generate, stop, run_status, method, max_new_tokens, lesson_note, how, examples, run_view, settings, download)
+    return GenerateTab(prompt, generate, stop, run_status, method, max_new_tokens, lesson_note, how, examples, run_view,
+                       settings, download)
 
 
 def sampling_settings() -> dict[str, gr.components.Component]:
@@ -255,9 +256,8 @@ def sampling_settings() -> dict[str, gr.components.Component]:
             top_p=gr.Slider(0.05, 1.0, value=1.0, label="Top-p", min_width=SETTING_WIDTH),
             repetition_penalty=gr.Slider(0.5, 2.0, value=1.0, label="Repetition penalty", min_width=SETTING_WIDTH),
             seed=gr.Number(-1, label="Seed (-1: random)", precision=0, min_width=SETTING_WIDTH),
-            no_repeat_ngram_size=gr.Slider(0, 6, value=0, step=1, min_width=SETTING_WIDTH,
-                                           label=f"No repeated n-grams of size (0: off; {', '.join(processing_methods())})"),
-        )
+            no_repeat_ngram_size=gr.Slider(0, 6, value=0, step=1, min_width=SETTING_WIDTH, label="No repeated n-grams "
+                                           f"of size (0: off; {', '.join(processing_methods())})"))
 
 
 def method_settings() -> dict[str, gr.components.Component]:
@@ -269,56 +269,51 @@ def method_settings() -> dict[str, gr.components.Component]:
                 speculative = dict(
                     gamma=gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)"),
                     adaptive_gamma=gr.Checkbox(False, label="speculative: adaptive γ"),
-                    draft_tree_size=gr.Checkbox(
-                        True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); sampling always drafts a chain"),
-                    copy_length=gr.Checkbox(
-                        True, label="speculative, medusa: add to the tree the tokens that followed the text's last tokens before (prompt lookup)"
-                    ),
-                    retrieve=gr.Checkbox(
-                        True, label="speculative, medusa, lookahead, cllm: also guess what the model's earlier answers wrote after the same words "
-                        "(REST: a datastore of its own answers)",
-                    ),
-                )
+                    draft_tree_size=gr.Checkbox(True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); "
+                                                "sampling always drafts a chain"),
+                    copy_length=gr.Checkbox(True, label="speculative, medusa: add to the tree the tokens that followed "
+                                            "the text's last tokens before (prompt lookup)"),
+                    retrieve=gr.Checkbox(True, label="speculative, medusa, lookahead, cllm: also guess what the "
+                                         "model's earlier answers wrote after the same words (REST: a datastore of its "
+                                         "own answers)"))
             with gr.Column(min_width=SETTING_WIDTH):
                 medusa = dict(
-                    tree=gr.Dropdown(
-                        ["dynamic", "static", "chain"], value="dynamic",
-                        label="medusa: tree (dynamic: each pass, the paths the heads are surest of; static: the paths most often right on held-out "
-                        "answers; chain: top-1 only)",
-                    ),
-                    tree_size=gr.Slider(0, 64, value=0, step=1, label="medusa: the heads' tree nodes (0: the default size, 8 for ours)"),
-                    typical_acceptance=gr.Checkbox(
-                        False, label="medusa: typical acceptance, to sample (Cai et al. 2024; NOT distribution-preserving: the answer is not a "
-                        "sample of the target)",
-                    ),
-                )
+                    tree=gr.Dropdown(["dynamic", "static", "chain"], value="dynamic",
+                                     label="medusa: tree (dynamic: each pass, the paths the heads are surest of; "
+                                     "static: the paths most often right on held-out answers; chain: top-1 only)"),
+                    tree_size=gr.Slider(0, 64, value=0, step=1,
+                                        label="medusa: the heads' tree nodes (0: the default size, 8 for ours)"),
+                    typical_acceptance=gr.Checkbox(False, label="medusa: typical acceptance, to sample (Cai et al. "
+                                                   "2024; NOT distribution-preserving: the answer is not a sample of "
+                                                   "the target)"))
             with gr.Column(min_width=SETTING_WIDTH):
                 jacobi_lookahead = dict(
-                    decoder=gr.Radio(
-                        ["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
-                        label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, drawn as a trajectory)",
-                    ),
+                    decoder=gr.Radio(["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
+                                     label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, "
+                                     "drawn as a trajectory)"),
                     block_size=gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n"),
                     window=gr.Slider(0, 16, value=0, step=1,
-                                     label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for lookahead, 1 for cllm)"),
+                                     label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for "
+                                     "lookahead, 1 for cllm)"),
                     ngram=gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N"),
-                    candidates=gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G"),
-                )
+                    candidates=gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G"))
             with gr.Column(min_width=SETTING_WIDTH):
                 beam_contrastive = dict(
                     num_beams=gr.Slider(1, 8, value=4, step=1, label="beam: beams k"),
-                    length_penalty=gr.Slider(-1.0, 3.0, value=1.0, step=0.1, label="beam: length penalty (score = log p / length^penalty)"),
+                    length_penalty=gr.Slider(-1.0, 3.0, value=1.0, step=0.1,
+                                             label="beam: length penalty (score = log p / length^penalty)"),
                     early_stopping=gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)"),
                     alpha=gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α"),
-                    amateur_temperature=gr.Slider(0.1, 2.0, value=0.5, step=0.1, label="contrastive: amateur temperature τ"),
-                )
+                    amateur_temperature=gr.Slider(0.1, 2.0, value=0.5, step=0.1,
+                                                  label="contrastive: amateur temperature τ"))
     return {**speculative, **medusa, **jacobi_lookahead, **beam_contrastive}
 
 
 def step_through_tab() -> StepThroughTab:
     """The Step through tab: the last answer, one target pass at a time."""
     with gr.Tab("Step through", id="step-through"):
-        gr.Markdown("Walk through the last generated answer one target pass at a time; step 0 is before the first pass.")
+        gr.Markdown("Walk through the last generated answer one target pass at a time; step 0 is before the first "
+                    "pass.")
         with gr.Row(equal_height=True):
             # step n is the n-th target pass, as the sentences say; 0 is before the first
             step = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Step", elem_id="step", scale=4)
@@ -326,7 +321,8 @@ def step_through_tab() -> StepThroughTab:
             forward = gr.Button("Next ▶", min_width=80)
             play = gr.Button("▶ Play", elem_id="play", variant="primary", min_width=80)
             pause = gr.Button("❚❚ Pause", elem_id="pause", min_width=80)
-            pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace", min_width=SETTING_WIDTH)
+            pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace",
+                             min_width=SETTING_WIDTH)
         timer = gr.Timer(1.2, active=False)
         explanation = gr.HTML(elem_id="explanation")
         stream = gr.HTML(elem_id="step-stream")
@@ -341,14 +337,14 @@ def step_through_tab() -> StepThroughTab:
 def race_tab() -> RaceTab:
     """The Race tab: the chosen methods against AR on Generate's prompt and length."""
     with gr.Tab("Race", id="race-tab"):
-        choice = gr.CheckboxGroup(
-            [m for m in METHODS if m != "ar"], value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer],
-            label="Methods against ar",
-        )
+        choice = gr.CheckboxGroup([m for m in METHODS if m != "ar"],
+                                  value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer],
+                                  label="Methods against ar")
         with gr.Row(equal_height=True):
             button = gr.Button("Race", variant="primary", elem_id="race")
             stop = gr.Button("Stop", elem_id="race-stop")
-            replay_speed = gr.Radio(list(REPLAY_SPEEDS), value="real time", label="Replay speed", elem_id="replay-speed")
+            replay_speed = gr.Radio(list(REPLAY_SPEEDS), value="real time", label="Replay speed",
+                                    elem_id="replay-speed")
         table = gr.Markdown(elem_id="race-table")
         plot = gr.Plot(label="Speedup and tokens per pass, with their spreads", elem_id="race-plot")
         gr.HTML(views.legend_html())
@@ -360,8 +356,8 @@ def wire_generate(page: Page, handlers: Handlers) -> Dependency:
     """Generate and Enter in the prompt: the run, then the page opened again and the step-through
     shown. Returns the run's event, for what cancels it."""
     run, shown = page.generate, page.step_through
-    # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then the
-    # run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
+    # one run on screen at a time (`one_run`): Generate says the run is on and locks its settings, off the queue, then
+    # the run waits its turn; whatever ends it (its end, Stop, a lesson step, an error) opens them again
     clicked = functools.partial(gr.on, [run.generate.click, run.prompt.submit])
     cheap = dict(api_visibility="private", queue=False, show_progress="hidden")
     started = {**run.locked, "run_status": run.run_status, "lesson_note": run.lesson_note, "busy": page.busy,
@@ -403,7 +399,8 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
          {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
          api_visibility="private", queue=False, show_progress="hidden")
-    header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private", queue=False)
+    header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private",
+                        queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:
@@ -411,13 +408,15 @@ def wire_step_through(page: Page, handlers: Handlers) -> None:
     shown, history = page.step_through, page.history
     off_queue = dict(api_visibility="private", queue=False)
     wire(shown.step.change, handlers.on_step, shown.outputs, inputs=[history, shown.step], **off_queue)
-    shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, api_visibility="private", queue=False)
+    shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, api_visibility="private",
+                     queue=False)
     # the slider refuses a value past its maximum, and would then refuse every later one too
-    shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[shown.step, history], outputs=shown.step,
-                        api_visibility="private", queue=False)
+    shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[shown.step, history],
+                        outputs=shown.step, api_visibility="private", queue=False)
     wire(shown.play.click, handlers.on_play, shown.autoplay, inputs=[shown.step, history], **off_queue)
     shown.pause.click(lambda: gr.Timer(active=False), outputs=shown.timer, api_visibility="private", queue=False)
-    shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer, api_visibility="private", queue=False)
+    shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer,
+                      api_visibility="private", queue=False)
     wire(shown.timer.tick, handlers.on_tick, shown.autoplay, inputs=[shown.step, history], **off_queue)
 
 
@@ -433,7 +432,8 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
         top = header(handlers.targets, target)
         with gr.Tabs(selected="generate") as tabs:
             lesson_step, generate, step_through, race = lesson_tab(), generate_tab(), step_through_tab(), race_tab()
-        page = Page(top, tabs, lesson_step, generate, step_through, race, history=gr.State(None), busy=gr.State(False), shown_step=gr.State(None))
+        page = Page(top, tabs, lesson_step, generate, step_through, race, history=gr.State(None), busy=gr.State(False),
+                    shown_step=gr.State(None))
         running = wire_generate(page, handlers)
         wire_race(page, handlers, running)
         wire_controls(page, handlers.targets, running)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 REFUSALS = ("ZeroGPU quota exceeded", "ZeroGPU illegal duration", "ZeroGPU queue timeout", "ZeroGPU client error",
             "ZeroGPU pending credits exceeded")
-SETUP_S = 4.0  # a fresh process's share (attaching the GPU, moving the model, capturing the graphs) until a call measured it
+# a fresh process's share (attaching the GPU, moving the model, capturing the graphs) until a call measured it
+SETUP_S = 4.0
 MARGIN_S = 2.0  # the last pass, and the wobble of a shared GPU
 PASS_S = 0.03  # seconds a target pass, until this device measured its own (an eager GPU pass of the embedded model)
 SHORTEST_ANSWER = 16  # new tokens a shortened click keeps at least
@@ -134,7 +135,8 @@ def decode_seconds(runs: int, max_new_tokens: int, pass_s: float) -> float:
     return runs * 2 * (max_new_tokens + 1) * pass_s
 
 
-def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, cap_s: float, setup_s: float = SETUP_S) -> GpuPlan:
+def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, cap_s: float,
+               setup_s: float = SETUP_S) -> GpuPlan:
     """The GPU time a click of `runs` decodes (the method, its AR baseline, a race's methods) of
     `max_new_tokens` with `measure_s` of timing rounds declares, with `setup_s` for a fresh process,
     within `cap_s`: the timing shrinks first, then the answer, down to SHORTEST_ANSWER tokens."""
@@ -148,7 +150,8 @@ def plan_click(runs: int, max_new_tokens: int, measure_s: float, pass_s: float, 
     measure = max(0.0, cap_s - total(max_new_tokens, 0.0))
     if measure > 0:
         return GpuPlan(math.ceil(total(max_new_tokens, measure)), max_new_tokens, measure,
-                       f"timed for {measure:.0f} s instead of {measure_s:.0f} s to fit this Space's GPU time of {cap_s:.0f} s a click")
+                       f"timed for {measure:.0f} s instead of {measure_s:.0f} s to fit this Space's GPU time of "
+                       f"{cap_s:.0f} s a click")
     room = (cap_s - fixed) / (runs * 2 * pass_s) - 1
     tokens = max(SHORTEST_ANSWER, min(max_new_tokens, int(room)))
     return GpuPlan(min(cap_s, math.ceil(total(tokens, 0.0))), tokens, 0.0,
@@ -166,5 +169,7 @@ def refusal_sentence(error: BaseException) -> str:
     wait = re.search(r"Try again in ([0-9:.]+)", message)
     when = f" It comes back in {wait.group(1).split('.')[0]} (hours:minutes:seconds)." if wait else ""
     if getattr(error, "title", "") == "ZeroGPU quota exceeded":
-        return f"Your free GPU time on this Space is used up for today, so this answer runs on the Space's CPU and is slower.{when}"
-    return f"No GPU could take this click ({getattr(error, 'title', 'ZeroGPU')}), so it runs on the Space's CPU and is slower.{when}"
+        return (f"Your free GPU time on this Space is used up for today, so this answer runs on the Space's CPU and is "
+                f"slower.{when}")
+    return (f"No GPU could take this click ({getattr(error, 'title', 'ZeroGPU')}), so it runs on the Space's CPU and "
+            f"is slower.{when}")

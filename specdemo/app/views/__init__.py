@@ -6,7 +6,14 @@ calls them here, as `views.<name>`.
 """
 
 from specdemo.app.views.explain import cllm_quality_html, divergence_sentence, explain_step, how_html
-from specdemo.app.views.figures import REFINED, jacobi_blocks, race_figure, speed_figure, step_timeline_figure, trajectory_figure
+from specdemo.app.views.figures import (
+    REFINED,
+    jacobi_blocks,
+    race_figure,
+    speed_figure,
+    step_timeline_figure,
+    trajectory_figure,
+)
 from specdemo.app.views.html import (
     PAGE_STYLE,
     answers_html,

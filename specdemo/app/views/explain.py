@@ -12,7 +12,8 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
     its payload's kind (EXPLAIN), after what every step shares."""
     quoted = lambda tokens: " ".join(repr(decode(t)) for t in tokens)  # noqa: E731
     committed = len(event.committed)
-    said = Said(quoted, quoted(event.committed[len(event.accepted) :]), f"{committed} token{'s' if committed != 1 else ''} committed in one target pass.")
+    said = Said(quoted, quoted(event.committed[len(event.accepted) :]),
+                f"{committed} token{'s' if committed != 1 else ''} committed in one target pass.")
     return f"Step {event.step + 1}: " + EXPLAIN.get(type(event.data), explain_one_token)(event, said, decode)
 
 
@@ -31,17 +32,20 @@ def explain_one_token(event: StepEvent, said: Said, decode) -> str:
 
 def explain_chain(event: StepEvent, said: Said, decode) -> str:
     if not event.proposed and event.data.proposer == "heads":
-        return f"the prompt pass gave the target's first token {said.own}; the heads read its last hidden state to guess the tokens after it."
+        return (f"the prompt pass gave the target's first token {said.own}; the heads read its last hidden state to "
+                "guess the tokens after it.")
     if not event.proposed:  # a feature draft's first pass, or no room left to draft
         return (
-            "nothing was drafted this pass (a feature draft drafts from the target's features, which its first pass computes; "
-            f"an answer's last token leaves no room for a draft), so the target gave {said.own}, as AR would. {said.done}"
+            "nothing was drafted this pass (a feature draft drafts from the target's features, which its first pass "
+            f"computes; an answer's last token leaves no room for a draft), so the target gave {said.own}, as AR "
+            f"would. {said.done}"
         )
     proposed, accepted = len(event.proposed), len(event.accepted)
     if accepted == proposed:
         verdict = f"the target accepted all {proposed} and added {said.own} of its own"
     else:
-        verdict = f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} ({said.quoted(event.rejected[:1])}) with {said.own}"
+        verdict = (f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} "
+                   f"({said.quoted(event.rejected[:1])}) with {said.own}")
     return f"the draft proposed {proposed} tokens ({said.quoted(event.proposed)}); {verdict}. {said.done}"
 
 
@@ -51,27 +55,30 @@ def explain_tree(event: StepEvent, said: Said, decode) -> str:
     if data.proposer == "heads":
         chosen = " (the paths they were surest of at this step)" if data.tree_kind == "dynamic" else ""
         return (
-            f"the heads proposed a tree of {data.tree_sources.count('head')} candidate tokens{chosen}{grown}, checked in one pass with tree "
-            f"attention; the deepest path the target agreed with has {accepted}{taken}, then the target added {said.own}. {said.done}"
+            f"the heads proposed a tree of {data.tree_sources.count('head')} candidate tokens{chosen}{grown}, checked "
+            f"in one pass with tree attention; the deepest path the target agreed with has {accepted}{taken}, then the "
+            f"target added {said.own}. {said.done}"
         )
     return (
-        f"the draft grew a tree of {data.tree_sources.count('draft')} tokens, keeping the branches it found likeliest{grown}, "
-        f"{data.gamma} deep in all; the target checked every branch in one pass and followed one for "
-        f"{len(event.accepted)} token(s) ({said.quoted(event.accepted) or 'none'}){taken}, then added {said.own}. {said.done}"
+        f"the draft grew a tree of {data.tree_sources.count('draft')} tokens, keeping the branches it found "
+        f"likeliest{grown}, {data.gamma} deep in all; the target checked every branch in one pass and followed one for "
+        f"{len(event.accepted)} token(s) ({said.quoted(event.accepted) or 'none'}){taken}, then added {said.own}. "
+        f"{said.done}"
     )
 
 
 def explain_jacobi(event: StepEvent, said: Said, decode) -> str:
     return (
-        f"iteration {event.data.iteration} of the block at token {event.data.block_start}: {len(event.proposed)} guesses refined "
-        f"at once; the first {len(event.accepted)} were already what the target predicts, so they are final, and the target's "
-        f"token after them ({said.own}) too. {said.done}"
+        f"iteration {event.data.iteration} of the block at token {event.data.block_start}: {len(event.proposed)} "
+        f"guesses refined at once; the first {len(event.accepted)} were already what the target predicts, so they are "
+        f"final, and the target's token after them ({said.own}) too. {said.done}"
     )
 
 
 def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
     tried = len(event.data.candidates)
-    best = f"the best matched {event.data.accept_length} token(s) ({said.quoted(event.accepted)})" if tried else "none to try"
+    best = (f"the best matched {event.data.accept_length} token(s) ({said.quoted(event.accepted)})" if tried
+            else "none to try")
     return (
         f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
         f"{best}, then the target added {said.own}. {said.done} The pool now holds {event.data.pool_size} n-grams."
@@ -83,11 +90,12 @@ def explain_beam_step(event: StepEvent, said: Said, decode) -> str:
     kept = [beam for beam in beams if beam["status"] == "kept"]
     pruned = sum(beam["status"] == "pruned" for beam in beams)
     best = max(kept or beams, key=lambda beam: beam["log_prob"])
-    settled = f"all beams now agree on {quoted(event.committed)}, so it is final" if event.committed else "the beams still disagree, so nothing is final yet"
+    settled = (f"all beams now agree on {quoted(event.committed)}, so it is final" if event.committed
+               else "the beams still disagree, so nothing is final yet")
     return (
-        f"all {event.data.num_beams} beams ran in one batched pass; of their {len(beams)} best continuations {len(kept)} were kept, "
-        f"{pruned} pruned{', and some finished' if len(kept) + pruned < len(beams) else ''}. The best beam ends in {quoted(best['tokens'][-1:])} "
-        f"(log-probability {best['log_prob']:.2f}); {settled}."
+        f"all {event.data.num_beams} beams ran in one batched pass; of their {len(beams)} best continuations "
+        f"{len(kept)} were kept, {pruned} pruned{', and some finished' if len(kept) + pruned < len(beams) else ''}. "
+        f"The best beam ends in {quoted(best['tokens'][-1:])} (log-probability {best['log_prob']:.2f}); {settled}."
     )
 
 
@@ -95,7 +103,8 @@ def explain_contrastive_step(event: StepEvent, said: Said, decode: Callable[[int
     data = event.data
     by_token = {candidate["token"]: candidate for candidate in data.candidates}
     chosen, expert = by_token[data.chosen], by_token.get(data.expert_choice)
-    text = f"the expert and the amateur each ran one pass; {decode(data.chosen)!r} won with log p_expert − log p_amateur = {chosen['score']:.2f}"
+    text = (f"the expert and the amateur each ran one pass; {decode(data.chosen)!r} won with log p_expert − log "
+            f"p_amateur = {chosen['score']:.2f}")
     if data.expert_choice != data.chosen and expert is not None:
         text += (
             f", although the expert alone preferred {decode(data.expert_choice)!r}: the amateur liked that one too "
@@ -124,12 +133,13 @@ def divergence_sentence(found, dtype: str, decode: Callable[[int], str], suspect
     chosen, other = repr(decode(found.ar_token)), repr(decode(found.other_token))
     where = f"At token {found.position}, AR chose {chosen} and this method {other}."
     if found.margin > suspect_margin or dtype == "float32":
-        return (f"{where} AR preferred {chosen} by {found.margin:.2f} in logit, more than {dtype} rounding moves a logit "
-                f"(up to {suspect_margin} measured): this may be a bug; please report the prompt.")
+        return (f"{where} AR preferred {chosen} by {found.margin:.2f} in logit, more than {dtype} rounding moves a "
+                f"logit (up to {suspect_margin} measured): this may be a bug; please report the prompt.")
     wide = (f" A pass over many tokens at once even preferred {other}." if found.wide_gap < 0 else "")
-    gap = "tied in logit (less than 0.005 apart)" if found.top_two < 0.005 else f"only {found.top_two:.2f} apart in logit"
-    return (f"{where} AR's two likeliest tokens here were {gap}. {dtype} rounds a pass "
-            f"of many tokens differently from a pass of one, which flipped this near-tie.{wide} In float32 the answers are equal.")
+    gap = ("tied in logit (less than 0.005 apart)" if found.top_two < 0.005
+           else f"only {found.top_two:.2f} apart in logit")
+    return (f"{where} AR's two likeliest tokens here were {gap}. {dtype} rounds a pass of many tokens differently from "
+            f"a pass of one, which flipped this near-tie.{wide} In float32 the answers are equal.")
 
 
 def cllm_quality_html(quality: dict | None) -> str:
@@ -138,11 +148,12 @@ def cllm_quality_html(quality: dict | None) -> str:
         return ""
     bigrams, nll, bounds = quality["distinct_bigrams"], quality["nll_ratio"], quality["bounds"]
     verdict = "within" if quality["passes"] else "<b>outside</b>"
-    return (f"<p><b>Is the CLLM still a good model?</b> It is a fine-tuned copy, so its answers may differ from the base model's. "
-            f"On {quality['prompts']} held-out prompts, {bigrams['cllm']:.2f} of its answers' word pairs (token bigrams) were distinct "
-            f"against {bigrams['base']:.2f} for the base model (fewer means more repetition), and the base model found its answers "
-            f"{nll:.2f}x as surprising per token as its own. That is {verdict} our bounds (at most {bounds['max_bigram_drop']} fewer "
-            f"distinct pairs, at most {bounds['max_nll_ratio']}x as surprising).</p>")
+    return ("<p><b>Is the CLLM still a good model?</b> It is a fine-tuned copy, so its answers may differ from the "
+            f"base model's. On {quality['prompts']} held-out prompts, {bigrams['cllm']:.2f} of its answers' word pairs "
+            f"(token bigrams) were distinct against {bigrams['base']:.2f} for the base model (fewer means more "
+            f"repetition), and the base model found its answers {nll:.2f}x as surprising per token as its own. That is "
+            f"{verdict} our bounds (at most {bounds['max_bigram_drop']} fewer distinct pairs, at most "
+            f"{bounds['max_nll_ratio']}x as surprising).</p>")
 
 
 def ordinal(n: int) -> str:

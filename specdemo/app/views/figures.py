@@ -10,28 +10,33 @@ from specdemo.app.views.html import INLINE_REJECTED_LIMIT, own_origin
 from specdemo.core.events import StepEvent
 
 # Colours shared by the figures, matching the stream's origins.
-COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed", "waiting_dark": "#bdc1c6"}
+COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed",
+           "waiting_dark": "#bdc1c6"}
 # Jacobi and lookahead guess many tokens every pass and keep refining them: not failures
 REFINED = "guesses not yet right (refined next pass)"
 
 
 def step_counts(event: StepEvent) -> dict[str, int]:
     """How many tokens of each origin one step produced (rejected: all the pass threw away)."""
-    return {"accepted": len(event.accepted), own_origin(event): len(event.committed) - len(event.accepted), "rejected": len(event.rejected)}
+    return {"accepted": len(event.accepted), own_origin(event): len(event.committed) - len(event.accepted),
+            "rejected": len(event.rejected)}
 
 
 def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
     """Per target pass, the tokens it accepted and supplied (up) and the proposals it threw away (down)."""
     figure = go.Figure()
     steps = [e.step + 1 for e in events]
-    refines = bool(events) and events[0].method in INLINE_REJECTED_LIMIT  # Jacobi, CLLM, lookahead: many guesses a pass, by design
+    # Jacobi, CLLM, lookahead: many guesses a pass, by design
+    refines = bool(events) and events[0].method in INLINE_REJECTED_LIMIT
     for origin in ("accepted", "target", "ar", "rejected"):
         counts = [step_counts(e).get(origin, 0) for e in events]
         if any(counts):
             sign = -1 if origin == "rejected" else 1
-            name, colour = (REFINED, COLOURS["waiting_dark"]) if refines and origin == "rejected" else (origin, COLOURS[origin])
+            name, colour = ((REFINED, COLOURS["waiting_dark"]) if refines and origin == "rejected"
+                            else (origin, COLOURS[origin]))
             figure.add_bar(x=steps, y=[sign * c for c in counts], name=name, marker_color=colour)
-    figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)", yaxis_title="tokens")
+    figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)",
+                         yaxis_title="tokens")
     return compact(figure)
 
 
@@ -41,7 +46,8 @@ def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Fig
     figure = go.Figure(go.Bar(x=positions, y=acceptance_by_position, marker_color=COLOURS["accepted"]))
     figure.update_layout(
         title="Acceptance by draft position", yaxis_title="accepted share", yaxis_range=[0, 1],
-        xaxis=dict(title="draft position (a tree's depth)", dtick=1, range=[0.5, len(positions) + 0.5]),  # the positions drafted, no more
+        # the positions drafted, no more
+        xaxis=dict(title="draft position (a tree's depth)", dtick=1, range=[0.5, len(positions) + 0.5]),
     )
     return compact(figure)
 
@@ -90,13 +96,14 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
     figure = go.Figure(
         go.Heatmap(
-            z=cells, text=text, texttemplate="%{text}", textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale, showscale=False,
-            customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
+            z=cells, text=text, texttemplate="%{text}", textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale,
+            showscale=False, customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
             hovertemplate="iteration %{y}, position %{x}: %{text} (%{customdata})<extra></extra>",
         )
     )
     start = block_events[0].data.block_start
-    key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}" for colour, state in zip(colours, TRAJECTORY_STATES))
+    key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}"
+                   for colour, state in zip(colours, TRAJECTORY_STATES))
     title = (f"The initial guess of the block at token {start}: {len(cells[0])} tokens, before any pass" if before
              else f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens")
     rows = ["initial guess", *(f"after pass {k}" for k in range(1, len(cells)))]
@@ -157,14 +164,17 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
             text=[decode(n["token"]) for n in group], textposition="middle right",
             textfont=dict(color="#9aa0a6", size=10) if status == "pruned" else None,
             customdata=[[n["log_prob"], n["score"]] for n in group],
-            hovertemplate="%{text}<br>log p %{customdata[0]:.3f}, score %{customdata[1]:.3f}<extra>" + status + "</extra>",
+            hovertemplate="%{text}<br>log p %{customdata[0]:.3f}, "
+                          "score %{customdata[1]:.3f}<extra>" + status + "</extra>",
         )
     path = [n for n in nodes if n["on_path"]]
-    figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path", hoverinfo="skip",
+    figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path",
+                       hoverinfo="skip",
                        marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
     k = events[-1].data.num_beams if events else 0
     done = " (done: the chosen answer in green)" if path else ""
-    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}", xaxis=dict(title="step (target pass)", dtick=1),
+    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}",
+                         xaxis=dict(title="step (target pass)", dtick=1),
                          yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
     rows = max((len(e.data.beams) for e in events), default=1)
     return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
@@ -199,8 +209,10 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
     """Lookahead's n-gram pool over the run: its size, and how many tokens each pass took from it."""
     steps = [e.step + 1 for e in events]
     figure = go.Figure()
-    figure.add_bar(x=steps, y=[e.data.accept_length for e in events], name="tokens accepted from a candidate", marker_color=COLOURS["accepted"])
-    figure.add_scatter(x=steps, y=[e.data.pool_size for e in events], name="n-grams in the pool", yaxis="y2", mode="lines")
+    figure.add_bar(x=steps, y=[e.data.accept_length for e in events], name="tokens accepted from a candidate",
+                   marker_color=COLOURS["accepted"])
+    figure.add_scatter(x=steps, y=[e.data.pool_size for e in events], name="n-grams in the pool", yaxis="y2",
+                       mode="lines")
     figure.update_layout(
         title="The n-gram pool", xaxis_title="step (target pass)", yaxis_title="accepted tokens",
         yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
@@ -208,17 +220,18 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
     return compact(figure)
 
 
-MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}  # symbol, key mark, meaning
+# symbol, key mark, meaning
+MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}
 
 TREE_KEY = (  # the tree's nodes, in words under its title
-    (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"), ("#9aa0a6", "○", "not on the best branch"),
-    *(("#5f6368", mark, meaning) for _, mark, meaning in MARKS.values()),
+    (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"),
+    ("#9aa0a6", "○", "not on the best branch"), *(("#5f6368", mark, meaning) for _, mark, meaning in MARKS.values()),
 )
 
 
 def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | None = None) -> go.Figure:
-    """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to right), edges to parents,
-    the accepted path in green and the rest of the best candidate in red."""
+    """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to
+    right), edges to parents, the accepted path in green and the rest of the best candidate in red."""
     data = event.data
     tokens, parents, depths = data.tree_tokens, data.tree_parents, data.tree_depths
     accepted = set(data.accepted_path)
@@ -233,21 +246,26 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
         if parent >= 0:
             on_path = node in accepted
             figure.add_scatter(
-                x=[depths[parent], depths[node]], y=[y[parent], y[node]], mode="lines", showlegend=False, hoverinfo="skip",
+                x=[depths[parent], depths[node]], y=[y[parent], y[node]], mode="lines", showlegend=False,
+                hoverinfo="skip",
                 line=dict(color=COLOURS["accepted"] if on_path else "#c4c7cc", width=3 if on_path else 1),
             )
-    colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"] for n in range(len(tokens))]
+    colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"]
+              for n in range(len(tokens))]
     marks = [None, *(MARKS.get(source) for source in data.tree_sources)]  # node 0 is the root
     figure.add_scatter(
-        x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right", showlegend=False,
-        marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks], line=dict(color="#5f6368", width=1)),
+        x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right",
+        showlegend=False, marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks],
+                                      line=dict(color="#5f6368", width=1)),
         customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
     counts = Counter(data.tree_sources)  # short: the title must fit a half-width plot
-    copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}" for source, (_, mark, _) in MARKS.items() if counts[source])
+    copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}"
+                     for source, (_, mark, _) in MARKS.items() if counts[source])
     key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
     figure.update_layout(
-        title=f"{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), {data.accept_length} accepted'}<br><sup>{key}</sup>",
+        title=f"""{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), '
+                                f'{data.accept_length} accepted'}<br><sup>{key}</sup>""",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
     return compact(figure).update_layout(margin=dict(t=80))
@@ -278,7 +296,8 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
     grey = lambda colour: [colour if c["plausible"] else "#d5d7db" for c in candidates]  # noqa: E731
     scores = [f"score {c['score']:.2f}" if c["plausible"] else "implausible" for c in candidates]
     figure = go.Figure()
-    for name, key, colour in (("expert log p", "expert_logprob", COLOURS["target"]), ("amateur log p", "amateur_logprob", "#f4b400")):
+    for name, key, colour in (("expert log p", "expert_logprob", COLOURS["target"]),
+                              ("amateur log p", "amateur_logprob", "#f4b400")):
         figure.add_bar(
             x=positions, y=[c[key] for c in candidates], name=name, marker_color=grey(colour), customdata=scores,
             hovertemplate="%{y:.2f} (%{customdata})<extra>" + name + "</extra>",
@@ -288,11 +307,14 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
         x=[chosen], y=[0], mode="markers+text", name="chosen", text=["chosen"], textposition="top center",
         marker=dict(symbol="star", size=16, color=COLOURS["accepted"]), hoverinfo="skip",
     )
-    figure.add_hline(y=data.cutoff_logprob, line_dash="dash", line_color=COLOURS["rejected"], annotation_text="plausibility cut-off")
-    # the axis follows the expert's bars and the cut-off: an amateur bar far below them is cut (its hover keeps the value)
+    figure.add_hline(y=data.cutoff_logprob, line_dash="dash", line_color=COLOURS["rejected"],
+                     annotation_text="plausibility cut-off")
+    # the axis follows the expert's bars and the cut-off: an amateur bar far below them is cut
+    # (its hover keeps the value)
     floor = min(min(c["expert_logprob"] for c in candidates), data.cutoff_logprob) - 4
     figure.update_layout(
-        title=f"Step {event.step + 1}: chose {decode(data.chosen)!r}; the expert alone would take {decode(data.expert_choice)!r}",
+        title=f"Step {event.step + 1}: chose {decode(data.chosen)!r}; the expert alone would take "
+        f"{decode(data.expert_choice)!r}",
         barmode="group", yaxis=dict(title="log-probability", range=[floor, 1]), legend=dict(orientation="h", y=-0.25),
         xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
     )
@@ -309,10 +331,12 @@ def race_figure(results: list[dict]) -> go.Figure:
     from plotly.subplots import make_subplots
 
     methods = [r["method"] for r in results]
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("Speedup against AR (median; whiskers: the range)", "Tokens per target pass"))
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("Speedup against AR (median; whiskers: the range)",
+                                                           "Tokens per target pass"))
     medians = [r["speedup"].median for r in results]
     figure.add_bar(
-        x=methods, y=medians, marker_color=[COLOURS["ar"] if m == "ar" else COLOURS["accepted"] for m in methods], showlegend=False,
+        x=methods, y=medians, marker_color=[COLOURS["ar"] if m == "ar" else COLOURS["accepted"] for m in methods],
+        showlegend=False,
         error_y=dict(type="data", symmetric=False, array=[r["speedup"].high - r["speedup"].median for r in results],
                      arrayminus=[r["speedup"].median - r["speedup"].low for r in results]),
         text=[f"{m:.2f}x" for m in medians], textposition="inside", insidetextanchor="start", row=1, col=1,
@@ -320,11 +344,14 @@ def race_figure(results: list[dict]) -> go.Figure:
     per_pass = [sorted(r["tokens_per_pass"]) for r in results]
     middle = [values[(len(values) - 1) // 2] for values in per_pass]
     figure.add_bar(
-        x=methods, y=middle, marker_color=COLOURS["target"], showlegend=False, text=[f"{v:.2f}" for v in middle], textposition="inside", insidetextanchor="start",
-        error_y=dict(type="data", symmetric=False, array=[v[-1] - m for v, m in zip(per_pass, middle)], arrayminus=[m - v[0] for v, m in zip(per_pass, middle)]),
+        x=methods, y=middle, marker_color=COLOURS["target"], showlegend=False, text=[f"{v:.2f}" for v in middle],
+        textposition="inside", insidetextanchor="start",
+        error_y=dict(type="data", symmetric=False, array=[v[-1] - m for v, m in zip(per_pass, middle)],
+                     arrayminus=[m - v[0] for v, m in zip(per_pass, middle)]),
         row=1, col=2,
     )
     figure.add_hline(y=1, line_dash="dash", line_color="#5f6368", row=1, col=1)
     runs = min((r["speedup"].runs for r in results), default=0)
-    figure.update_layout(title=f"The race: {runs} timed run{'s' if runs != 1 else ''} of each method and of AR, on this prompt")
+    figure.update_layout(title=f"The race: {runs} timed run{'s' if runs != 1 else ''} of each method and of AR, on "
+                         "this prompt")
     return compact(figure).update_layout(margin=dict(t=80))

@@ -76,7 +76,8 @@ def sampling_numbers(event: StepEvent) -> dict[int, str]:
 
 
 def stream_html(
-    events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None, current: bool = False
+    events: Iterable[StepEvent], decode: Callable[[int], str], decode_tokens: Callable[[list[int]], str] | None = None,
+    current: bool = False
 ) -> str:
     """The answer so far, every token a span coloured by its origin. With `decode_tokens`, a
     committed token shows what it adds to the text (`committed_texts`), so a character split
@@ -96,7 +97,8 @@ def stream_html(
 
 
 def apart(text: str) -> str:
-    """A token shown apart from the answer's text (rejected, or a guess): its line breaks as ↵, so it never breaks the answer's lines."""
+    """A token shown apart from the answer's text (rejected, or a guess): its line breaks as ↵, so it never breaks
+    the answer's lines."""
     return text.replace("\n", "↵")
 
 
@@ -123,12 +125,14 @@ def committed_texts(tokens: list[int], decode_tokens: Callable[[list[int]], str]
 def legend_html() -> str:
     """What the stream's colours mean, in words (not only on hover): one line per origin."""
     items = "".join(
-        f'<div><span class="tok" data-origin="{origin}" title="{html.escape(text)}">{origin}</span> {html.escape(text)}</div>' for origin, text in ORIGINS.items()
+        f'<div><span class="tok" data-origin="{origin}" title="{html.escape(text)}">{origin}</span> '
+        f'{html.escape(text)}</div>' for origin, text in ORIGINS.items()
     )
     return f'{STYLE}<div class="specdemo-legend">{items}</div>'
 
 
-CANDIDATE_SOURCES = {"copy": "copied from the text", "retrieved": "from earlier answers", "pool": "from the pool"}  # a lookahead candidate's origin, in words
+# a lookahead candidate's origin, in words
+CANDIDATE_SOURCES = {"copy": "copied from the text", "retrieved": "from earlier answers", "pool": "from the pool"}
 
 
 def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
@@ -142,7 +146,8 @@ def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     for index, (candidate, length) in enumerate(zip(data.candidates, data.candidate_accept_lengths)):
         source = CANDIDATE_SOURCES.get(data.candidate_sources[index], data.candidate_sources[index])
         spans = "".join(
-            f'<span class="tok" data-origin="{"accepted" if i < length else "rejected"}">{html.escape(decode(t))}</span>'
+            f'<span class="tok" data-origin="{"accepted" if i < length else "rejected"}">'
+            f'{html.escape(decode(t))}</span>'
             for i, t in enumerate(candidate)
         )
         best = " (committed)" if index == data.best_candidate and length else ""
@@ -151,19 +156,22 @@ def lookahead_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     return (
         f'{STYLE}<div class="specdemo-lookahead"><p>Step {event.step + 1}: the window '
         f"(the last row is this pass's new level; each column read downwards is an n-gram for the pool)</p>"
-        f"<table>{rows}</table><p>Candidates verified in the same pass (pool size {data.pool_size}):</p>{candidates}</div>"
+        f"<table>{rows}</table><p>Candidates verified in the same pass (pool size "
+        f"{data.pool_size}):</p>{candidates}</div>"
     )
 
 
 def answers_html(answers: dict[str, Iterable[int]], decode_tokens: Callable[[list[int]], str]) -> str:
     """Answers side by side under their labels (contrastive beside the expert and the amateur alone)."""
     columns = "".join(
-        f"<div><h4>{html.escape(label)}</h4><p>{html.escape(decode_tokens(list(tokens)))}</p></div>" for label, tokens in answers.items()
+        f"<div><h4>{html.escape(label)}</h4><p>{html.escape(decode_tokens(list(tokens)))}</p></div>"
+        for label, tokens in answers.items()
     )
     return f'<div style="display:grid;grid-template-columns:repeat({len(answers)},1fr);gap:12px">{columns}</div>'
 
 
-RACE_HEADER = ("| method | tokens/s | tokens/pass | speedup vs ar | from memory (datastore + text) | same tokens as ar |\n"
+RACE_HEADER = ("| method | tokens/s | tokens/pass | speedup vs ar | from memory (datastore + text) | "
+               "same tokens as ar |\n"
                "|---|---|---|---|---|---|\n")
 ORIGIN_LABELS = {"datastore": "recalled from the datastore of earlier answers", "text": "copied from the text",
                  "prediction": "predicted (draft, heads or window)", "target": "the target's own token of each pass"}
@@ -172,11 +180,13 @@ ORIGIN_LABELS = {"datastore": "recalled from the datastore of earlier answers", 
 def origins_text(origins: dict | None) -> str:
     """Where the committed tokens came from, as shares (`events.committed_by_origin`)."""
     total = sum(origins.values()) if origins else 0
-    return ", ".join(f"{ORIGIN_LABELS[origin]} {count / total:.0%}" for origin, count in origins.items() if count) if total else ""
+    return (", ".join(f"{ORIGIN_LABELS[origin]} {count / total:.0%}" for origin, count in origins.items() if count)
+            if total else "")
 
 
 def memory_cell(origins: dict | None) -> str:
-    """The race's share of committed tokens recalled (datastore) or copied (text): a gain that is memory, not prediction."""
+    """The race's share of committed tokens recalled (datastore) or copied (text): a gain that is memory, not
+    prediction."""
     total = sum(origins.values()) if origins else 0
     if not total:
         return ""
@@ -205,7 +215,8 @@ FINISHED = {"eos": "the model ended its answer", "length": "the answer reached i
             "stopped": "Stop was pressed, or the click's time ran out"}
 
 
-def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None, note: str = "", done: bool = False, drawn: bool = False) -> str:
+def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None, note: str = "", done: bool = False,
+               drawn: bool = False) -> str:
     """The run's numbers as a table, each with what it means, so that none seems to contradict
     another. `speed`: the speedup against AR over timed runs (`live.Spread`); `note`: what is
     being measured now. `done`: the last table of the click (the page's tests wait for it)."""
@@ -213,31 +224,40 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
     passes, accepted, proposed = run_stats["forward_passes"], run_stats.get("accepted", 0), run_stats.get("proposed", 0)
     rows = [
         ("Method", html.escape(str(run_stats["method"])), ""),
-        ("Finished", f"{run_stats['finish_reason']}: {FINISHED.get(run_stats['finish_reason'], '')}" if run_stats["finish_reason"] else "running...", ""),
+        ("Finished", f"{run_stats['finish_reason']}: {FINISHED.get(run_stats['finish_reason'], '')}"
+         if run_stats["finish_reason"] else "running...", ""),
         ("Tokens committed", run_stats["tokens"], "tokens added to the answer"),
-        ("Target passes", passes, "runs of the target, the model whose answer we want; a pass costs about as much for a few tokens as for one"),
-        ("Tokens per target pass", f"{run_stats['tokens_per_forward']:.2f}", "tokens committed ÷ target passes (AR: 1)"),
+        ("Target passes", passes, "runs of the target, the model whose answer we want; a pass costs about as much for "
+         "a few tokens as for one"),
+        ("Tokens per target pass", f"{run_stats['tokens_per_forward']:.2f}",
+         "tokens committed ÷ target passes (AR: 1)"),
     ]
     if proposed:
         share = f" ({accepted / proposed:.0%})"
         rows += [
-            ("Guesses checked", proposed, "tokens proposed (by a draft, heads, n-grams or a Jacobi block) that the target checked"),
-            ("Guesses accepted", f"{accepted}{share}", "accepted ÷ checked; Jacobi and lookahead check many guesses a pass, so theirs is low even when they gain"),
-            ("Accepted per pass", f"{accepted / passes:.2f}" if passes else "0", "each pass commits its accepted guesses and one token of the target's own: "
-             "tokens per pass ≈ 1 + this"),
+            ("Guesses checked", proposed, "tokens proposed (by a draft, heads, n-grams or a Jacobi block) that the "
+             "target checked"),
+            ("Guesses accepted", f"{accepted}{share}", "accepted ÷ checked; Jacobi and lookahead check many guesses a "
+             "pass, so theirs is low even when they gain"),
+            ("Accepted per pass", f"{accepted / passes:.2f}" if passes else "0", "each pass commits its accepted "
+             "guesses and one token of the target's own: tokens per pass ≈ 1 + this"),
         ]
     if origins_text(run_stats.get("origins")):
         rows.append(("Where the tokens came from", html.escape(origins_text(run_stats["origins"])),
-                     "a token recalled from earlier answers or copied from the text is memory, not prediction: a gain made of it "
-                     "shows what the model wrote before"))
+                     "a token recalled from earlier answers or copied from the text is memory, not prediction: a gain "
+                     "made of it shows what the model wrote before"))
     if run_stats.get("draft_forwards"):
-        rows.append(("Draft passes", run_stats["draft_forwards"], "runs of the small draft model, much cheaper than the target's"))
+        rows.append(("Draft passes", run_stats["draft_forwards"], "runs of the small draft model, much cheaper than "
+                     "the target's"))
     if speed is not None:
         runs = f"{speed.runs} timed run{'s' if speed.runs != 1 else ''} of each"
-        how = ("the streamed run's, drawn as it ran (not timed again)", "AR's streamed run on the same prompt, drawn the same way",
+        how = ("the streamed run's, drawn as it ran (not timed again)",
+               "AR's streamed run on the same prompt, drawn the same way",
                "speed ÷ AR's speed, one drawn run each: no range, so a small gain may be noise") if drawn else (
-               f"the median of {runs}, timed without drawing the page", "AR on the same prompt, timed in the same rounds",
-               f"speed ÷ AR's speed, over {runs}; the range pairs the slowest run of one with the fastest of the other: a gain inside it is noise")
+               f"the median of {runs}, timed without drawing the page",
+               "AR on the same prompt, timed in the same rounds",
+               f"speed ÷ AR's speed, over {runs}; the range pairs the slowest run of one with the fastest of the "
+               "other: a gain inside it is noise")
         rows += [
             ("Speed", f"{run_stats['tokens_per_s']:.1f} tokens/s", how[0]),
             ("AR's speed", f"{ar_tokens_per_s:.1f} tokens/s" if ar_tokens_per_s else "", how[1]),
@@ -250,7 +270,8 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
         attributes += f' data-speedup="{speed.median:.4f}" data-low="{speed.low:.4f}" data-high="{speed.high:.4f}"'
     if done:
         attributes += " data-done"
-    body = "".join(f"<tr><th>{name}</th><td>{value}</td><td>{html.escape(meaning)}</td></tr>" for name, value, meaning in rows)
+    body = "".join(f"<tr><th>{name}</th><td>{value}</td><td>{html.escape(meaning)}</td></tr>"
+                   for name, value, meaning in rows)
     status = f"<p><i>{html.escape(note)}</i></p>" if note else ""
     return f'{status}<table class="specdemo-stats" {attributes}>{body}</table>'
 
@@ -260,7 +281,8 @@ def stats_html(run_stats: dict, speed=None, ar_tokens_per_s: float | None = None
 BEATS_STYLE = """
 <style>
 .specdemo-beats { display: grid; grid-template-columns: repeat(3, 1fr); gap: 8px; margin: 6px 0; }
-.specdemo-beat { border: 1px solid #dadce0; border-radius: 6px; padding: 6px 10px; animation: specdemo-beat 0.35s ease both; }
+.specdemo-beat { border: 1px solid #dadce0; border-radius: 6px; padding: 6px 10px;
+  animation: specdemo-beat 0.35s ease both; }
 .specdemo-beat:nth-child(2) { animation-delay: 0.3s; }
 .specdemo-beat:nth-child(3) { animation-delay: 0.6s; }
 .specdemo-beat h4 { margin: 0 0 4px 0; }
@@ -293,22 +315,27 @@ def beats_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     method without guesses gets one beat: the target's pass and its token."""
     who, own = proposer_of(event), event.committed[len(event.accepted):]
     if who is None:
-        beats = [("Pass", f"The target ran one pass and gave its next token: {chips(event.committed, own_origin(event), decode)}")]
+        beats = [("Pass", "The target ran one pass and gave its next token: "
+                  f"{chips(event.committed, own_origin(event), decode)}")]
     else:
         guessed = len(event.proposed)
         beats = [
-            ("1. Draft", f"{who} guessed {guessed} token{'s' if guessed != 1 else ''}: {chips(event.proposed, 'guess', decode)}"),
-            ("2. Verify", f"The target ran <b>one pass</b> over the answer so far and {'these guesses' if guessed else 'no guess'}, "
-                          "predicting the next token at every position at once."),
-            ("3. Accept", f"Kept {len(event.accepted)}: {chips(event.accepted, 'accepted', decode)}<br>Threw away: {chips(event.rejected, 'rejected', decode)}"
-                          f"<br>Added its own: {chips(own, 'target', decode)}<br><b>{len(event.committed)} token{'s' if len(event.committed) != 1 else ''} "
-                          "committed in this pass.</b>"),
+            ("1. Draft", f"{who} guessed {guessed} token{'s' if guessed != 1 else ''}: "
+             f"{chips(event.proposed, 'guess', decode)}"),
+            ("2. Verify", "The target ran <b>one pass</b> over the answer so far and "
+                          f"{'these guesses' if guessed else 'no guess'}, predicting the next token at every position "
+                          "at once."),
+            ("3. Accept", f"Kept {len(event.accepted)}: {chips(event.accepted, 'accepted', decode)}<br>Threw away: "
+                          f"{chips(event.rejected, 'rejected', decode)}<br>Added its own: "
+                          f"{chips(own, 'target', decode)}<br><b>{len(event.committed)} "
+                          f"token{'s' if len(event.committed) != 1 else ''} committed in this pass.</b>"),
         ]
     cells = "".join(f'<div class="specdemo-beat"><h4>{title}</h4>{text}</div>' for title, text in beats)
     return f'{STYLE}{BEATS_STYLE}<div class="specdemo-beats" data-step="{event.step + 1}">{cells}</div>'
 
 
-def replay_frames(runs: list[tuple[str, list[StepEvent]]], every_s: float) -> Iterator[list[tuple[str, list[StepEvent]]]]:
+def replay_frames(runs: list[tuple[str, list[StepEvent]]],
+                  every_s: float) -> Iterator[list[tuple[str, list[StepEvent]]]]:
     """A race replayed at its measured times: frames `every_s` of run time apart, each giving
     every run's events committed by then (each event's `elapsed_s`), labelled with the method,
     its tokens so far and, once its answer is whole, "done"; the last frame shows every run whole."""
@@ -320,7 +347,8 @@ def replay_frames(runs: list[tuple[str, list[StepEvent]]], every_s: float) -> It
         for method, events in runs:
             shown = [event for event in events if event.elapsed_s <= now]
             tokens = sum(len(event.committed) for event in shown)
-            frame.append((f"{method}: {tokens} tokens{', done' if len(shown) == len(events) else ''} ({now:.1f} s)", shown))
+            frame.append((f"{method}: {tokens} tokens{', done' if len(shown) == len(events) else ''} ({now:.1f} s)",
+                          shown))
         yield frame
         if now >= end:
             return
@@ -336,10 +364,12 @@ PAGE_STYLE = """
 .specdemo-stats td { padding-right: 0.8em; vertical-align: top; }
 .specdemo-stats td:last-child { color: #5f6368; font-size: 0.9em; }
 .specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
-body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-lg: 21px; --text-xl: 26px; --text-xxl: 30px;
-  --block-label-text-size: 16px; --block-info-text-size: 16px; --block-title-text-size: 18px; --input-text-size: 19px;
-  --body-text-size: 19px; --section-header-text-size: 19px; --checkbox-label-text-size: 17px; --button-large-text-size: 19px; }
+body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-lg: 21px; --text-xl: 26px;
+  --text-xxl: 30px; --block-label-text-size: 16px; --block-info-text-size: 16px; --block-title-text-size: 18px;
+  --input-text-size: 19px; --body-text-size: 19px; --section-header-text-size: 19px;
+  --checkbox-label-text-size: 17px; --button-large-text-size: 19px; }
 body.specdemo-large .specdemo-stream { font-size: 24px !important; line-height: 1.6; }
-body.specdemo-large .specdemo-stats, body.specdemo-large .specdemo-beats, body.specdemo-large .specdemo-legend { font-size: 18px; }
+body.specdemo-large .specdemo-stats, body.specdemo-large .specdemo-beats,
+body.specdemo-large .specdemo-legend { font-size: 18px; }
 </style>
 """

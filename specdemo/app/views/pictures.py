@@ -32,7 +32,8 @@ def method_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> di
     if isinstance(data, JacobiStep):
         pictures["trajectory"] = trajectory_figure(jacobi_blocks(events)[-1], decode)
     elif isinstance(data, LookaheadStep):
-        pictures["detail"], pictures["html"] = pool_figure(events), best_html + f"<h4>The latest pass</h4>{lookahead_html(event, decode)}"
+        pictures["detail"], pictures["html"] = (pool_figure(events),
+                                                best_html + f"<h4>The latest pass</h4>{lookahead_html(event, decode)}")
     elif isinstance(data, BeamStep):
         pictures["detail"] = beam_figure(events, decode)
     elif isinstance(data, ContrastiveStep):
@@ -41,7 +42,8 @@ def method_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> di
         pictures["tree"], pictures["detail"] = tree_figure(event, decode), tree_mask_figure(event, decode)
     elif isinstance(data, (ChainStep, SamplingCheck, TreeStep)) and data.proposer == "draft":
         pictures["detail"] = acceptance_by_position_figure(acceptance_by_position(events))
-        drafted_tree = next((e for e in reversed(events) if isinstance(e.data, TreeStep)), None)  # a last one-token pass drafts none
+        # a last one-token pass drafts none
+        drafted_tree = next((e for e in reversed(events) if isinstance(e.data, TreeStep)), None)
         if drafted_tree is not None:
             pictures["tree"] = tree_figure(drafted_tree, decode)
     return pictures
@@ -67,13 +69,16 @@ def best_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> tupl
     best = best_event(proposing)
     data = best.data
     if isinstance(data, TreeStep):
-        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens (tree of {len(data.tree_tokens) - 1})"), ""
+        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens (tree of "
+                           f"{len(data.tree_tokens) - 1})"), ""
     if isinstance(data, JacobiStep):
         block = next(b for b in jacobi_blocks(events) if best in b)
         figure = trajectory_figure(block, decode)
-        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens, in this block<br>{figure.layout.title.text}"), ""
+        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens, in this "
+                                    f"block<br>{figure.layout.title.text}"), ""
     if isinstance(data, LookaheadStep):
-        return None, f"<h4>{BEST} (step {best.step + 1}, {len(best.committed)} tokens)</h4>{lookahead_html(best, decode)}"
+        return None, (f"<h4>{BEST} (step {best.step + 1}, {len(best.committed)} tokens)</h4>"
+                      f"{lookahead_html(best, decode)}")
     return None, ""
 
 
