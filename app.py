@@ -8,6 +8,7 @@ from specdemo.app.zerogpu import at_start
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.static import default_compile
 from specdemo.models import AUTO, EMBEDDED, compiled, load_model
+from specdemo.placement import parse_max_memory
 
 
 def main() -> None:
@@ -20,13 +21,20 @@ def main() -> None:
     )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    parser.add_argument("--device-map", default=None,
+                        help="spread the model over devices (auto, balanced, balanced_low_0, sequential) or offload "
+                        "every decoder layer to disk (disk), through accelerate (specdemo/placement.py)")
+    parser.add_argument("--max-memory", default=None,
+                        help="with --device-map: per-device limits, e.g. 0=6GiB,cpu=30GiB")
+    parser.add_argument("--offload-folder", default=None, help="with --device-map: where offloaded weights go")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the target's pass over a static KV cache, warmed up before serving (default: on "
                         "with CUDA, off on a CPU)")
     args = parser.parse_args()
     args.device, args.compile = at_start(args.device, args.compile)  # on ZeroGPU: on cuda, uncaptured
     try:
-        target = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+        target = load_model(args.model, args.dtype, args.device, args.trust_remote_code, device_map=args.device_map,
+                            max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_folder)
     except SpecDemoError as error:  # a sentence, not a traceback (as the bench does)
         sys.exit(f"error: {error}")
     if default_compile(target.device) if args.compile is None else args.compile:

@@ -196,14 +196,17 @@ def load_model(
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype, torch_device)
     source, model, tokenizer = read_model(spec, torch_dtype, trust_remote_code)
-    if device_map is None:
-        model.to(torch_device).eval()
-        prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32; bfloat16 where native)
-        use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
-        return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
-    placed = placement.device_map_for(model, device_map, torch_device, max_memory)
-    model = placement.dispatch(model.eval(), placed, offload_folder)
-    return LoadedModel(spec, source, model, tokenizer, placement.execution_device(placed), torch_dtype, placed=placed)
+    if device_map is not None:
+        placed = placement.device_map_for(model, device_map, torch_device, max_memory)
+        if placement.spread(placed):
+            model = placement.dispatch(model.eval(), placed, offload_folder)
+            return LoadedModel(spec, source, model, tokenizer, placement.execution_device(placed), torch_dtype,
+                               placed=placed)
+        torch_device = placement.execution_device(placed)  # it fits one device: an ordinary load there
+    model.to(torch_device).eval()
+    prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32; bfloat16 where native)
+    use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
+    return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 
 def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None) -> LoadedModel:

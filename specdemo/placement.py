@@ -10,7 +10,7 @@ each pass and back afterwards, so a model larger than one device runs, slower. R
   embeddings, the final norm and the LM head kept where the model runs. `disk` stands in for a
   model too big for memory: every pass streams every layer's weights in, whatever it feeds.
 - A pass runs where the embeddings are (`execution_device`); a layer kept elsewhere runs on its
-  own device, and its KV cache lives there.
+  own device, and its KV cache lives there. A map onto one device is an ordinary load there.
 - A dispatched model keeps its weights as they are: no prepacked linear layers, no grouped
   attention (both replace modules whose weights must be resident), and no compiled pass (a
   graph cannot hold weights that move in during the pass).
@@ -89,7 +89,12 @@ def execution_device(device_map: dict) -> torch.device:
     return torch.device(f"cuda:{placed[0]}" if isinstance(placed[0], int) else placed[0])
 
 
+def spread(device_map: dict) -> bool:
+    """Whether `device_map` puts weights in more than one place, or on disk (they move in at each pass);
+    a map onto one device is an ordinary load there."""
+    return len(set(device_map.values())) > 1 or DISK in device_map.values()
+
+
 def is_dispatched(model: PreTrainedModel) -> bool:
-    """Whether accelerate spread `model` over more than one place (its weights may move in at each pass)."""
-    placed = getattr(model, "hf_device_map", {})
-    return len(set(placed.values())) > 1 or DISK in placed.values()
+    """Whether accelerate spread `model` (`spread`)."""
+    return spread(getattr(model, "hf_device_map", {}))

@@ -35,6 +35,9 @@ class Preset:
     # a folder of the target's earlier answers (`retrieval`): the guesses of speculative decoding,
     # Medusa, lookahead and CLLM
     datastore: str | Path | None = None
+    # where the target's weights go (`placement`): None, one device; "auto" spills a target larger than the GPU
+    # onto the CPU, or spreads it over several GPUs
+    device_map: str | None = None
     about: str = ""
 
 
@@ -70,6 +73,7 @@ GPU_PRESETS = (
         medusa_heads="FasterDecoding/medusa-vicuna-7b-v1.3",
         medusa_tree=MC_SIM_7B_63,
         cllm="cllm/consistency-llm-7b-sharegpt48k",  # a CLLM of a sibling Llama-7B chat model (same tokenizer)
+        device_map="auto",
         about="The Medusa paper's own model and heads (about 14 GB of float16 weights, downloaded on first use).",
     ),
     Preset(
@@ -77,12 +81,14 @@ GPU_PRESETS = (
         target="cllm/vicuna-7b-sharegpt-gpt4-48k",
         draft="double7/vicuna-68m",
         cllm="cllm/consistency-llm-7b-sharegpt48k",  # consistency-trained from exactly this target
+        device_map="auto",
         about="The CLLM paper's ShareGPT target and its consistency-trained copy (two 7B models, about 27 GB).",
     ),
     Preset(
         name="SmolLM2-1.7B-Instruct + SmolLM2-135M-Instruct draft",
         target="HuggingFaceTB/SmolLM2-1.7B-Instruct",
         draft="HuggingFaceTB/SmolLM2-135M-Instruct",  # same family, same tokenizer
+        device_map="auto",
         about="A small GPU preset: a 1.7B target and its 135M sibling as the draft. No public Medusa heads or CLLM "
               "exist for it.",
     ),

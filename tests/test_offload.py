@@ -85,3 +85,9 @@ def test_the_embedded_model_with_its_layers_on_disk_gives_ars_answer(embedded, t
     expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=12, eos_token_ids=())).tokens
     got = final_summary(ar.generate(offloaded.model, input_ids, max_new_tokens=12, eos_token_ids=())).tokens
     assert got == expected
+
+
+def test_a_map_onto_one_device_is_an_ordinary_load():
+    assert not placement.spread({"": "cpu"}) and not placement.spread({"model.embed_tokens": 0, "lm_head": 0})
+    assert placement.spread({"model.layers.0": 0, "model.layers.1": "cpu"}) and placement.spread({"": "disk"})
+    assert placement.device_map_for(make_tiny_model(), "auto", torch.device("cpu"), {"cpu": "1GiB"}) == {"": "cpu"}
