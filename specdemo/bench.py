@@ -416,15 +416,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, target: LoadedModel | None = None) -> dict:
+    """Run the bench as `argv` asks; `target`: the model already loaded as they ask (a caller that
+    holds one), else loaded here."""
     args = parse_args(argv)
     methods = parse_methods(args.methods)
     if args.limit is not None and args.limit < 1:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
-    target = load_model(args.model, args.dtype, args.device, args.trust_remote_code, device_map=args.device_map,
-                        max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_folder)
+    target = target or load_model(args.model, args.dtype, args.device, args.trust_remote_code,
+                                  device_map=args.device_map, max_memory=parse_max_memory(args.max_memory),
+                                  offload_folder=args.offload_folder)
     if default_compile(target.device) if args.compile is None else args.compile:  # its companions compile as they load
         target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)

@@ -20,7 +20,7 @@ ROW_KEYS = {"question_id", "category", "method", "tokens", "forward_passes", "wa
 def test_bench_json_schema(embedded, tmp_path):
     out = tmp_path / "out.json"
     argv = ["--methods", "ar,hf_generate,ar_eager", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32"]
-    bench.main([*argv, "--device", "cpu", "--json", str(out)])
+    bench.main([*argv, "--device", "cpu", "--json", str(out)], embedded)
     report = json.loads(out.read_text())
     assert set(report) == TOP_KEYS
     assert report["compiled"] == {"on": False}  # a CPU's default: eager (specdemo.core.static.default_compile)
@@ -97,11 +97,11 @@ def test_unknown_method_fails_with_the_known_ones():
 def test_method_settings_reach_the_method(embedded, tmp_path):
     out = tmp_path / "out.json"
     argv = ["--methods", "jacobi", "--limit", "1", "--max-new-tokens", "6", "--dtype", "float32", "--device", "cpu"]
-    report = bench.main([*argv, "--set", "jacobi.block_size=3", "--json", str(out)])
+    report = bench.main([*argv, "--set", "jacobi.block_size=3", "--json", str(out)], embedded)
     assert report["settings"] == {"ar": {}, "jacobi": {"block_size": 3}}
     assert report["methods"]["jacobi"]["matches_ar"] == 1.0
     with pytest.raises(SpecDemoError, match="block_size"):  # the value reaches the method, which checks it
-        bench.main([*argv, "--set", "jacobi.block_size=0"])
+        bench.main([*argv, "--set", "jacobi.block_size=0"], embedded)
 
 
 def test_bad_setting_is_refused():
@@ -124,7 +124,7 @@ def test_cllm_is_checked_against_ar_on_its_own_weights(embedded):
     that, and the report says how often its answer is not the base model's."""
     assert bench.parse_methods("cllm") == ["ar", "cllm", "cllm_ar"]
     argv = ["--methods", "cllm", "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32", "--device", "cpu"]
-    report = bench.main(argv)
+    report = bench.main(argv, embedded)
     cllm = report["methods"]["cllm"]
     assert cllm["matches_ar"] == 1.0 and {"speedup_vs_own_ar", "differs_from_base_ar"} <= set(cllm)
     rows = [row for row in report["rows"] if row["method"] == "cllm"]
@@ -147,7 +147,7 @@ def test_beam_and_contrastive_run_with_matches_ar_reported(embedded, capsys):
     """The classic strategies go through the same bench; their matches_ar is reported, not expected."""
     argv = ["--methods", "beam,contrastive", "--limit", "1", "--max-new-tokens", "10", "--dtype", "float32",
             "--device", "cpu", "--set", "beam.num_beams=2"]
-    report = bench.main(argv)
+    report = bench.main(argv, embedded)
     assert report["methods"]["beam"]["forward_passes"] > 0 and report["methods"]["contrastive"]["tokens"] > 0
     assert report["settings"]["beam"] == {"num_beams": 2}
     printed = capsys.readouterr().out
@@ -175,19 +175,19 @@ def test_an_eager_twin_is_measured_against_eager_ar(embedded):
     is reported against it as well as against `ar`."""
     argv = ["--methods", "ar,speculative_eager", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32",
             "--device", "cpu"]
-    report = bench.main(argv)
+    report = bench.main(argv, embedded)
     assert list(report["methods"]) == ["ar", "speculative_eager", "ar_eager"]
     twin, eager_ar = report["methods"]["speculative_eager"], report["methods"]["ar_eager"]
     assert twin["matches_ar"] == 1.0 and twin["tokens_per_forward"] > 1.0
     assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / eager_ar["tokens_per_s"])
 
 
-def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way():
+def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way(embedded):
     """`medusa_disk` runs Medusa on the target with every decoder layer on disk and brings `ar_disk`
     along: it gives offloaded AR's answer (float32), and its speedup is reported against it."""
     argv = ["--methods", "ar,medusa_disk", "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32",
             "--device", "cpu"]
-    report = bench.main(argv)
+    report = bench.main(argv, embedded)
     assert list(report["methods"]) == ["ar", "medusa_disk", "ar_disk"]
     twin, offloaded_ar = report["methods"]["medusa_disk"], report["methods"]["ar_disk"]
     assert twin["matches_ar"] == 1.0 and twin["differs_from_base_ar"] == 0.0 and twin["tokens_per_forward"] > 1.0
