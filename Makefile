@@ -14,8 +14,10 @@ CHROMIUM := /usr/bin/chromium
 run: $(STAMP)
 	$(PY) app.py
 
+# every test: the quick ones, then the few marked slow (pyproject.toml), then the Space's path
 test: $(STAMP) browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
 	$(MAKE) space-check
 
 # The Hugging Face Space path (docs/hosting.md): a fresh venv from pre-requirements.txt and

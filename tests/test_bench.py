@@ -182,6 +182,7 @@ def test_an_eager_twin_is_measured_against_eager_ar(embedded):
     assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / eager_ar["tokens_per_s"])
 
 
+@pytest.mark.slow
 def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way(embedded):
     """`medusa_disk` runs Medusa on the target with every decoder layer on disk and brings `ar_disk`
     along: it gives offloaded AR's answer (float32), and its speedup is reported against it."""

@@ -273,6 +273,7 @@ def race_verdict(page, method):
         has=page.get_by_role("cell", name=method, exact=True)).locator("td").last
 
 
+@pytest.mark.slow
 def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_page):
     """In bfloat16 a method's answer may part from AR's where AR's two likeliest tokens
     nearly tie; the race says where, by how much, and why. Switched to exact (float32), the same
@@ -302,6 +303,7 @@ def test_race_explains_a_bfloat16_difference_and_float32_gives_ars_answer(fast_p
     page.screenshot(path=str(SCREENSHOTS / "race-float32.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, served_app):
     """16 visitors ask /generate at once. While their decodes still wait, changing the
     method on the page is answered (cheap events are off the queue), a Generate click on the page
@@ -348,6 +350,7 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
     wait_for_run(page, "jacobi")
 
 
+@pytest.mark.slow
 def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, monkeypatch):
     """The Lesson tab sets each step's method and prompt and opens Generate; at 1280x720 the
     prompt, the stream and a chart lie inside the viewport; large text grows the answer; the
@@ -390,10 +393,10 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
         "blocks => blocks.filter(b => b.offsetParent).map(b => b.getBoundingClientRect().width)")
     assert len(widths) >= 16 and min(widths) >= 200, widths  # settings wrap onto rows, each wide enough for its label
 
-    from specdemo.app import handlers, limits
+    from specdemo.app import handlers
 
-    monkeypatch.setattr(handlers, "RACE_MIN_ROUNDS", 2)  # the race's own rounds, as in docs/lesson.md's screenshot
-    monkeypatch.setattr(handlers, "RACE_MEASURE_S", 2.5 * limits.LIMITS.timing_s)
+    # two rounds, the fewest a race times, so docs/lesson.md's screenshot shows each method's range
+    monkeypatch.setattr(handlers, "RACE_MIN_ROUNDS", 2)
     page.get_by_role("tab", name="Lesson").click()
     page.locator("#lesson-step").get_by_label(lesson.TITLES[-1]).check()
     page.locator("#race").click()
@@ -456,6 +459,7 @@ MIXED_RUNS_WATCH = ("""(steps) => {
 }""")
 
 
+@pytest.mark.slow
 def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_is_timed(browser, served_app,
                                                                                          monkeypatch):
     """While step 2's answer is timed, Generate says a run is on and takes no click, and an example

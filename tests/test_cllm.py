@@ -77,6 +77,7 @@ def test_merged_adapters_compute_what_the_trained_ones_did(tiny_model, prompt_id
         assert not torch.allclose(tiny_model(prompt_ids).logits, adapted, atol=1e-3)  # the adapters did change it
 
 
+@pytest.mark.slow
 def test_consistency_training_cuts_jacobi_passes():
     """A short run of the consistency loss alone on a tiny model's own Jacobi trajectories makes
     Jacobi decoding of those prompts take fewer passes (CLLM's claim, in miniature)."""
@@ -120,6 +121,7 @@ def test_a_published_cllm_loads_through_the_model_path(embedded):
         cllm.load_cllm("cllm/consistency-llm-7b-sharegpt48k", embedded)
 
 
+@pytest.mark.slow
 def test_cllm_equals_its_own_ar_on_embedded_model(embedded):
     from specdemo.methods import method_options
 
@@ -198,6 +200,7 @@ def test_trajectories_of_a_batch_are_each_answers_own(tiny_model):
     assert sum(len(states) > 2 for row in alone for states in row) >= 3  # blocks did iterate
 
 
+@pytest.mark.slow
 def test_trajectories_of_a_batch_on_the_embedded_model(embedded):
     """The same on the embedded model: two answers of different lengths, alone and together."""
     answers = []

@@ -74,6 +74,7 @@ def test_sampled_answers_follow_the_seed():
     assert [a for a, _ in first] == [a for a, _ in again] != [a for a, _ in other]
 
 
+@pytest.mark.slow
 def test_batched_greedy_equals_unbatched_on_the_embedded_model(embedded):
     texts = ["Hi!", "Explain gravity in two sentences to a child.", "What is 17 times 23?"]
     prompts = [embedded.encode_chat(text)[0].tolist() for text in texts]

@@ -1,6 +1,7 @@
 """The margin at an answer's first difference from AR (specdemo/divergence.py): computed exactly on
 a tiny model where a tie is forced, and flagged on a forced bug (a method that commits a wrong token)."""
 
+import pytest
 import torch
 
 from specdemo.bench import explain_differences
@@ -83,7 +84,7 @@ def test_the_bench_explains_only_methods_that_should_equal_ar():
     prompt = torch.tensor([[4, 4, 8]])
     answer = ar_answer(model, prompt, 6)
     other = answer[:2] + [(answer[2] + 1) % 97] + answer[3:]
-    target = type("T", (), {"model": model})()
+    target = type("T", (), {"model": model, "passes": None})()
     parted = explain_differences(target, prompt, ["ar", "speculative", "medusa", "beam"],
                                  {"ar": answer, "speculative": other, "medusa": answer, "beam": other})
     assert parted["speculative"].position == 2 and parted.get("medusa") is None and "beam" not in parted
@@ -106,6 +107,7 @@ def test_the_sentence_tells_a_rounding_flip_from_a_possible_bug():
     assert "tied in logit" in divergence_sentence(exact_tie, "bfloat16", decode, SUSPECT_MARGIN)
 
 
+@pytest.mark.slow
 def test_bfloat16_divergences_of_the_embedded_model_stay_below_the_threshold():
     """Where a method's bfloat16 answer parts from AR's, AR's margin there is within what rounding
     moves (SUSPECT_MARGIN): a margin above it would be a bug, not a flipped near-tie."""

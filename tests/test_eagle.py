@@ -135,6 +135,7 @@ def test_rollback_feeds_the_draft_exactly_the_targets_features(tiny_model, promp
         assert torch.equal(next_tokens, sequence[:, seen + 1 : seen + 1 + count])
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution(tiny_model, prompt_ids):
     """The same chi-square test as the token draft's. A feature draft drafts nothing in its first
     pass (it needs the prompt's features), so the second pass drafts the second and third tokens

@@ -103,6 +103,7 @@ def test_sampling_is_refused_with_a_reason(tiny_model, prompt_ids):
         next(jacobi.generate(tiny_model, prompt_ids, block_size=0))
 
 
+@pytest.mark.slow
 def test_jacobi_equals_ar_on_embedded_model(embedded):
     input_ids = embedded.encode_chat("List three uses of a paperclip.")
     expected = final_summary(ar.generate(embedded.model, input_ids, max_new_tokens=32,

@@ -19,6 +19,7 @@ def test_the_page_shows_the_lessons_prompts_and_the_docs_ones():
     assert {step.prompt for step in LESSON} <= set(shown) and "Why is the sky blue?" in shown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", shown_prompts())
 def test_every_shown_prompt_is_new_to_the_shipped_datastore(embedded, prompt):
     """AR's float32 answer of 64 tokens shares at most one in ten of its 16-token runs with the datastore."""

@@ -75,6 +75,7 @@ def test_max_memory_reads_the_command_lines_pairs():
         placement.parse_max_memory("6GiB")
 
 
+@pytest.mark.slow
 def test_the_embedded_model_with_its_layers_on_disk_gives_ars_answer(embedded, tmp_path):
     """float32: every decoder layer read from `tmp_path` at every pass, the same tokens; never compiled."""
     offloaded = load_model("embedded", "float32", "cpu", device_map="disk", offload_folder=tmp_path)

@@ -303,6 +303,7 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
     assert isinstance(request_cache(model, 40, passes), DynamicCache)  # the next request is eager from the start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ar", "speculative", "medusa"])
 def test_the_embedded_model_gives_ars_answer_through_the_compiled_pass(compiled_embedded, embedded, method):
     """float32, the shipped draft and heads: the compiled pass changes no token."""
