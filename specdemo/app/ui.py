@@ -168,21 +168,22 @@ class Page:
 
 
 def header(targets: Targets, target: LoadedModel) -> Header:
-    """The page's style and title, the model picker (shown when there are presets) and the switches."""
+    """The page's style and title, the model menu, unlabelled in the switches' row (its names say what each is; what
+    a model brings is said once one is chosen, or at once with GPU presets): the projector's first screen keeps room."""
     gr.HTML(views.PAGE_STYLE)
     # the precision switch says the dtype where there is one: a header saying float32 would be wrong after a switch
     dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
-    model = gr.Dropdown(targets.names, value=targets.start_name, label="Model (loaded on first use; a GPU preset "
-                        "brings its draft, Medusa heads and CLLM)", elem_id="model", visible=len(targets.names) > 1)
-    model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
     with gr.Row(equal_height=True):
+        model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=2,
+                            elem_id="model", visible=len(targets.names) > 1)
         precision = gr.Radio(list(targets.precisions), value=targets.start_precision, elem_id="precision",
                              visible=len(targets.precisions) > 1, scale=3, label="Precision (exact: every method gives "
                              "AR's answer; fast: rounding may flip a near-tie, and the page says where)")
         answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours",
                                   elem_id="answer-only", scale=1)
         large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
+    model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1 + bool(targets.on_disk))
     return Header(model, model_about, precision, answer_only, large_text)
 
 
@@ -221,8 +222,7 @@ def generate_tab() -> GenerateTab:
                 view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
         lesson_note = gr.HTML(elem_id="lesson-note")
         how = gr.Markdown(how_for(FIRST.method), elem_id="how")
-        # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone
-        # (`one_run.example_chosen`)
+        # a dataset, not gr.Examples: a click during a run leaves the run's prompt alone (`one_run.example_chosen`)
         examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index",
                               label="Examples", elem_id="examples")
         gr.HTML(views.legend_html())
@@ -400,8 +400,8 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
          {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
          api_visibility="private", queue=False, show_progress="hidden")
-    header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private",
-                        queue=False)
+    header.model.change(lambda name: gr.Markdown(targets.about(name), visible=True), inputs=header.model,
+                        outputs=header.model_about, api_visibility="private", queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:
