@@ -129,7 +129,7 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
 
     loaded, evicted = [], []
 
-    def load(spec, dtype, device):
+    def load(spec, dtype, device, device_map=None):
         model = SimpleNamespace(spec=spec, dtype=dtype)
         loaded.append((model, targets.resident))  # what was resident while it loaded
         return model

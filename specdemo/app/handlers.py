@@ -131,14 +131,15 @@ class Targets:
         same_dtype = dtype == str(self.start.dtype).removeprefix("torch.")
         if (not name or name == self.start_name) and same_dtype:
             return self.start
-        spec = self.start.spec if not name or name == self.start_name else preset_named(name, self.presets).target
+        preset = None if not name or name == self.start_name else preset_named(name, self.presets)
+        spec = self.start.spec if preset is None else preset.target
         if (self.resident is not None
                 and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype)):
             return self.resident
         if self.resident is not None:
             self.resident = None
             free_memory()  # before the next load, so two presets never share the GPU
-        loaded = load_model(spec, dtype, str(self.start.device))
+        loaded = load_model(spec, dtype, str(self.start.device), device_map=preset and preset.device_map)
         self.resident = compiled(loaded) if self.start.passes else loaded
         return self.resident
 
