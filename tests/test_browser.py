@@ -92,9 +92,10 @@ def page(browser, served_app):
 
 
 @pytest.fixture(scope="module")
-def fast_page(browser, embedded):
+def fast_page(browser, embedded, served_app):
     """A page that offers the fast (bfloat16) precision whatever this CPU: the app offers it only
-    where the CPU multiplies bfloat16 natively, but bfloat16 runs on any CPU (emulated, slower)."""
+    where the CPU multiplies bfloat16 natively, but bfloat16 runs on any CPU (emulated, slower).
+    The session's page (`served_app`) is built first, outside the patch, so it stays as this CPU has it."""
     from specdemo.app import handlers, ui
 
     with pytest.MonkeyPatch.context() as patch:
