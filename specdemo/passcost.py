@@ -34,23 +34,23 @@ def pass_costs(model, widths=WIDTHS, context: int = 256, repeats: int = 20,
                passes: CompiledPass | None = None) -> dict[int, float]:
     """Milliseconds of one target pass feeding w tokens after `context` cached ones, by width:
     the median of `repeats` passes after three warm-ups, each rolled back after it (as a rejected
-    proposal is). `passes`: the model's compiled static pass (None: eager)."""
+    proposal is). The widths take turns, in alternating order, so a drift in the machine's speed
+    moves every width alike. `passes`: the model's compiled static pass (None: eager)."""
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
     cache = request_cache(model, context + max(widths) + 1, passes)
     target_pass(model, cache, prompt[:, :context], EMPTY)
-    costs = {}
-    for width in widths:
-        proposal = Proposal.chain([1] * (width - 1), "draft")
-        times = []
-        for attempt in range(3 + repeats):
+    proposals = {width: Proposal.chain([1] * (width - 1), "draft") for width in widths}
+    times = {width: [] for width in widths}
+    for attempt in range(3 + repeats):
+        for width in widths if attempt % 2 == 0 else reversed(widths):
             started = time.perf_counter()
-            target_pass(model, cache, prompt, proposal)
+            target_pass(model, cache, prompt, proposals[width])
             elapsed = seconds_since(started, model.device)
             keep_prefix(cache, context)
             if attempt >= 3:
-                times.append(elapsed * 1000)
-        costs[width] = statistics.median(times)
+                times[width].append(elapsed * 1000)
+    costs = {width: statistics.median(times[width]) for width in widths}
     return costs
 
 

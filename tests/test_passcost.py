@@ -1,0 +1,27 @@
+"""The pass-cost measure: every width measured in turns, each pass rolled back."""
+
+from specdemo import passcost
+
+
+def test_widths_take_turns_and_every_pass_is_rolled_back(tiny_model, monkeypatch):
+    fed, lengths = [], []
+    measured = passcost.target_pass
+
+    def recorded(model, cache, ids, proposal):
+        lengths.append(cache.get_seq_length())
+        fed.append(proposal.size + 1)  # the proposal and the token after the cache
+        return measured(model, cache, ids, proposal)
+
+    monkeypatch.setattr(passcost, "target_pass", recorded)
+    costs = passcost.pass_costs(tiny_model, widths=(1, 4, 8), context=16, repeats=2)
+    assert set(costs) == {1, 4, 8} and all(cost > 0 for cost in costs.values())
+    assert lengths[0] == 0  # the context is cached first, once
+    assert fed[1:] == [1, 4, 8, 8, 4, 1] * 2 + [1, 4, 8]  # three warm-ups and two timed rounds, in turns
+    assert lengths[1:] == [16] * 15  # each pass starts from the context: the one before was rolled back
+
+
+def test_the_table_gives_each_kind_against_its_own_one_token_pass():
+    report = {"device": "cpu", "dtype": "float32", "torch": "x", "context": 8,
+              "eager": {1: 10.0, 8: 15.0}, "offloaded": {1: 100.0, 8: 110.0}}
+    table = passcost.format_table(report)
+    assert "| 8 | 15.00 | 1.50x | 110.00 | 1.10x |" in table
