@@ -32,6 +32,8 @@ def test_tree_mask_and_positions_match_the_reference():
     assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
     assert tree.depths == tuple(len(path) for path in nodes)
     assert top_ranks(tree) == (3, 2, 1)
+    top = [[100 * depth + rank for rank in range(3)] for depth in range(3)]  # head d's r-th best guess
+    assert medusa_tree.head_tokens(tree, top) == [top[len(path) - 1][path[-1]] for path in nodes]
     candidates = leaf_paths(tree.parents)
     assert sorted(tuple(nodes[n] for n in c)[-1] for c in candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
 
