@@ -10,7 +10,7 @@ from specdemo import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.sampling import SamplingConfig
 from specdemo.core.steps import SamplingCheck, TreeStep
-from specdemo.core.verify import accept_greedy
+from specdemo.core.verify import Proposal, accept_greedy
 from specdemo.methods import ar, draft_tree, speculative
 from specdemo.methods.draft import Draft
 
@@ -61,10 +61,10 @@ def test_tree_accepts_the_branch_a_chain_misses(tiny_model, prompt_ids):
     assert len(trees) >= len(steps) - 1  # only a last pass with room for one token drafts nothing
     for e in trees:  # the event's tree and path spell what was committed
         data = e.data
-        assert [data.tree_tokens[node] for node in data.accepted_path[1:]] == list(e.accepted)
+        assert [data.tree.tokens[node] for node in data.accepted_path] == list(e.accepted)
         assert list(e.committed) == [*e.accepted, data.target_token][: len(e.committed)]
-        assert all(data.tree_parents[child] == parent
-                   for parent, child in zip(data.accepted_path, data.accepted_path[1:]))
+        assert all(data.tree.parents[child] == parent  # a path from the root (-1) down
+                   for parent, child in zip([-1, *data.accepted_path], data.accepted_path))
 
 
 def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
@@ -72,16 +72,16 @@ def test_tree_pass_scores_each_path_as_a_chain(tiny_model, prompt_ids):
     level (mask and positions) gives what running the draft along that path alone gives."""
     draft = Draft("other", tiny_model)
     cache = DynamicCache(config=tiny_model.config)
-    tree = draft_tree.grow(draft, cache, prompt_ids, None, depth=4, top_k=3, size=100)
+    tree, draft_passes = draft_tree.grow(draft, cache, prompt_ids, None, depth=4, top_k=3, size=100)
     assert cache.get_seq_length() == prompt_ids.shape[1]  # the branches are dropped again
     # 3 children of 3 expanded nodes per level
     assert tree.size == 3 + 3 * 9 and sorted(set(tree.depths)) == [1, 2, 3, 4]
     # a pass per level grown, kept or not
-    assert tree.draft_passes == 4 and draft_tree.best_nodes(tree, 3).draft_passes == 4
+    assert draft_passes == 4
     for node in range(tree.size):
         parent = tree.parents[node]
         assert parent < node and (parent < 0 or tree.scores[node] <= tree.scores[parent])
-        path = [tree.tokens[n] for n in tree.ancestors(node)]
+        path = [tree.tokens[n] for n in tree.ancestry(node)]
         with torch.no_grad():
             logits = tiny_model(torch.cat([prompt_ids, torch.tensor([path[:-1]], dtype=torch.long)], dim=-1)).logits[0]
         log_probs = torch.log_softmax(logits[prompt_ids.shape[1] - 1 :].float(), dim=-1)
@@ -107,13 +107,13 @@ def test_eos_inside_an_accepted_branch(tiny_model, prompt_ids):
 
 
 def test_accept_greedy_walks_the_matching_branch():
-    tree = draft_tree.DraftTree(tokens=[7, 8, 9, 7, 3], parents=[-1, -1, 0, 0, 1], scores=[-1, -2, -3, -4, -5],
-                                depths=[1, 1, 2, 2, 2], sources=["draft"] * 5)
+    tree = Proposal((7, 8, 9, 7, 3), (-1, -1, 0, 0, 1), ("draft",) * 5, scores=(-1, -2, -3, -4, -5))
+    assert tree.depths == (1, 1, 2, 2, 2)
     # choices[0] follows the root, choices[1 + i] follows node i
-    assert accept_greedy(tree.proposal(), [8, 0, 3, 0, 0, 0])[0] == [1, 4]
-    assert accept_greedy(tree.proposal(), [7, 7, 0, 0, 0, 0])[0] == [0, 3]
-    assert accept_greedy(tree.proposal(), [5, 0, 0, 0, 0, 0])[0] == []
-    assert tree.best_continuation(-1) == [0, 2]
+    assert accept_greedy(tree, [8, 0, 3, 0, 0, 0])[0] == [1, 4]
+    assert accept_greedy(tree, [7, 7, 0, 0, 0, 0])[0] == [0, 3]
+    assert accept_greedy(tree, [5, 0, 0, 0, 0, 0])[0] == []
+    assert draft_tree.best_continuation(tree, -1) == [0, 2]
 
 
 @pytest.mark.parametrize("every", [2, 3])
@@ -164,32 +164,32 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
                                   draft_tree_size=12, draft_tree_top_k=3)
     step = next(e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep) and e.data.accept_length
                 and e.rejected)
-    colours = list(tree_figure(step, str).data[-1].marker.color)
-    assert [colours[node] for node in step.data.accepted_path] == [COLOURS["accepted"]] * (step.data.accept_length + 1)
+    colours = list(tree_figure(step, str).data[-1].marker.color)  # the root drawn as node 0, node i as i + 1
+    assert [colours[0], *(colours[node + 1] for node in step.data.accepted_path)] \
+        == [COLOURS["accepted"]] * (step.data.accept_length + 1)
     assert colours.count(COLOURS["rejected"]) == len(step.rejected) >= 1
     text = explain_step(step, str)
     by_depth = acceptance_by_position([step])  # one share per depth of the tree, not per node
-    assert len(by_depth) == max(step.data.tree_depths) \
+    assert len(by_depth) == max(step.data.tree.depths) \
         and by_depth[: step.data.accept_length] == [1.0] * step.data.accept_length
-    drafted = step.data.tree_sources.count("draft")
-    assert f"a tree of {drafted} tokens" in text and f"{max(step.data.tree_depths)} deep in all" in text
+    drafted = step.data.tree.sources.count("draft")
+    assert f"a tree of {drafted} tokens" in text and f"{max(step.data.tree.depths)} deep in all" in text
     assert f"followed one for {step.data.accept_length} token(s)" in text
 
 
 def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
-    tree = draft_tree.DraftTree(tokens=[7, 8, 9], parents=[-1, -1, 0], scores=[-1, -2, -3], depths=[1, 1, 2],
-                                sources=["draft"] * 3)
+    tree = Proposal((7, 8, 9), (-1, -1, 0), ("draft",) * 3, scores=(-1, -2, -3))
     grown = draft_tree.add_copy(tree, [7, 9, 4, 5])
-    assert grown.tokens == [7, 8, 9, 4, 5] and grown.parents == [-1, -1, 0, 2, 3] and grown.depths == [1, 1, 2, 3, 4]
+    assert grown.tokens == (7, 8, 9, 4, 5) and grown.parents == (-1, -1, 0, 2, 3) and grown.depths == (1, 1, 2, 3, 4)
     # a copy keeps its parent's value
-    assert grown.sources == ["draft"] * 3 + ["copy"] * 2 and grown.scores[3:] == [-3, -3]
+    assert grown.sources == ("draft",) * 3 + ("copy",) * 2 and grown.scores[3:] == (-3, -3)
     assert tree.size == 3  # the draft's own tree is left as it was
     branched = draft_tree.add_copy(tree, [8, 1])
-    assert branched.parents == [-1, -1, 0, 1] and branched.depths[3] == 2
+    assert branched.parents == (-1, -1, 0, 1) and branched.depths[3] == 2
     assert draft_tree.add_copy(tree, []) == tree
     # the target walks into copied nodes like any other; the draft's favourite stays what it turned down
-    assert accept_greedy(grown.proposal(), [7, 9, 0, 4, 5, 6])[0] == [0, 2, 3, 4]
-    assert draft_tree.add_copy(tree, [7, 6]).best_continuation(0) == [2]
+    assert accept_greedy(grown, [7, 9, 0, 4, 5, 6])[0] == [0, 2, 3, 4]
+    assert draft_tree.best_continuation(draft_tree.add_copy(tree, [7, 6]), 0) == [2]
 
 
 def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids):
@@ -204,7 +204,7 @@ def test_the_copied_branch_commits_what_the_text_repeats(tiny_model, prompt_ids)
     events = [e for e in speculative.generate(tiny_model, prompt_ids, copy_length=6, **settings)]
     assert events[-1].tokens == expected and events[-1].target_forwards < alone.target_forwards
     steps = [e for e in events if isinstance(e, StepEvent) and isinstance(e.data, TreeStep)]
-    copied = [e for e in steps if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
+    copied = [e for e in steps if any(e.data.tree.sources[node] == "copy" for node in e.data.accepted_path)]
     assert copied and max(e.data.accept_length for e in copied) >= 2
     # a copy costs no draft pass: the one-level draft runs once a step however deep the copy goes
     assert max(e.data.gamma for e in steps) > 1 and events[-1].draft_forwards == len(steps) == events[-1].steps
@@ -254,10 +254,9 @@ def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said,
     from specdemo.app.views.explain import explain_step
     from specdemo.app.views.figures import tree_figure
 
-    data = TreeStep(
-        tree_tokens=[5, 7, 8, 9, 4], tree_parents=[-1, 0, 0, 1, 3], tree_depths=[0, 1, 1, 2, 3],
-        tree_sources=sources, accepted_path=[0, 1, 3, 4], best_candidate=[0, 1, 3, 4],
-        accept_length=3, gamma=3, target_token=6,
+    data = TreeStep(  # the root 5; 7 and 8 below it, 9 below 7, 4 below 9
+        tree=Proposal((7, 8, 9, 4), (-1, -1, 0, 2), tuple(sources)), root_token=5,
+        accepted_path=[0, 2, 3], best_candidate=[0, 2, 3], gamma=3, target_token=6,
     )
     step = StepEvent(method="speculative", step=0, committed=(7, 9, 4, 6), proposed=(7, 8, 9, 4), accepted=(7, 9, 4),
                      data=data)
@@ -285,14 +284,14 @@ def test_grow_skips_only_nodes_the_rerank_would_drop(tiny_model, prompt_ids, dep
     reranked, with no more draft passes."""
     draft = Draft("other", tiny_model)
     for prefix in (prompt_ids[:, :2], prompt_ids[:, :4], prompt_ids, prompt_ids.flip(-1)):
-        whole = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k,
-                                size=10**6)
+        whole, whole_passes = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None,
+                                              depth=depth, top_k=top_k, size=10**6)
         brute = draft_tree.best_nodes(whole, size)
-        tree = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth, top_k=top_k,
-                               size=size)
+        tree, passes = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prefix, None, depth=depth,
+                                       top_k=top_k, size=size)
         assert (tree.tokens, tree.parents, tree.depths) == (brute.tokens, brute.parents, brute.depths)
         assert tree.scores == pytest.approx(brute.scores, abs=1e-5)
-        assert tree.draft_passes < whole.draft_passes == depth  # a random draft is unsure: levels were skipped
+        assert passes < whole_passes == depth  # a random draft is unsure: levels were skipped
 
 
 def test_kept_value_is_the_size_th_best():

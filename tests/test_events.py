@@ -4,20 +4,21 @@ import pytest
 
 from specdemo.core.events import StepEvent, Summary, final_summary, guesses_by_source
 from specdemo.core.steps import LookaheadStep, TreeStep
+from specdemo.core.verify import Proposal
 from specdemo.methods import lookahead, speculative
 from tests.test_eagle import feature_draft
 
 
 def tree_event(sources, parents, depths, path):
-    tokens = list(range(10, 11 + len(sources)))
-    data = TreeStep(tree_tokens=tokens, tree_parents=parents, tree_depths=depths, tree_sources=sources,
-                    accepted_path=path, best_candidate=path, accept_length=len(path) - 1)
+    tree = Proposal(tuple(range(10, 10 + len(sources))), tuple(parents), tuple(sources))
+    assert tree.depths == tuple(depths)
+    data = TreeStep(tree=tree, root_token=9, accepted_path=path, best_candidate=path)
     return StepEvent(method="medusa", step=1, committed=(1,), data=data)
 
 
 def test_a_tree_counts_each_node_by_its_source_and_depth():
-    # root 0; heads 1, 2 at depth 1; head 3 under 1; a copy 4 -> 5 under the root; the path 0 -> 1 -> 3
-    event = tree_event(["head", "head", "head", "copy", "copy"], [-1, 0, 0, 1, 0, 4], [0, 1, 1, 2, 1, 2], [0, 1, 3])
+    # heads 0, 1 at depth 1 below the root; head 2 under 0; a copy 3 -> 4 under the root; the path 0 -> 2
+    event = tree_event(["head", "head", "head", "copy", "copy"], [-1, -1, 0, -1, 3], [1, 1, 2, 1, 2], [0, 2])
     lookahead_event = StepEvent(method="lookahead", step=2, committed=(1,), data=LookaheadStep(
         window=[[5, 6], [7, 8]], new_level=[9, 9], candidates=[[1, 2, 3], [4, 5]], candidate_sources=["copy", "pool"],
         candidate_accept_lengths=[0, 2], best_candidate=1, accept_length=2, pool_size=3))

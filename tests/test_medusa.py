@@ -12,38 +12,51 @@ from specdemo.core.attention import additive_mask, chain_positions
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.kvcache import keep_positions
 from specdemo.core.sampling import SamplingConfig
-from specdemo.core.verify import accept_greedy, deepest, path_to, tree_mask
+from specdemo.core.verify import accept_greedy, deepest, leaf_paths, path_to, tree_mask
 from specdemo.methods import ar, medusa, medusa_heads, medusa_tree
 from specdemo.methods.medusa import probs_after_parents, typical_verdicts
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads
-from specdemo.methods.medusa_tree import build_tree, dynamic_paths
+from specdemo.methods.medusa_tree import build_tree, dynamic_paths, rank_paths, top_ranks
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 
 
 def test_tree_mask_and_positions_match_the_reference():
-    tree = build_tree(CHOICES)
-    nodes = list(tree.paths)  # the root (parent -1) is the last committed token, at position 10
+    tree = build_tree(CHOICES)  # a shape: each node's token is its rank
+    nodes = list(rank_paths(tree))  # the root (parent -1) is the last committed token, at position 10
+    assert nodes == sorted(CHOICES, key=lambda path: (len(path), path)) and tree.sources == ("head",) * len(CHOICES)
+    assert tree.tokens == tuple(path[-1] for path in nodes)
+    assert all((nodes[parent] if parent >= 0 else ()) == nodes[node][:-1] for node, parent in enumerate(tree.parents))
     reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])  # each node sees exactly its ancestors
     assert torch.equal(tree_mask(tree.parents), reference)
     assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
     assert tree.depths == tuple(len(path) for path in nodes)
-    assert tree.top_k == (3, 2, 1)
-    assert sorted(tuple(nodes[n] for n in c)[-1] for c in tree.candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
+    assert top_ranks(tree) == (3, 2, 1)
+    top = [[100 * depth + rank for rank in range(3)] for depth in range(3)]  # head d's r-th best guess
+    assert medusa_tree.head_tokens(tree, top) == [top[len(path) - 1][path[-1]] for path in nodes]
+    candidates = leaf_paths(tree.parents)
+    assert sorted(tuple(nodes[n] for n in c)[-1] for c in candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
 
 
 def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
     tree = build_tree(CHOICES, copy_depth=3)
-    nodes = [*tree.paths, ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
+    nodes = [*rank_paths(tree), ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
+    assert tree.sources == ("head",) * len(CHOICES) + ("copy",) * 3
     reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])
     assert torch.equal(tree_mask(tree.parents), reference)
     assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
-    assert tree.top_k == (3, 2, 1) and path_to(tree.parents, tree.size - 1) == [7, 8, 9]
-    assert (7, 8, 9) in tree.candidates  # its leaf is a candidate like the heads' leaves
+    assert tree.depths == tuple(len(path) for path in nodes)
+    assert top_ranks(tree) == (3, 2, 1) and path_to(tree.parents, tree.size - 1) == [7, 8, 9]
+    assert (7, 8, 9) in leaf_paths(tree.parents)  # its leaf is a candidate like the heads' leaves
     # every candidate, by brute force: the ancestry of each node that is no one's parent
     leaves = [n for n in range(len(nodes)) if not any(other[:-1] == nodes[n] for other in nodes)]
     ancestry = lambda n: tuple(m for m in range(len(nodes)) if nodes[n][: len(nodes[m])] == nodes[m])  # noqa: E731
-    assert tree.candidates == tuple(ancestry(n) for n in leaves)
+    assert leaf_paths(tree.parents) == tuple(ancestry(n) for n in leaves)
+    # filled, the copied chain takes its source, and the heads' nodes their tokens
+    tokens = list(range(20, 20 + tree.size))
+    proposal = medusa_tree.filled(tree, tokens, "retrieved")
+    assert proposal.tokens == tuple(tokens) and proposal.parents == tree.parents
+    assert proposal.sources == ("head",) * len(CHOICES) + ("retrieved",) * 3
 
 
 def test_tree_presets_and_size(tiny_model, prompt_ids):
@@ -52,13 +65,13 @@ def test_tree_presets_and_size(tiny_model, prompt_ids):
     run = lambda **kw: next(e for e in medusa.generate(  # noqa: E731
         tiny_model, prompt_ids, heads=heads, eos_token_ids=(), copy_length=0, **kw) if e.step == 1)
     static = run(tree="static").data
-    assert static.tree_kind == "static" and len(static.tree_tokens) == 1 + len(CHOICES)
-    assert static.tree_depths == [0, *(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))]
-    assert run(tree="chain").data.tree_depths == [0, 1, 2, 3]
-    assert len(run(tree="static", tree_size=3).data.tree_tokens) == 4
+    assert static.tree_kind == "static" and static.tree.size == len(CHOICES)
+    assert static.tree.depths == tuple(len(path) for path in sorted(CHOICES, key=lambda path: (len(path), path)))
+    assert run(tree="chain").data.tree.depths == (1, 2, 3)
+    assert run(tree="static", tree_size=3).data.tree.size == 3
     dynamic = run().data  # the default: as many nodes as the heads' static tree, chosen for this pass
-    assert dynamic.tree_kind == "dynamic" and len(dynamic.tree_tokens) == 1 + len(CHOICES)
-    assert len(run(tree_size=12).data.tree_tokens) == 13  # a dynamic tree may be larger than the static one
+    assert dynamic.tree_kind == "dynamic" and dynamic.tree.size == len(CHOICES)
+    assert run(tree_size=12).data.tree.size == 12  # a dynamic tree may be larger than the static one
     with pytest.raises(SpecDemoError, match="tree_size"):
         run(tree="static", tree_size=99)
     with pytest.raises(SpecDemoError, match="tree_size"):
@@ -101,7 +114,7 @@ def test_verification_keeps_the_deepest_accepted_node():
     # the target follows the root with 12 (node 1), then 23 (node 5): node 5, not the deeper node 6
     # whose parent (node 3) the target never reaches
     choices = [12, 21, 23, 0, 31, 0, 99, 0]  # after the root, then after each node
-    proposal = medusa_tree.proposal(tree, tokens)
+    proposal = medusa_tree.filled(tree, tokens)
     deepest_node = lambda choices: ([-1] + accept_greedy(proposal, choices)[0])[-1]  # noqa: E731
     assert deepest_node(choices) == 5
     assert deepest_node([0] * 8) == -1  # nothing accepted: the root
@@ -122,7 +135,7 @@ def test_typical_acceptance_threshold_and_ties():
     token_probs = probs_after_parents(tree.parents, [0, 1], probs)
     verdicts, thresholds = typical_verdicts(tree.parents, token_probs, probs, epsilon=0.09, alpha=0.3)
     assert verdicts == [True, True] and thresholds[0] == pytest.approx(0.075)
-    assert deepest(medusa_tree.proposal(tree, [0, 1]), verdicts, [0.2, 0.3]) == [1]  # same depth: the likelier (node 1)
+    assert deepest(medusa_tree.filled(tree, [0, 1]), verdicts, [0.2, 0.3]) == [1]  # same depth: the likelier (node 1)
 
 
 def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, prompt_ids):
@@ -140,9 +153,9 @@ def test_typical_acceptance_is_an_explicit_opt_in_for_sampling(tiny_model, promp
     steps = [e for e in events[1:-1]]
     for event in steps:
         data = event.data
-        for node in data.accepted_path[1:]:  # every accepted node cleared its parent's bar
-            parent = data.tree_parents[node]
-            assert data.token_probs[node] > data.thresholds[parent]
+        for node in data.accepted_path:  # every accepted node cleared its parent's bar (row 0: after the root)
+            parent = data.tree.parents[node]
+            assert data.token_probs[node] > data.thresholds[parent + 1]
     assert any(event.accepted for event in steps)
 
 
@@ -164,7 +177,7 @@ def test_a_tree_pass_gives_the_logits_of_each_path_run_alone(tiny_model, prompt_
         fed, attention_mask=additive_mask(sees, length, torch.float32), position_ids=chain_positions(sees, length),
         past_key_values=cache, use_cache=True,
     ).logits[0]
-    for path in tree.candidates:
+    for path in leaf_paths(tree.parents):
         alone = tiny_model(
             torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1)).logits[0, length:]
         torch.testing.assert_close(tree_logits[list(path)], alone, atol=1e-5, rtol=1e-4)
@@ -181,7 +194,7 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
         torch.tensor([tokens]), attention_mask=additive_mask(sees, length, torch.float32),
         position_ids=chain_positions(sees, length), past_key_values=cache, use_cache=True,
     )
-    path = max(tree.candidates, key=len)  # (0,), (0, 0), (0, 0, 0): not contiguous in fed order
+    path = max(leaf_paths(tree.parents), key=len)  # (0,), (0, 0), (0, 0, 0): not contiguous in fed order
     keep_positions(cache, length, [length + node for node in path])
     direct = DynamicCache(config=tiny_model.config)
     tiny_model(torch.cat([prompt_ids, torch.tensor([[tokens[n] for n in path]])], dim=-1), past_key_values=direct,
@@ -212,7 +225,8 @@ def test_medusa_equals_ar_on_tiny_model(tiny_model, prompt_ids, tree, tree_size)
     assert events[-1].tokens == expected
     for event in events[1:-1]:
         assert event.committed[: len(event.accepted)] == event.accepted
-        assert len(event.data.tree_tokens) == len(event.data.tree_parents) == len(event.data.tree_depths)
+        tree = event.data.tree
+        assert len(tree.tokens) == len(tree.parents) == len(tree.sources) == len(tree.depths)
 
 
 def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
@@ -224,9 +238,9 @@ def test_a_dynamic_tree_is_chosen_afresh_each_pass(tiny_model, prompt_ids):
         torch.nn.init.normal_(lm_head.weight, std=0.5)
     events = list(medusa.generate(tiny_model, prompt_ids, heads=heads, tree_size=6, copy_length=0, max_new_tokens=30,
                                   eos_token_ids=()))[1:-1]
-    assert len({tuple(e.data.tree_parents) for e in events}) > 1
+    assert len({e.data.tree.parents for e in events}) > 1
     for event in events:
-        assert len(event.data.tree_tokens) == 7 and event.data.tree_kind == "dynamic"
+        assert event.data.tree.size == 6 and event.data.tree_kind == "dynamic"
 
 
 def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
@@ -241,7 +255,7 @@ def test_the_copied_chain_commits_what_the_text_repeats(tiny_model, prompt_ids):
     assert alone[-1].tokens == copying[-1].tokens == expected
     assert copying[-1].target_forwards < alone[-1].target_forwards
     copied = [e for e in copying[1:-1]
-              if any(e.data.tree_sources[node - 1] == "copy" for node in e.data.accepted_path[1:])]
+              if any(e.data.tree.sources[node] == "copy" for node in e.data.accepted_path)]
     assert copied and max(e.data.accept_length for e in copied) >= 2
     with pytest.raises(SpecDemoError, match="copy_length"):
         run(-1)
@@ -450,5 +464,6 @@ def test_heads_that_read_their_path_equal_ar(tiny_model, prompt_ids, tree, tree_
                                   eos_token_ids=()))
     assert events[-1].tokens == expected
     for event in events[1:-1]:
-        assert len(event.data.tree_tokens) == len(event.data.tree_parents) == len(event.data.tree_depths)
-        assert event.data.accepted_path[0] == 0
+        tree, path = event.data.tree, event.data.accepted_path
+        assert len(tree.tokens) == len(tree.parents) == len(tree.sources) == len(tree.depths)
+        assert all(tree.parents[child] == parent for parent, child in zip([-1, *path], path))  # from the root

@@ -106,5 +106,5 @@ def test_published_heads_get_their_presets_tree(tiny_model, tmp_path, monkeypatc
         assert final_summary(events).tokens == expected
         assert len(events[1].proposed) == len(tree)  # the preset's tree, or a dynamic tree of its size
         if kind == "static":
-            assert events[1].data.tree_depths == [0, 1, 1, 2, 3]  # the preset's tree itself
+            assert events[1].data.tree.depths == (1, 1, 2, 3)  # the preset's tree itself
     assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4 and max(max(path) for path in MC_SIM_7B_63) == 9

@@ -12,6 +12,7 @@ from test_draft_tree import RunnerUpDraft
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, committed_by_origin, final_summary
 from specdemo.core.steps import LookaheadStep, TreeStep
+from specdemo.core.verify import Proposal
 from specdemo.methods import ar, draft_tree, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
 from specdemo.methods.retrieval import (
@@ -109,19 +110,18 @@ def test_the_text_comes_first_then_the_datastore():
 def test_a_guess_below_the_likeliest_branch():
     """`extend_likeliest` hangs the guess below the draft's best leaf, reading the text and that
     branch; nothing below a leaf with children or an EOS."""
-    tree = draft_tree.DraftTree(tokens=[4, 6, 5], parents=[-1, -1, 0], scores=[-0.1, -2.0, -0.3], depths=[1, 1, 2],
-                                sources=["draft"] * 3)
+    tree = Proposal((4, 6, 5), (-1, -1, 0), ("draft",) * 3, scores=(-0.1, -2.0, -0.3))
     store = Datastore.of_answers([[3, 4, 5, 1, 1, 9]], vocab_size=10)
     grown = draft_tree.extend_likeliest(tree, torch.tensor([7, 3]), 2, (), store)  # the branch "4 5" after "3": "1 1"
-    assert grown.tokens[3:] == [1, 1] and grown.parents[3:] == [2, 3] and grown.depths[3:] == [3, 4]
-    assert grown.sources[3:] == ["retrieved"] * 2 and grown.scores[3:] == [-0.3, -0.3]
+    assert grown.tokens[3:] == (1, 1) and grown.parents[3:] == (2, 3) and grown.depths[3:] == (3, 4)
+    assert grown.sources[3:] == ("retrieved",) * 2 and grown.scores[3:] == (-0.3, -0.3)
     assert draft_tree.extend_likeliest(tree, torch.tensor([7, 3]), 2, (5,), store) == tree  # the branch ends the answer
     assert draft_tree.extend_likeliest(tree, torch.tensor([7, 3]), 0, (), store) == tree
     copied = draft_tree.add_copy(tree, [4, 5, 8])  # a copied branch already goes on below the leaf
     assert draft_tree.extend_likeliest(copied, torch.tensor([7, 3]), 2, (), store) == copied
     # the text itself first: "4 5" occurred in it
     from_text = draft_tree.extend_likeliest(tree, torch.tensor([4, 5, 2, 3]), 3, (), store)
-    assert from_text.tokens[3:] == [2, 3, 4] and from_text.sources[3:] == ["copy"] * 3  # what followed it there
+    assert from_text.tokens[3:] == (2, 3, 4) and from_text.sources[3:] == ("copy",) * 3  # what followed it there
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ GUESSERS = {  # each method that takes the datastore: its generator and what it 
 def accepted_sources(data) -> list[str]:
     """Where a step's accepted proposal tokens came from: a tree's nodes, or lookahead's committed candidate."""
     if isinstance(data, TreeStep):
-        return [data.tree_sources[node - 1] for node in data.accepted_path[1:]]
+        return [data.tree.sources[node] for node in data.accepted_path]
     if isinstance(data, LookaheadStep) and data.best_candidate is not None and data.accept_length:
         return [data.candidate_sources[data.best_candidate]]
     return []

@@ -19,6 +19,7 @@ from specdemo.app.views.figures import (
 from specdemo.app.views.html import legend_html, lookahead_html, stream_html
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import BeamStep, ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
+from specdemo.core.verify import Proposal
 
 WORDS = {1: "The", 2: " cat", 3: " sat", 4: " dog", 5: " on", 6: " mat", 7: " ran", 8: " the"}
 decode = WORDS.__getitem__
@@ -153,14 +154,12 @@ def test_explanations_say_what_happened():
 
 
 def medusa_step():
-    """Root ' cat' (node 0); nodes 1 ' sat' and 2 ' ran' at depth 1, node 3 ' on' under 1:
-    the target accepted ' sat' and rejected ' on'."""
+    """Root ' cat' (drawn as node 0); nodes 0 ' sat' and 1 ' ran' below it, node 2 ' on' under 0
+    (drawn 1, 2 and 3): the target accepted ' sat' and rejected ' on'."""
     return StepEvent(
         "medusa", step=1, committed=(3, 8), proposed=(3, 7, 5), accepted=(3,), rejected=(5,),
-        data=TreeStep(tree_tokens=[2, 3, 7, 5], tree_parents=[-1, 0, 0, 1], tree_depths=[0, 1, 1, 2],
-                      tree_sources=["head"] * 3,
-                      accepted_path=[0, 1], best_candidate=[0, 1, 3], accept_length=1, proposer="heads",
-                      tree_kind="static"),
+        data=TreeStep(tree=Proposal((3, 7, 5), (-1, -1, 0), ("head",) * 3), root_token=2,
+                      accepted_path=[0], best_candidate=[0, 2], proposer="heads", tree_kind="static"),
     )
 
 

@@ -113,7 +113,7 @@ def acceptance_by_position(events: list[StepEvent]) -> list[float]:
     (for a draft tree, position i is depth i + 1: a tree proposes several tokens there)."""
     proposed, accepted = [], []
     for event in events:
-        depth = max(event.data.tree_depths) if isinstance(event.data, TreeStep) else len(event.proposed)
+        depth = max(event.data.tree.depths, default=0) if isinstance(event.data, TreeStep) else len(event.proposed)
         for i in range(depth):
             if i == len(proposed):
                 proposed.append(0)
@@ -143,8 +143,8 @@ def guesses_by_source(events: Iterable[StepEvent | Summary]) -> dict[str, dict[s
         data = event.data if isinstance(event, StepEvent) else None
         if isinstance(data, TreeStep):
             on_path = set(data.accepted_path)
-            for node in range(1, len(data.tree_tokens)):
-                count(data.tree_sources[node - 1], data.tree_depths[node], node in on_path)
+            for node, (source, depth) in enumerate(zip(data.tree.sources, data.tree.depths)):
+                count(source, depth, node in on_path)
         elif isinstance(data, LookaheadStep):
             # column c of level l sits c + l + 1 after the last committed token
             for age, level in enumerate(data.window):
@@ -183,7 +183,7 @@ def accepted_sources(event: StepEvent) -> list[str]:
     """The source of each accepted token of `event`, in commit order."""
     data = event.data
     if isinstance(data, TreeStep):
-        return [data.tree_sources[node - 1] for node in data.accepted_path if node > 0]
+        return [data.tree.sources[node] for node in data.accepted_path]
     if isinstance(data, LookaheadStep) and data.best_candidate is not None:
         return [data.candidate_sources[data.best_candidate]] * len(event.accepted)
     return ["jacobi" if isinstance(data, JacobiStep) else "draft"] * len(event.accepted)

@@ -1,13 +1,13 @@
 """Typed step payloads: what each kind of method tells about one target pass (`StepEvent.data`).
 
 One frozen dataclass a kind of pass; the views dispatch on the type. AR's events carry none.
-A tree step draws the root (the last committed token) as node 0, as in Medusa's papers' figures,
-and a proposal's node i (parent -1: the root, as in `verify.Proposal`) as node i + 1: `tree_step`
-numbers them so, for every tree.
+A tree step holds the tree it verified as the engine took it (`verify.Proposal`), numbered as
+there: node i is the proposal's node i, parent -1 the root (the last committed token).
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+
+from specdemo.core.verify import Proposal
 
 
 @dataclass(frozen=True)
@@ -36,34 +36,25 @@ class SamplingCheck:
 
 @dataclass(frozen=True)
 class TreeStep:
-    """A tree verified in one pass: speculative's draft tree, or Medusa's candidate tree."""
+    """A tree verified in one pass: speculative's draft tree, or Medusa's candidate tree. Its nodes are
+    the proposal's (`tree`: tokens, parents with -1 the root, sources, depths, a draft tree's scores);
+    the root is the last committed token, `root_token`."""
 
-    tree_tokens: list[int]  # node 0 is the root
-    tree_parents: list[int]  # -1 for the root
-    tree_depths: list[int]
-    tree_sources: list[str]  # per node after the root: "draft", "head" or "copy"
-    accepted_path: list[int]  # nodes from the root down to the deepest accepted one
+    tree: Proposal
+    root_token: int
+    accepted_path: list[int]  # the accepted nodes from the root's child down ([]: none)
     best_candidate: list[int]  # that path continued by what the proposer liked best below it
-    accept_length: int
     proposer: str = "draft"  # "draft" (speculative) or "heads" (Medusa)
     gamma: int | None = None  # speculative: the tree's depth
     target_token: int | None = None  # speculative: the target's own token after the path
-    tree_scores: list[float] | None = None  # speculative: the draft's log-probability of each node's path
     tree_kind: str | None = None  # medusa: "dynamic" or "static"
     acceptance_rule: str = "greedy"  # medusa: "greedy" or "typical"
     token_probs: list[float] | None = None  # typical acceptance: each node's token's probability after its parent
-    thresholds: list[float] | None = None  # typical acceptance: the bar after each node
+    thresholds: list[float] | None = None  # typical acceptance: the bar after the root (0), then after node i (1 + i)
 
-
-def tree_step(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int], sources: Sequence[str], root: int,
-              path: Sequence[int], best: Sequence[int], **fields) -> TreeStep:
-    """A verified tree as the step draws it: `tokens`, `parents`, `depths` and `sources` per proposal
-    node (parent -1 and depth 0: the root, holding `root`), `path` the accepted nodes and `best` that
-    path continued by what the proposer liked best; `fields` TreeStep's own (per drawn node, the root first)."""
-    drawn = lambda nodes: [0, *(node + 1 for node in nodes)]  # noqa: E731
-    return TreeStep(tree_tokens=[root, *tokens], tree_parents=[-1, *(parent + 1 for parent in parents)],
-                    tree_depths=[0, *depths], tree_sources=list(sources), accepted_path=drawn(path),
-                    best_candidate=drawn(best), accept_length=len(path), **fields)
+    @property
+    def accept_length(self) -> int:
+        return len(self.accepted_path)
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,16 @@ class Proposal:
     """Tokens offered to one target pass. Node i holds `tokens[i]`, hangs from node `parents[i]`
     (-1: the root; a parent comes before its children) and came from `sources[i]` ("draft",
     "copy", "head", "pool", "guess", "window"...). The last `work` nodes are fed but never
-    accepted (lookahead's window); `read` names those of them whose logits the proposer wants."""
+    accepted (lookahead's window); `read` names those of them whose logits the proposer wants.
+    `scores`, where the proposer values its nodes (a draft tree), is per node the log of the
+    draft's probability of the path to it (EAGLE-2's node value); () where it does not."""
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     sources: tuple[str, ...] = ()
     work: int = 0
     read: tuple[int, ...] = ()
+    scores: tuple[float, ...] = ()
 
     @classmethod
     def chain(cls, tokens: Sequence[int], source: str) -> "Proposal":

@@ -11,9 +11,10 @@ always include their ancestors, and a node whose value is already below the `siz
 no child worth drafting: the tree grows no level in which no node could still be kept
 (`kept_value`), so a deep `depth` costs draft passes only where the draft is sure of itself.
 
-The target verifies the tree as any proposal (`verify`): a child is accepted when its token is
-the target's argmax after its parent; the target's own token follows the deepest accepted node.
-That is AR's answer exactly, whatever the tree holds.
+A draft tree is a `verify.Proposal` whose `scores` hold each node's value; the functions here
+take one and return a new one. The target verifies it as any proposal (`verify`): a child is
+accepted when its token is the target's argmax after its parent; the target's own token follows
+the deepest accepted node. That is AR's answer exactly, whatever the tree holds.
 
 A draft is a token draft (`draft.Draft`) or a feature draft (`eagle.FeatureDraft`); both step
 through `first_logits` and `branch_logits`, which the chain of `speculative` uses too.
@@ -24,50 +25,25 @@ retrieved from a datastore of earlier answers (`retrieval`, REST); and below its
 branch, what the text or an earlier answer went on with (`extend_likeliest`).
 """
 
-from dataclasses import dataclass
-
 import torch
 from transformers import Cache
 
 from specdemo.core.kvcache import keep_prefix
-from specdemo.core.verify import Proposal, path_to
+from specdemo.core.verify import EMPTY, Proposal
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.retrieval import Datastore, guessed_branch
 
 
-@dataclass
-class DraftTree:
-    """Draft nodes, parents before children. Parent -1 is the root: the last committed token."""
-
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]  # log of the draft's probability of the path to the node
-    depths: list[int]  # 1 for the root's children
-    sources: list[str]  # per node, "draft", or "copy" or "retrieved" (`add_copy`)
-    draft_passes: int = 0  # the draft's passes that grew it: one per level
-
-    @property
-    def size(self) -> int:
-        return len(self.tokens)
-
-    def proposal(self) -> Proposal:
-        """The tree as the verification engine takes it (`verify.Proposal`)."""
-        return Proposal(tuple(self.tokens), tuple(self.parents), tuple(self.sources))
-
-    def best_continuation(self, node: int) -> list[int]:
-        """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
-        down to a leaf (a copied branch only where the draft has none): what the target turned down
-        when it stopped at `node`."""
-        path = []
-        while children := [child for child, parent in enumerate(self.parents) if parent == node]:
-            node = max(children, key=lambda child: (self.sources[child] == "draft", self.scores[child]))
-            path.append(node)
-        return path
-
-    def ancestors(self, node: int) -> list[int]:
-        """The nodes from the root's child down to `node`, itself included."""
-        return path_to(self.parents, node)
+def best_continuation(tree: Proposal, node: int) -> list[int]:
+    """The nodes the draft liked best after `node` (-1: the root), following its likeliest child
+    down to a leaf (a copied branch only where the draft has none): what the target turned down
+    when it stopped at `node`."""
+    path = []
+    while children := [child for child, parent in enumerate(tree.parents) if parent == node]:
+        node = max(children, key=lambda child: (tree.sources[child] == "draft", tree.scores[child]))
+        path.append(node)
+    return path
 
 
 def first_logits(
@@ -107,37 +83,45 @@ def grow(
     top_k: int,
     size: int,
     eos: tuple[int, ...] = (),
-) -> DraftTree:
-    """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank, `expand`). The draft's
-    cache ends holding the prefix only: the branches it fed are dropped."""
+) -> tuple[Proposal, int]:
+    """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank, `expand`) and the draft's
+    passes that grew it. The draft's cache ends holding the prefix only: the branches it fed are dropped."""
     logits, state = first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
     fed = []  # nodes in the draft's cache after the prefix, in cache order
 
-    def level_logits(tree: DraftTree, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
+    def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
         allowed = branch_visibility(tree, fed, nodes, prefix, sequence.device)
         positions = torch.full((1, len(nodes)), prefix + level - 2, device=sequence.device)
         fed.extend(nodes)
         return branch_logits(draft, cache, tokens, states, allowed=allowed, position_ids=positions)
 
-    tree = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos)
+    grown = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos)
     keep_prefix(cache, prefix)
-    return tree
+    return grown
 
 
 def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int,
-           size: int, eos: tuple[int, ...] = (), first_k: int | None = None) -> DraftTree:
-    """EAGLE-2's expand and rerank for any drafter: `logits` [1, K] are its guesses for the root's
-    children (`state` [1, H]: what their own children's guesses read, or None); level by level,
-    `level_logits(tree, nodes, tokens, states, level)` gives its guesses [q, K] after each of the
-    `nodes` expanded at `level` (holding `tokens` [q]; `states` [q, H] the states they were
-    guessed from) and the states [q, H] their children read. `token_ids` maps indices into the
-    drafter's vocabulary to token ids. A feature draft's state is its predicted feature; a Hydra
-    head's, the path it read. `first_k`: the root's children, if not `top_k`."""
-    tree = DraftTree([], [], [], [], [], draft_passes=1)
+           size: int, eos: tuple[int, ...] = (), first_k: int | None = None) -> tuple[Proposal, int]:
+    """EAGLE-2's expand and rerank for any drafter, and the drafter's passes it took (one a level):
+    `logits` [1, K] are its guesses for the root's children (`state` [1, H]: what their own
+    children's guesses read, or None); level by level, `level_logits(tree, nodes, tokens, states,
+    level)` gives its guesses [q, K] after each of the `nodes` expanded at `level` (holding `tokens`
+    [q]; `states` [q, H] the states they were guessed from) and the states [q, H] their children
+    read. `token_ids` maps indices into the drafter's vocabulary to token ids. A feature draft's
+    state is its predicted feature; a Hydra head's, the path it read. `first_k`: the root's
+    children, if not `top_k`."""
     states = []  # per node, the state its children's guesses read
-    frontier = add_children(tree, states, token_ids, logits, state, parents=[-1], parent_scores=[0.0], depth=1,
-                            top_k=first_k or top_k)
+
+    def with_children(tree: Proposal, parents: list[int], logits: torch.Tensor, rows: torch.Tensor | None,
+                      top_k: int) -> Proposal:
+        grown = add_children(tree, token_ids, logits, parents, top_k)
+        each = (grown.size - tree.size) // len(parents)  # children per parent
+        states.extend(None if rows is None else rows[i // each] for i in range(grown.size - tree.size))
+        return grown
+
+    tree, passes = with_children(EMPTY, [-1], logits, state, first_k or top_k), 1
+    frontier = range(tree.size)
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
         nodes = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar),
@@ -147,15 +131,12 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
         parent_states = None if state is None else torch.stack([states[n] for n in nodes])
         logits, new_states = level_logits(tree, nodes, tokens, parent_states, level)
-        tree.draft_passes = level
-        frontier = add_children(
-            tree, states, token_ids, logits, new_states, parents=nodes, parent_scores=[tree.scores[n] for n in nodes],
-            depth=level, top_k=top_k
-        )
-    return best_nodes(tree, size)
+        grown, passes = with_children(tree, nodes, logits, new_states, top_k), level
+        tree, frontier = grown, range(tree.size, grown.size)
+    return best_nodes(tree, size), passes
 
 
-def kept_value(scores: list[float], size: int) -> float:
+def kept_value(scores: tuple[float, ...], size: int) -> float:
     """The value a node must beat for a child of it to be among the `size` the rerank keeps: the
     size-th best value so far (-inf while fewer nodes). A child's value never exceeds its parent's,
     and ties go to the shallower node, so expanding a node at or below it changes nothing but
@@ -177,84 +158,76 @@ def children_to_fill(size: int, depth: int, top_k: int) -> int:
     return top_k
 
 
-def add_children(tree, states, token_ids, logits, parent_states, *, parents, parent_scores, depth, top_k) -> list[int]:
-    """Append each parent's `top_k` best children by the drafter's log-probability (`logits` [q, K],
-    one row per parent; `token_ids` maps their indices to token ids); returns the new nodes."""
+def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[int], top_k: int) -> Proposal:
+    """The tree with each of `parents`' `top_k` best children by the drafter's log-probability
+    (`logits` [q, K], one row per parent; `token_ids` maps their indices to token ids) appended,
+    parent by parent, best first; a child's value is its parent's plus its own log-probability."""
     log_probs = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
     token_ids = token_ids(log_probs.indices).tolist()
-    new = []
-    for row, (parent, parent_score) in enumerate(zip(parents, parent_scores)):
+    tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)
+    for row, parent in enumerate(parents):
+        parent_score = 0.0 if parent < 0 else tree.scores[parent]
         for token, log_prob in zip(token_ids[row], log_probs.values[row].tolist()):
-            new.append(tree.size)
-            tree.tokens.append(token)
-            tree.parents.append(parent)
-            tree.scores.append(parent_score + log_prob)
-            tree.depths.append(depth)
-            tree.sources.append("draft")
-            states.append(None if parent_states is None else parent_states[row])
-    return new
+            tokens.append(token)
+            hung.append(parent)
+            scores.append(parent_score + log_prob)
+    added = len(tokens) - tree.size
+    return Proposal(tuple(tokens), tuple(hung), (*tree.sources, *("draft",) * added), scores=tuple(scores))
 
 
-def branch_visibility(tree: DraftTree, fed: list[int], expand: list[int], prefix: int, device) -> torch.Tensor:
+def branch_visibility(tree: Proposal, fed: list[int], expand: list[int], prefix: int, device) -> torch.Tensor:
     """allowed [q, prefix + len(fed) + q]: each expanded node sees the prefix, those of its
     ancestors already in the draft's cache, and itself."""
     allowed = torch.zeros(len(expand), prefix + len(fed) + len(expand), dtype=torch.bool, device=device)
     allowed[:, :prefix] = True
     cache_slot = {node: prefix + i for i, node in enumerate(fed)}
     for row, node in enumerate(expand):
-        for ancestor in tree.ancestors(tree.parents[node]):
+        for ancestor in tree.ancestry(tree.parents[node]):
             allowed[row, cache_slot[ancestor]] = True
         allowed[row, prefix + len(fed) + row] = True
     return allowed
 
 
-def best_nodes(tree: DraftTree, size: int) -> DraftTree:
+def best_nodes(tree: Proposal, size: int) -> Proposal:
     """The `size` nodes of highest value, renumbered with parents before children (EAGLE-2's
     rerank). Ties go to the shallower node, so a node never comes without its parent."""
-    chosen = sorted(range(tree.size), key=lambda n: (-tree.scores[n], tree.depths[n], n))[:size]
-    chosen.sort(key=lambda n: (tree.depths[n], n))
+    depths, scores = tree.depths, tree.scores
+    chosen = sorted(range(tree.size), key=lambda n: (-scores[n], depths[n], n))[:size]
+    chosen.sort(key=lambda n: (depths[n], n))
     index = {node: i for i, node in enumerate(chosen)}
-    return DraftTree(
-        tokens=[tree.tokens[n] for n in chosen],
-        parents=[-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in chosen],
-        scores=[tree.scores[n] for n in chosen],
-        depths=[tree.depths[n] for n in chosen],
-        sources=[tree.sources[n] for n in chosen],
-        draft_passes=tree.draft_passes,
-    )
+    kept = lambda values: tuple(values[n] for n in chosen)  # noqa: E731
+    return Proposal(kept(tree.tokens), tuple(-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in chosen),
+                    kept(tree.sources), scores=kept(scores))
 
 
-def add_copy(tree: DraftTree, copied: list[int], below: int = -1, source: str = "copy") -> DraftTree:
-    """The tree with `copied` as a branch from node `below` (-1: the root): the copy follows the
-    draft's nodes while they hold its tokens, and its remaining tokens hang below as new nodes
+def add_copy(tree: Proposal, copied: list[int], below: int = -1, source: str = "copy") -> Proposal:
+    """The draft tree with `copied` as a branch from node `below` (-1: the root): the copy follows
+    the draft's nodes while they hold its tokens, and its remaining tokens hang below as new nodes
     (`source`: "copy" from the text, "retrieved" from a datastore). A copied node has no draft
     probability of its own; it takes its parent's value."""
-    grown = DraftTree(list(tree.tokens), list(tree.parents), list(tree.scores), list(tree.depths), list(tree.sources),
-                      tree.draft_passes)
+    tokens, parents, sources, scores = list(tree.tokens), list(tree.parents), list(tree.sources), list(tree.scores)
     node = below
-    score, depth = (tree.scores[below], tree.depths[below]) if below >= 0 else (0.0, 0)
     for token in copied:
-        child = next((c for c, p in enumerate(grown.parents) if p == node and grown.tokens[c] == token), None)
+        child = next((c for c, p in enumerate(parents) if p == node and tokens[c] == token), None)
         if child is None:
-            child = grown.size
-            grown.tokens.append(token)
-            grown.parents.append(node)
-            grown.scores.append(score)
-            grown.depths.append(depth + 1)
-            grown.sources.append(source)
-        node, score, depth = child, grown.scores[child], depth + 1
-    return grown
+            child = len(tokens)
+            tokens.append(token)
+            parents.append(node)
+            sources.append(source)
+            scores.append(scores[node] if node >= 0 else 0.0)
+        node = child
+    return Proposal(tuple(tokens), tuple(parents), tuple(sources), scores=tuple(scores))
 
 
-def extend_likeliest(tree: DraftTree, sequence: torch.Tensor, length: int, eos: tuple[int, ...],
-                     datastore: Datastore | None, least_share: float = 0.0) -> DraftTree:
+def extend_likeliest(tree: Proposal, sequence: torch.Tensor, length: int, eos: tuple[int, ...],
+                     datastore: Datastore | None, least_share: float = 0.0) -> Proposal:
     """The tree with up to `length` more tokens below the end of the draft's likeliest branch,
     guessed without a model pass after the text `sequence` [n] and that branch: copied from the
     text, else retrieved (`retrieval.guessed_branch`). The draft stops `depth` deep, where a
     branch it is sure of often goes on as the text or an earlier answer did; the guess then
     lets a pass commit more than the draft's depth. Nothing is added below a leaf that already
     has children (a copied branch) or that ends the answer."""
-    branch = [node for node in tree.best_continuation(-1) if tree.sources[node] == "draft"]
+    branch = [node for node in best_continuation(tree, -1) if tree.sources[node] == "draft"]
     if not branch or length <= 0 or tree.tokens[branch[-1]] in eos or branch[-1] in tree.parents:
         return tree
     text = torch.cat([sequence, sequence.new_tensor([tree.tokens[node] for node in branch])])

@@ -28,21 +28,22 @@ from specdemo.core.events import StepEvent, Summary
 from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass, fitted_size
-from specdemo.core.steps import ChainStep, tree_step
-from specdemo.core.verify import TargetPass, deepest, first_leaf_path, scores_after
-from specdemo.methods.draft_tree import DraftTree, expand
+from specdemo.core.steps import ChainStep, TreeStep
+from specdemo.core.verify import Proposal, TargetPass, deepest, first_leaf_path, scores_after
+from specdemo.methods.draft_tree import expand
 
 # the library's `medusa.load_heads`, as before the split (F401)
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads  # noqa: F401
 from specdemo.methods.medusa_tree import (
     MAX_TREE_SIZE,
-    Tree,
     cached_tree,
     check_dynamic_size,
     dynamic_paths,
-    proposal,
+    filled,
+    head_tokens,
+    rank_paths,
     resolve_tree,
-    tree_tokens,
+    top_ranks,
 )
 from specdemo.methods.prompt_lookup import check_copy_length
 from specdemo.methods.retrieval import Datastore, guessed_branch
@@ -90,8 +91,8 @@ def generate(
         static, dynamic_size = None, check_dynamic_size(heads, tree_size)
     else:
         static, dynamic_size = resolve_tree(heads, tree, tree_size), 0
-    if static is not None and len(static.top_k) > heads.num_heads:
-        raise SpecDemoError(f"the tree is {len(static.top_k)} deep but there are only {heads.num_heads} heads")
+    if static is not None and max(static.depths) > heads.num_heads:
+        raise SpecDemoError(f"the tree is {max(static.depths)} deep but there are only {heads.num_heads} heads")
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
     check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
     proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k,
@@ -106,7 +107,7 @@ class MedusaTree(Proposer):
 
     features = True  # the heads read the target's last hidden state
 
-    def __init__(self, heads: MedusaHeads, static: Tree | None, dynamic_size: int, copy_length: int,
+    def __init__(self, heads: MedusaHeads, static: Proposal | None, dynamic_size: int, copy_length: int,
                  typical: tuple[float, float] | None, top_k: int = 3, datastore: Datastore | None = None):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = (heads, static, dynamic_size,
                                                                                       copy_length, typical)
@@ -132,19 +133,19 @@ class MedusaTree(Proposer):
                                          eos=context.eos))
             else:
                 token_at = path_tokens(self.heads, self.hidden, root,
-                                       [p for p in self.static.paths if len(p) <= depth_limit])
-            tree = cached_tree(tuple(sorted(token_at)), len(copied))
-            return Proposed(proposal(tree, [*(token_at[path] for path in tree.paths), *copied], copy_source))
+                                       [p for p in rank_paths(self.static) if len(p) <= depth_limit])
+            shape = cached_tree(tuple(sorted(token_at)), len(copied))
+            return Proposed(filled(shape, [*(token_at[path] for path in rank_paths(shape)), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
             top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
             # sorted: one cache entry per shape
             paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))
         else:
-            paths = tuple(p for p in self.static.paths if len(p) <= depth_limit)
-            top = self.heads.top_tokens(self.hidden, self.static.top_k, self.token(sequence))
-        tree = cached_tree(paths, len(copied))
-        return Proposed(proposal(tree, [*tree_tokens(tree, top), *copied], copy_source))
+            paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
+            top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(sequence))
+        shape = cached_tree(paths, len(copied))
+        return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))
 
     def token(self, sequence: torch.Tensor) -> int | None:
         """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
@@ -161,8 +162,7 @@ class MedusaTree(Proposer):
         verdicts, thresholds = typical_verdicts(proposal.parents, token_probs, probs, *self.typical)
         path = deepest(proposal, verdicts, token_probs)
         token = int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1, generator=context.choose.generator))
-        # as the step draws the tree: the root first (`steps.tree_step`), its own token sure
-        return Verdict(path, token, {"token_probs": [1.0, *token_probs], "thresholds": thresholds})
+        return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:
@@ -174,9 +174,8 @@ class MedusaTree(Proposer):
         best = first_leaf_path(proposal.parents, node)
         return Learned(
             rejected=[proposal.tokens[i] for i in best[len(verdict.path) :]],
-            data=tree_step(
-                proposal.tokens, proposal.parents, proposal.depths, proposal.sources,
-                int(sequence[0, -len(verdict.path) - 2]), verdict.path, best, proposer="heads",
+            data=TreeStep(
+                proposal, int(sequence[0, -len(verdict.path) - 2]), verdict.path, list(best), proposer="heads",
                 tree_kind="static" if self.static is not None else "dynamic",
                 acceptance_rule="typical" if self.typical else "greedy", **verdict.details,
             ),
@@ -184,7 +183,7 @@ class MedusaTree(Proposer):
 
 
 def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, top_k: int, size: int,
-         eos: tuple[int, ...] = ()) -> DraftTree:
+         eos: tuple[int, ...] = ()) -> Proposal:
     """The dynamic tree of heads that read their path (Hydra), after the hidden state `hidden` [H]
     and the token it predicted: EAGLE-2's expand and rerank (`draft_tree.expand`), head k guessing
     the children of the nodes at depth k from [h; e(x); e(y_1); ...; e(y_k)], their paths. The
@@ -195,15 +194,16 @@ def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, to
     # [1, 2H]
     joined = torch.cat([hidden, heads.embedded(torch.tensor(token, device=hidden.device), hidden.dtype)])[None]
 
-    def level_logits(tree: DraftTree, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor, level: int):
+    def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor, level: int):
         joined = torch.cat([states, heads.embedded(tokens, states.dtype)], dim=-1)  # [q, (1 + level) H]
         return heads.head_logits(level - 1, joined), joined
 
-    return expand(heads.token_ids, heads.head_logits(0, joined), joined, level_logits, depth=depth, top_k=top_k,
-                  size=size, eos=eos, first_k=size)
+    tree, _ = expand(heads.token_ids, heads.head_logits(0, joined), joined, level_logits, depth=depth, top_k=top_k,
+                     size=size, eos=eos, first_k=size)
+    return tree
 
 
-def paths_of(tree: DraftTree) -> dict[tuple[int, ...], int]:
+def paths_of(tree: Proposal) -> dict[tuple[int, ...], int]:
     """A grown tree as rank paths (the medusa_choices form) and their tokens. The expansion adds a
     node's children best first and the rerank keeps a prefix of them (a child is never worth
     more than its elder sibling), so a node's rank is its place among its kept siblings."""

@@ -1,7 +1,12 @@
-"""Medusa's candidate trees as data: paths of top-k ranks, the tree they make, and which paths a pass takes.
+"""Medusa's candidate trees as data: paths of top-k ranks, the tree shape they make, and which paths a pass takes.
 
 The candidate tree (Cai et al. 2024, Sec. 2.1.2) is a list of paths of top-k indices, the
 `medusa_choices` form: path (2, 0) is head 0's third-best token followed by head 1's best.
+Its shape is a `verify.Proposal` like every tree, whose tokens are ranks: heads' node i (source
+"head") holds the rank r of its path's last step, the guess it takes from head depth - 1's r-th
+best; after them a chain of "copy" nodes from the root keeps places for tokens copied from the
+text (rank 0 until `filled`). Its paths (`rank_paths`), the guesses each head must give
+(`top_ranks`), its mask, depths and candidates are pure functions of it (`verify.tree_mask`).
 
 The tree is chosen afresh each pass by default (`tree="dynamic"`): the nodes whose paths the heads
 are likeliest to get right at this step, by the product of their confidences (EAGLE-2's node
@@ -12,51 +17,24 @@ value), so a pass goes deep where the heads are sure and wide where they are not
 import functools
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from specdemo.core.errors import SpecDemoError, check_whole
-from specdemo.core.verify import Proposal, leaf_paths, tree_depths
+from specdemo.core.verify import Proposal
 from specdemo.methods.medusa_heads import MedusaHeads
 
 TREES = ("dynamic", "static", "chain")  # or a list of paths
 MAX_TREE_SIZE = 128  # heads' nodes in a dynamic tree
 
 
-@dataclass(frozen=True)
-class Tree:
-    """A candidate tree's shape. Node i follows `paths[i]`, the heads' nodes ordered by depth, so a
-    parent always comes before its children; then `copy_depth` nodes chained from the root hold
-    tokens copied from the text. Parent -1 is the root (the last committed token), as in every
-    `verify.Proposal`: its mask, depths and candidates are functions of `parents` (`verify.tree_mask`)."""
-
-    paths: tuple[tuple[int, ...], ...]
-    copy_depth: int
-    parents: tuple[int, ...]  # parent node of each node; -1 for the root
-    top_k: tuple[int, ...]  # how many top tokens each head must supply
-
-    @property
-    def size(self) -> int:
-        return len(self.parents)
-
-    @property
-    def depths(self) -> tuple[int, ...]:
-        """Per node, its depth (1 for the root's children)."""
-        return tree_depths(self.parents)
-
-    @property
-    def candidates(self) -> tuple[tuple[int, ...], ...]:
-        """The path from the root's child to each leaf (`verify.leaf_paths`)."""
-        return leaf_paths(self.parents)
-
-
 @functools.lru_cache(maxsize=1024)  # dynamic trees of one size take a few hundred shapes
-def cached_tree(choices: tuple[tuple[int, ...], ...], copy_depth: int = 0) -> Tree:
+def cached_tree(choices: tuple[tuple[int, ...], ...], copy_depth: int = 0) -> Proposal:
     """`build_tree`, once per distinct tree: every pass and run of that shape reuses it."""
     return build_tree(choices, copy_depth)
 
 
-def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Tree:
-    """The tree for `choices` (the medusa_choices form), with a copied chain `copy_depth` long."""
+def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Proposal:
+    """The shape for `choices` (the medusa_choices form), with a copied chain `copy_depth` long: the
+    heads' nodes ordered by depth, then by path, so a parent always comes before its children."""
     paths = sorted({tuple(int(i) for i in path) for path in choices}, key=lambda path: (len(path), path))
     if not paths or any(not path or min(path) < 0 for path in paths):
         raise SpecDemoError("a Medusa tree is a non-empty list of non-empty paths of top-k indices (0 = the best)")
@@ -65,8 +43,23 @@ def build_tree(choices: Iterable[Sequence[int]], copy_depth: int = 0) -> Tree:
     if missing:
         raise SpecDemoError(f"the tree path {missing[0]} has no parent {missing[0][:-1]}: list every prefix too")
     copied = tuple(-1 if step == 0 else len(paths) + step - 1 for step in range(copy_depth))  # a chain from the root
-    top_k = tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(max(map(len, paths))))
-    return Tree(tuple(paths), copy_depth, (*(index[path[:-1]] for path in paths), *copied), top_k)
+    ranks = (*(path[-1] for path in paths), *(0,) * copy_depth)
+    parents = (*(index[path[:-1]] for path in paths), *copied)
+    return Proposal(ranks, parents, ("head",) * len(paths) + ("copy",) * copy_depth)
+
+
+@functools.lru_cache(maxsize=1024)
+def rank_paths(shape: Proposal) -> tuple[tuple[int, ...], ...]:
+    """The rank path (the medusa_choices form) of each heads' node of a shape, in node order."""
+    heads = shape.sources.count("head")
+    return tuple(tuple(shape.tokens[n] for n in shape.ancestry(node)) for node in range(heads))
+
+
+@functools.lru_cache(maxsize=1024)
+def top_ranks(shape: Proposal) -> tuple[int, ...]:
+    """How many top tokens each head must supply to fill a shape: 1 + the largest rank at its depth."""
+    paths = rank_paths(shape)
+    return tuple(1 + max(path[d] for path in paths if len(path) > d) for d in range(max(map(len, paths))))
 
 
 def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, ...], ...]:
@@ -95,15 +88,15 @@ def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, .
     return tuple(chosen)
 
 
-def proposal(tree: Tree, tokens: list[int], copy_source: str = "copy") -> Proposal:
-    """The proposal of a tree whose node i holds `tokens[i]`; its copied chain came from
-    `copy_source` ("copy" or "retrieved")."""
-    sources = ("head",) * len(tree.paths) + (copy_source,) * tree.copy_depth
-    return Proposal(tuple(tokens), tree.parents, sources)
+def filled(shape: Proposal, tokens: Sequence[int], copy_source: str = "copy") -> Proposal:
+    """The proposal of a shape whose node i holds `tokens[i]`: the heads' tokens, then the copied
+    chain's, which came from `copy_source` ("copy" or "retrieved")."""
+    sources = tuple(copy_source if source == "copy" else source for source in shape.sources)
+    return Proposal(tuple(tokens), shape.parents, sources)
 
 
-def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Tree:
-    """The static tree for a `tree` setting other than "dynamic"."""
+def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_size: int | None) -> Proposal:
+    """The static tree's shape for a `tree` setting other than "dynamic"."""
     chain_paths = [[0] * depth for depth in range(1, heads.num_heads + 1)]
     if tree == "static":
         paths = heads.choices or chain_paths
@@ -132,6 +125,7 @@ def check_tree_size(tree_size: int, largest: int, what: str) -> None:
     check_whole("tree_size", tree_size, 1, largest, what)
 
 
-def tree_tokens(tree: Tree, top: list[list[int]]) -> list[int]:
-    """The token at each heads' node: for path p, head len(p)-1's p[-1]-th best token."""
-    return [top[len(path) - 1][path[-1]] for path in tree.paths]
+def head_tokens(shape: Proposal, top: list[list[int]]) -> list[int]:
+    """The token at each heads' node of a shape: for rank r at depth d, head d - 1's r-th best (`top` [K][R])."""
+    depths = shape.depths
+    return [top[depths[node] - 1][shape.tokens[node]] for node in range(shape.sources.count("head"))]

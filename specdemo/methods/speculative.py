@@ -34,7 +34,7 @@ from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
 from specdemo.core.static import CompiledPass, fitted_size, request_cache
-from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep, tree_step
+from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
@@ -93,11 +93,13 @@ def generate(
 
 @dataclass(frozen=True)
 class DraftPass:
-    """What one pass drafted: γ for this pass (0: nothing, the first pass of a feature draft),
-    the draft tree (None for a chain) and a sampled chain's distributions q."""
+    """What one pass drafted, beside its proposal: γ for this pass (0: nothing, the first pass of a
+    feature draft), whether the proposal is a draft tree (else a chain), the draft's passes it took
+    and a sampled chain's distributions q."""
 
     gamma: int
-    tree: draft_tree.DraftTree | None = None
+    tree: bool = False
+    draft_passes: int = 0  # a tree's: one a level grown; a chain's: one a token
     q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
 
 
@@ -122,25 +124,27 @@ class DraftProposer(Proposer):
         ready = self.target_features is not None or not self.features
         gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and gamma:
-            tree = self.grown_tree(context, sequence, room, gamma)
-            return Proposed(tree.proposal(), DraftPass(gamma, tree))
+            tree, draft_passes = self.grown_tree(context, sequence, room, gamma)
+            return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes))
         tokens, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose, context.eos,
                             context.model.config.vocab_size)
-        return Proposed(Proposal.chain(tokens[0].tolist(), "draft"), DraftPass(gamma, q=q))
+        drafted = tokens[0].tolist()  # one draft pass a token
+        return Proposed(Proposal.chain(drafted, "draft"), DraftPass(gamma, draft_passes=len(drafted), q=q))
 
-    def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> draft_tree.DraftTree:
+    def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> tuple[Proposal, int]:
         """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
-        a guess below its likeliest branch."""
+        a guess below its likeliest branch, and the draft's passes that grew it."""
         length = min(self.copy_length, room - 1)
         copied, source = guessed_branch(sequence[0], length, context.eos, self.datastore, RETRIEVED_SHARE)
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
         size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
-        tree = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma, top_k=top_k,
-                               size=size, eos=context.eos)
+        tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
+                                             top_k=top_k, size=size, eos=context.eos)
         tree = draft_tree.add_copy(tree, copied, source=source)
-        return draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE)
+        tree = draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE)
+        return tree, draft_passes
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
@@ -167,30 +171,25 @@ class DraftProposer(Proposer):
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
-        proposal, tree = proposed.proposal, proposed.step.tree
-        if tree:
-            turned_down = tree.best_continuation(path[-1] if path else -1)
-            data = drawn_tree(tree, int(sequence[0, n - 1]), path, turned_down, verdict.token)
-            rejected, draft_passes = [tree.tokens[node] for node in turned_down], tree.draft_passes
+        proposal, drafted = proposed.proposal, proposed.step
+        if drafted.tree:
+            turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
+            data = TreeStep(proposal, int(sequence[0, n - 1]), path, [*path, *turned_down],
+                            gamma=max(proposal.depths), target_token=verdict.token)
+            rejected = [proposal.tokens[node] for node in turned_down]
         else:
             numbers = dict(gamma=proposal.size, accept_length=len(path), target_token=verdict.token)
             data = (SamplingCheck(**numbers, **verdict.details) if "p" in verdict.details
                     else ChainStep(**numbers, **verdict.details))
-            rejected, draft_passes = list(proposal.tokens[len(path) :]), proposal.size
+            rejected = list(proposal.tokens[len(path) :])
         # Learn: adaptive γ grows after a full acceptance and shrinks after an early rejection
         # (a copied branch can commit more than γ: that is no rejection).
-        if self.adaptive_gamma and proposed.step.gamma == self.gamma:
+        if self.adaptive_gamma and drafted.gamma == self.gamma:
             self.gamma = min(self.gamma + 2, MAX_GAMMA) if len(path) >= self.gamma else max(self.gamma - 1, 1)
-        return Learned(rejected, draft_passes, data)
+        return Learned(rejected, drafted.draft_passes, data)
 
     def summary(self, events: list[StepEvent]) -> dict:
         return {"acceptance_by_position": acceptance_by_position(events)}
-
-
-def drawn_tree(tree: draft_tree.DraftTree, root: int, path: list[int], rejected: list[int], token: int) -> TreeStep:
-    """A verified draft tree for the event (`steps.tree_step`)."""
-    return tree_step(tree.tokens, tree.parents, tree.depths, tree.sources, root, path, [*path, *rejected],
-                     gamma=max(tree.depths), target_token=token, tree_scores=tree.scores)
 
 
 # with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,

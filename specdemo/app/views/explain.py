@@ -55,12 +55,12 @@ def explain_tree(event: StepEvent, said: Said, decode) -> str:
     if data.proposer == "heads":
         chosen = " (the paths they were surest of at this step)" if data.tree_kind == "dynamic" else ""
         return (
-            f"the heads proposed a tree of {data.tree_sources.count('head')} candidate tokens{chosen}{grown}, checked "
+            f"the heads proposed a tree of {data.tree.sources.count('head')} candidate tokens{chosen}{grown}, checked "
             f"in one pass with tree attention; the deepest path the target agreed with has {accepted}{taken}, then the "
             f"target added {said.own}. {said.done}"
         )
     return (
-        f"the draft grew a tree of {data.tree_sources.count('draft')} tokens, keeping the branches it found "
+        f"the draft grew a tree of {data.tree.sources.count('draft')} tokens, keeping the branches it found "
         f"likeliest{grown}, {data.gamma} deep in all; the target checked every branch in one pass and followed one for "
         f"{len(event.accepted)} token(s) ({said.quoted(event.accepted) or 'none'}){taken}, then added {said.own}. "
         f"{said.done}"
@@ -165,8 +165,8 @@ def copied_clauses(data: TreeStep) -> tuple[str, str]:
     a step's sentence: how many nodes they were, and how many of the accepted tokens."""
     grown, taken = [], []
     for source, (done, words) in GUESSED.items():
-        nodes = data.tree_sources.count(source)
-        accepted = sum(data.tree_sources[node - 1] == source for node in data.accepted_path[1:])
+        nodes = data.tree.sources.count(source)
+        accepted = sum(data.tree.sources[node] == source for node in data.accepted_path)
         grown += [f"{nodes} more {'was' if nodes == 1 else 'were'} {done} {words}"] if nodes else []
         taken += [f"{accepted} of them {done}"] if accepted else []
     return (f", and {' and '.join(grown)}" if grown else ""), (f", {', '.join(taken)}" if taken else "")

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from specdemo.app.views.explain import GUESSED
 from specdemo.app.views.html import INLINE_REJECTED_LIMIT, own_origin
 from specdemo.core.events import StepEvent
+from specdemo.core.steps import TreeStep
 
 # Colours shared by the figures, matching the stream's origins.
 COLOURS = {"accepted": "#34a853", "target": "#4a7bd0", "rejected": "#d9534f", "ar": "#9aa0a6", "waiting": "#e8eaed",
@@ -229,13 +230,22 @@ TREE_KEY = (  # the tree's nodes, in words under its title
 )
 
 
+def rooted(data: TreeStep) -> tuple[list[int], list[int], list[int], set[int], set[int]]:
+    """A step's tree as the pictures draw it, the root as node 0 (as in Medusa's figures) and the
+    proposal's node i as node i + 1: tokens, parents (-1: none), depths (0: the root), and the nodes
+    of the accepted path and of the best candidate, the root among them."""
+    drawn = lambda nodes: {0, *(node + 1 for node in nodes)}  # noqa: E731
+    tree = data.tree
+    return ([data.root_token, *tree.tokens], [-1, *(parent + 1 for parent in tree.parents)], [0, *tree.depths],
+            drawn(data.accepted_path), drawn(data.best_candidate))
+
+
 def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | None = None) -> go.Figure:
     """One step's candidate tree (Medusa's, or speculative decoding's draft tree): a node per token (depth left to
     right), edges to parents, the accepted path in green and the rest of the best candidate in red."""
     data = event.data
-    tokens, parents, depths = data.tree_tokens, data.tree_parents, data.tree_depths
-    accepted = set(data.accepted_path)
-    rejected = set(data.best_candidate) - accepted
+    tokens, parents, depths, accepted, best = rooted(data)
+    rejected = best - accepted
     rows: dict[int, int] = {}
     y = []
     for depth in depths:  # nodes come ordered by depth: stack each depth's nodes downwards
@@ -252,19 +262,19 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
             )
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"]
               for n in range(len(tokens))]
-    marks = [None, *(MARKS.get(source) for source in data.tree_sources)]  # node 0 is the root
+    marks = [None, *(MARKS.get(source) for source in data.tree.sources)]  # node 0 is the root
     figure.add_scatter(
         x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right",
         showlegend=False, marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks],
                                       line=dict(color="#5f6368", width=1)),
         customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
-    counts = Counter(data.tree_sources)  # short: the title must fit a half-width plot
+    counts = Counter(data.tree.sources)  # short: the title must fit a half-width plot
     copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}"
                      for source, (_, mark, _) in MARKS.items() if counts[source])
     key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
     figure.update_layout(
-        title=f"""{headline or f'Step {event.step + 1}: the candidate tree ({len(tokens) - 1} nodes{copies}), '
+        title=f"""{headline or f'Step {event.step + 1}: the candidate tree ({data.tree.size} nodes{copies}), '
                                 f'{data.accept_length} accepted'}<br><sup>{key}</sup>""",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
@@ -274,12 +284,12 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
     """The tree attention mask of a Medusa step: node i (row) sees node j (column) when j is i
     or one of its ancestors (Cai et al. 2024, Fig. 2)."""
-    parents = event.data.tree_parents
+    tokens, parents, _, _, _ = rooted(event.data)
     lineage = []  # per node, itself and its ancestors
     for node, parent in enumerate(parents):
         lineage.append({node, *(lineage[parent] if parent >= 0 else ())})
     sees = [[j in lineage[i] for j in range(len(parents))] for i in range(len(parents))]
-    labels = [f"{i}:{decode(t)}" for i, t in enumerate(event.data.tree_tokens)]
+    labels = [f"{i}:{decode(t)}" for i, t in enumerate(tokens)]
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
     figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")

@@ -70,7 +70,7 @@ def best_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> tupl
     data = best.data
     if isinstance(data, TreeStep):
         return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens (tree of "
-                           f"{len(data.tree_tokens) - 1})"), ""
+                           f"{data.tree.size})"), ""
     if isinstance(data, JacobiStep):
         block = next(b for b in jacobi_blocks(events) if best in b)
         figure = trajectory_figure(block, decode)
