@@ -67,6 +67,26 @@ def embedded():
     return load_model("embedded", "float32", "cpu")
 
 
+@pytest.fixture(scope="session")
+def embedded_ar(embedded):
+    """`embedded_ar(prompt, max_new_tokens)`: AR's greedy float32 answer (token ids) on the embedded
+    model, decoded once a session by `ar.generate`: several tests compare a method with the same
+    AR answer, which costs a pass a token."""
+    from specdemo.core.events import final_summary
+    from specdemo.methods import ar
+
+    answers = {}
+
+    def answer(prompt: str, max_new_tokens: int) -> tuple[int, ...]:
+        if (prompt, max_new_tokens) not in answers:
+            answers[prompt, max_new_tokens] = tuple(final_summary(ar.generate(
+                embedded.model, embedded.encode_chat(prompt), max_new_tokens=max_new_tokens,
+                eos_token_ids=embedded.eos_token_ids)).tokens)
+        return answers[prompt, max_new_tokens]
+
+    return answer
+
+
 def serve(app):
     """`app` served on a free local port, for the API and browser tests; `app.close()` stops it."""
     with socket.socket() as sock:
