@@ -16,8 +16,8 @@ run: $(STAMP)
 
 # every test: the quick ones, then the few marked slow (pyproject.toml), then the Space's path
 test: $(STAMP) browser
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow --durations=25
 	$(MAKE) space-check
 
 # The Hugging Face Space path (docs/hosting.md): a fresh venv from pre-requirements.txt and
