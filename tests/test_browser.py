@@ -351,6 +351,28 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
     wait_for_run(page, "jacobi")
 
 
+def test_the_pass_cost_picture_is_measured_on_a_click(browser, served_app, monkeypatch):
+    """On the Lesson tab, Measure times a pass in memory and with the layers on disk, on this
+    machine, and draws the two lines (fewer widths and repeats here: the picture is checked, not its numbers)."""
+    from specdemo.app import clicks, ui_offload
+
+    for name, value in (("PASS_WIDTHS", (1, 4, 16)), ("PASS_CONTEXT", 16), ("PASS_REPEATS", 1)):
+        monkeypatch.setattr(clicks, name, value)
+    page = open_page(browser, served_app.local_url)
+    page.get_by_role("tab", name="Lesson").click()
+    expect(page.locator("#pass-cost-plot .js-plotly-plot")).to_have_count(0)  # nothing measured at load
+    page.get_by_text(ui_offload.TITLE, exact=True).click()
+    page.locator("#measure").click()
+    expect(page.locator("#pass-cost-note")).to_contain_text("Measured on this machine", timeout=240_000)
+    plot = page.locator("#pass-cost-plot .js-plotly-plot").first
+    expect(plot).to_be_visible()
+    expect(plot).to_contain_text("nearly free when the line is flat")
+    expect(plot.locator(".legend")).to_contain_text("in memory")
+    expect(plot.locator(".legend")).to_contain_text("offloaded")
+    page.screenshot(path=str(SCREENSHOTS / "pass-cost.png"), full_page=True)
+    page.close()
+
+
 @pytest.mark.slow
 def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, monkeypatch):
     """The Lesson tab sets each step's method and prompt and opens Generate; at 1280x720 the

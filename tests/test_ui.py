@@ -76,14 +76,22 @@ def model_picker(app) -> dict:
 
 
 def test_the_model_picker_shows_gpu_presets_only_when_offered(embedded):
-    """available_presets() offers the GPU presets only with CUDA; the page shows the picker only then."""
+    """available_presets() offers the GPU presets only with CUDA; the embedded model is offered
+    again with its layers on disk, on any device; the page shows the picker when it offers more than one."""
+    from dataclasses import replace
+
+    from specdemo.app.lesson import ON_DISK
     from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS
 
-    assert model_picker(build_app(embedded, presets=(EMBEDDED_PRESET,)))["visible"] is False
+    picker = model_picker(build_app(embedded, presets=(EMBEDDED_PRESET,)))
+    assert picker["visible"] is True and [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, ON_DISK]
     picker = model_picker(build_app(embedded, presets=(*GPU_PRESETS, EMBEDDED_PRESET)))
     assert picker["visible"] is True
     assert picker["value"] == EMBEDDED_PRESET.name
-    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, *(p.name for p in GPU_PRESETS)]
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, *(p.name for p in GPU_PRESETS),
+                                                           ON_DISK]
+    another = replace(embedded, spec="some/folder")  # a start that is not the embedded model: nothing else to offer
+    assert model_picker(build_app(another, presets=()))["visible"] is False
 
 
 def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
@@ -120,11 +128,12 @@ def test_a_cpu_target_is_offered_no_gpu_presets(embedded, monkeypatch):
     """On a CUDA machine with the app started on the CPU (--device cpu), a 7B preset would load on the CPU."""
     import torch
 
+    from specdemo.app.lesson import ON_DISK
     from specdemo.presets import EMBEDDED_PRESET
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     picker = model_picker(build_app(embedded))  # the embedded model runs on the CPU in the tests
-    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name]
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, ON_DISK]
 
 
 def test_a_bar_in_a_token_stays_in_its_race_cell():
