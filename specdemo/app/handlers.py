@@ -138,6 +138,11 @@ class Targets:
         preset = next((preset for preset in self.presets if preset.name == name), None)
         return preset.about if preset else ""
 
+    def shows_about(self, name: str) -> bool:
+        """Whether the page says what model `name` brings: once another than the start is chosen, or
+        always with GPU presets (a lesson step setting the start back leaves the first screen as it was)."""
+        return name != self.start_name or len(self.names) > 1 + bool(self.on_disk)
+
     def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
         """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
         default: the start's dtype), loaded once."""

@@ -183,7 +183,7 @@ def header(targets: Targets, target: LoadedModel) -> Header:
         answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours",
                                   elem_id="answer-only", scale=1)
         large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
-    model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1 + bool(targets.on_disk))
+    model_about = gr.Markdown(targets.about(targets.start_name), visible=targets.shows_about(targets.start_name))
     return Header(model, model_about, precision, answer_only, large_text)
 
 
@@ -400,8 +400,8 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
          {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
          api_visibility="private", queue=False, show_progress="hidden")
-    header.model.change(lambda name: gr.Markdown(targets.about(name), visible=True), inputs=header.model,
-                        outputs=header.model_about, api_visibility="private", queue=False)
+    header.model.change(lambda name: gr.Markdown(targets.about(name), visible=targets.shows_about(name)),
+                        inputs=header.model, outputs=header.model_about, api_visibility="private", queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:
