@@ -61,8 +61,6 @@ def click_budget(plan: GpuPlan) -> Deadline:
     return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)
 
 
-
-
 KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve", "tree", "tree_size", "typical_acceptance",
     "decoder", "block_size", "window", "ngram", "candidates", "num_beams", "length_penalty", "early_stopping", "alpha",
@@ -118,7 +116,8 @@ class Targets:
         self.resident: LoadedModel | None = None
         self.resident_key: tuple | None = None  # (spec, dtype, on disk) of the resident model
         self.cpu_twins: dict[bool, LoadedModel] = {}  # by whether its layers are on disk
-        self.offload_folder: Path | None = None  # where the models on disk keep their layers: made on first use
+        # where the models on disk keep their layers: made on first use, removed with the page or at the process's exit
+        self.offload_dir: tempfile.TemporaryDirectory | None = None
         self.lock = threading.Lock()  # a class's clicks may ask for a model at once: one loads it
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
@@ -174,10 +173,15 @@ class Targets:
     def layers_on_disk(self, dtype: str, device: str) -> LoadedModel:
         """The start's model with every decoder layer on disk, in this page's folder for that dtype
         and device: a later load of the same writes over its own files, never another model's."""
-        if self.offload_folder is None:
-            self.offload_folder = Path(tempfile.mkdtemp(prefix="specdemo-offload-"))
         return load_model(self.start.spec, dtype, device, device_map="disk",
-                          offload_folder=self.offload_folder / f"{device}-{dtype}".replace(":", "_"))
+                          offload_folder=self.offload_folder() / f"{device}-{dtype}".replace(":", "_"))
+
+    def offload_folder(self) -> Path:
+        """This page's folder for the layers on disk, made on first use; it is removed when the page
+        is dropped or the process exits (`tempfile.TemporaryDirectory`'s finalizer), never left behind."""
+        if self.offload_dir is None:
+            self.offload_dir = tempfile.TemporaryDirectory(prefix="specdemo-offload-", ignore_cleanup_errors=True)
+        return Path(self.offload_dir.name)
 
     def on_cpu(self, target: LoadedModel) -> LoadedModel:
         """`target`'s twin on the CPU at its fastest dtype there, its layers on disk where `target`'s
