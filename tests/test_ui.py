@@ -218,6 +218,10 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     monkeypatch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
     targets = handlers.Targets(embedded, ())
     assert list(targets.precisions) == [handlers.EXACT, "fast (bfloat16)"] and targets.start_precision == handlers.EXACT
+    # the switch is unlabelled in the header's row: what it does is said once the start's precision is left
+    assert not targets.shows_about(targets.start_name, handlers.EXACT) and not targets.about(targets.start_name, "")
+    assert targets.shows_about(targets.start_name, "fast (bfloat16)")
+    assert "near-tie" in targets.about(targets.start_name, "fast (bfloat16)")
     assert targets(None, handlers.EXACT) is embedded and targets(None, "") is embedded
     fast = targets(None, "fast (bfloat16)")
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec

@@ -131,16 +131,18 @@ class Targets:
         start_dtype = str(start.dtype).removeprefix("torch.")
         self.start_precision = next((label for label, dtype in self.precisions.items() if dtype == start_dtype), EXACT)
 
-    def about(self, name: str) -> str:
-        if name and name == self.on_disk:
-            return ON_DISK_ABOUT
+    def about(self, name: str, precision: str = "") -> str:
+        """What model `name` brings, and what the precision switch does once `precision` is not the start's."""
         preset = next((preset for preset in self.presets if preset.name == name), None)
-        return preset.about if preset else ""
+        brings = ON_DISK_ABOUT if name and name == self.on_disk else preset.about if preset else ""
+        return " ".join(filter(None, [brings, PRECISION_ABOUT if precision not in ("", self.start_precision) else ""]))
 
-    def shows_about(self, name: str) -> bool:
+    def shows_about(self, name: str, precision: str = "") -> bool:
         """Whether the page says what model `name` brings: once another than the start is chosen, or
-        always with GPU presets (a lesson step setting the start back leaves the first screen as it was)."""
-        return name != self.start_name or len(self.names) > 1 + bool(self.on_disk)
+        always with GPU presets (a lesson step setting the start back leaves the first screen as it was);
+        or what the precision switch does, once `precision` is not the start's."""
+        return (name != self.start_name or len(self.names) > 1 + bool(self.on_disk)
+                or precision not in ("", self.start_precision))
 
     def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
         """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
@@ -197,6 +199,8 @@ class Targets:
 
 
 EXACT = "exact (float32)"
+PRECISION_ABOUT = ("Precision: exact (float32) gives every method AR's answer; fast rounds, which may flip a near-tie "
+                   "between AR's two likeliest tokens, and the page then says where.")
 RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
 REPLAY_EVERY_S = 0.15  # a replay frame's wall time
 REPLAY_SPEEDS = {"real time": 1.0, "half speed": 0.5, "quarter speed": 0.25}

@@ -168,20 +168,19 @@ class Page:
 
 
 def header(targets: Targets, target: LoadedModel) -> Header:
-    """The page's style and title, the model menu, unlabelled in the switches' row (its names say what each is; what
-    a model brings is said once one is chosen, or at once with GPU presets): the projector's first screen keeps room."""
+    """The page's style and title; the model menu and precision switch unlabelled in the display switches' row, one line
+    at 1280 px (what a model or precision does is said once another than the start's is chosen, or with GPU presets)."""
     gr.HTML(views.PAGE_STYLE)
     # the precision switch says the dtype where there is one: a header saying float32 would be wrong after a switch
     dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
     with gr.Row(equal_height=True):
-        model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=2,
+        model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=1,
                             elem_id="model", visible=len(targets.names) > 1)
         precision = gr.Radio(list(targets.precisions), value=targets.start_precision, elem_id="precision",
-                             visible=len(targets.precisions) > 1, scale=3, label="Precision (exact: every method gives "
-                             "AR's answer; fast: rounding may flip a near-tie, and the page says where)")
-        answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours",
-                                  elem_id="answer-only", scale=1)
+                             label="Precision", show_label=False, container=False, scale=0, min_width=280,
+                             visible=len(targets.precisions) > 1)
+        answer_only = gr.Checkbox(False, label="Answer only: hide drafts and colours", elem_id="answer-only", scale=1)
         large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
     model_about = gr.Markdown(targets.about(targets.start_name), visible=targets.shows_about(targets.start_name))
     return Header(model, model_about, precision, answer_only, large_text)
@@ -400,8 +399,9 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
          {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
          api_visibility="private", queue=False, show_progress="hidden")
-    header.model.change(lambda name: gr.Markdown(targets.about(name), visible=targets.shows_about(name)),
-                        inputs=header.model, outputs=header.model_about, api_visibility="private", queue=False)
+    gr.on([header.model.change, header.precision.change], lambda name, precision: gr.Markdown(
+        targets.about(name, precision), visible=targets.shows_about(name, precision)),
+        inputs=[header.model, header.precision], outputs=header.model_about, api_visibility="private", queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:

@@ -16,8 +16,9 @@ EXPLAINED = (
     "producing one token does. How true that is depends on the machine and the model. Press the button to time one "
     "pass checking 1, 4, 8, 16 and 32 tokens, with the model in memory and with its layers on disk (a model too big "
     "for memory reads all its weights in at every pass). Each line is divided by its own 1-token pass: where a line "
-    "stays flat, checking more guesses is nearly free, and speculative decoding gains the most. It takes some seconds, "
-    "and waits its turn behind the answers being generated."
+    "stays flat, checking more guesses is nearly free, and speculative decoding gains the most. It can take a minute "
+    "or more on a small CPU (the first press also writes the layers to disk), and waits its turn behind the answers "
+    "being generated."
 )
 
 
