@@ -92,8 +92,8 @@ def page(browser, served_app):
 
 
 @pytest.fixture(scope="module")
-def fast_page(browser, embedded, served_app):
-    """A page that offers the fast (bfloat16) precision whatever this CPU: the app offers it only
+def fast_app(embedded, served_app):
+    """An app that offers the fast (bfloat16) precision whatever this CPU: the app offers it only
     where the CPU multiplies bfloat16 natively, but bfloat16 runs on any CPU (emulated, slower).
     The session's page (`served_app`) is built first, outside the patch, so it stays as this CPU has it."""
     from specdemo.app import handlers, ui
@@ -101,8 +101,13 @@ def fast_page(browser, embedded, served_app):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
         app = serve(ui.build_app(embedded, presets=()))
-        yield open_page(browser, app.local_url)
+        yield app
         app.close()
+
+
+@pytest.fixture(scope="module")
+def fast_page(browser, fast_app):
+    return open_page(browser, fast_app.local_url)
 
 
 def wait_for_run(page, method, timeout=240_000):
@@ -351,19 +356,39 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
     wait_for_run(page, "jacobi")
 
 
-@pytest.mark.slow
-def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, monkeypatch):
-    """The Lesson tab sets each step's method and prompt and opens Generate; at 1280x720 the
-    prompt, the stream and a chart lie inside the viewport; large text grows the answer; the
-    method settings keep their labels whole; the lesson ends with the race's chart. Its
-    screenshots illustrate docs/lesson.md."""
+def test_the_pass_cost_picture_is_measured_on_a_click(browser, served_app, monkeypatch):
+    """On the Lesson tab, Measure times a pass in memory and with the layers on disk, on this
+    machine, and draws the two lines (fewer widths and repeats here: the picture is checked, not its numbers)."""
+    from specdemo.app import clicks, ui_offload
+
+    for name, value in (("PASS_WIDTHS", (1, 4, 16)), ("PASS_CONTEXT", 16), ("PASS_REPEATS", 1)):
+        monkeypatch.setattr(clicks, name, value)
+    page = open_page(browser, served_app.local_url)
+    page.get_by_role("tab", name="Lesson").click()
+    expect(page.locator("#pass-cost-plot .js-plotly-plot")).to_have_count(0)  # nothing measured at load
+    page.get_by_text(ui_offload.TITLE, exact=True).click()
+    page.locator("#measure").click()
+    expect(page.locator("#pass-cost-note")).to_contain_text("Measured on this machine", timeout=240_000)
+    plot = page.locator("#pass-cost-plot .js-plotly-plot").first
+    expect(plot).to_be_visible()
+    expect(plot).to_contain_text("nearly free when the line is flat")
+    expect(plot.locator(".legend")).to_contain_text("in memory")
+    expect(plot.locator(".legend")).to_contain_text("offloaded")
+    page.screenshot(path=str(SCREENSHOTS / "pass-cost.png"), full_page=True)
+    page.close()
+
+
+def lesson_step_generated_on_a_projector(browser, url, lesson_shot: str = ""):
+    """A 1280x720 page at `url`, the Lesson tab's first screen shot (to `lesson_shot`), its speculative step chosen
+    (Generate opens, set for it) and generated; the prompt, the stream and a chart inside the viewport."""
     from specdemo.app import lesson
 
     page = browser.new_page(viewport={"width": 1280, "height": 720})
-    page.goto(served_app.local_url)
+    page.goto(url)
     page.get_by_role("tab", name="Lesson").click()
     expect(page.locator("#lesson-step")).to_contain_text(lesson.TITLES[0])
-    page.screenshot(path=str(SCREENSHOTS / "lesson-tab.png"))
+    if lesson_shot:
+        page.screenshot(path=str(SCREENSHOTS / lesson_shot))
     page.locator("#lesson-step").get_by_label(lesson.TITLES[1]).check()
     # Generate opened, set for the step
     expect(page.locator("#prompt textarea")).to_have_value(lesson.CODE, timeout=30_000)
@@ -377,6 +402,18 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
         box = page.locator(selector).bounding_box()
         assert box and box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= 1280 \
             and box["y"] + box["height"] <= 720, (selector, box)
+    return page
+
+
+@pytest.mark.slow
+def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, monkeypatch):
+    """The Lesson tab sets each step's method and prompt and opens Generate; at 1280x720 the
+    prompt, the stream and a chart lie inside the viewport; large text grows the answer; the
+    method settings keep their labels whole; the lesson ends with the race's chart. Its
+    screenshots illustrate docs/lesson.md."""
+    from specdemo.app import lesson
+
+    page = lesson_step_generated_on_a_projector(browser, served_app.local_url, "lesson-tab.png")
     page.screenshot(path=str(SCREENSHOTS / "lesson-generate.png"))
 
     font_size = lambda: page.locator("#stream .specdemo-stream").evaluate(  # noqa: E731
@@ -405,6 +442,17 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     expect(chart.first).to_be_visible(timeout=300_000)
     page.locator("#race-plot").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "lesson-race.png"))
+    page.close()
+
+
+@pytest.mark.slow
+def test_the_projectors_first_screen_fits_beside_the_model_menu_and_the_precision_switch(browser, fast_app):
+    """The header's row with all it can hold (the model menu, offering the model on disk, and the
+    precision switch) leaves the lesson's first screen inside a 1280x720 projector's viewport."""
+    page = lesson_step_generated_on_a_projector(browser, fast_app.local_url)
+    expect(page.locator("#model")).to_be_visible()
+    expect(page.locator("#precision")).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "lesson-generate-precision.png"))
     page.close()
 
 

@@ -222,7 +222,8 @@ def test_timing_rounds_alternate_the_order_and_keep_whole_rounds(monkeypatch):
 
 
 def test_the_lesson_takes_the_methods_in_order_with_prompts():
-    assert [step.method for step in lesson.LESSON] == ["ar", "speculative", "medusa", "jacobi", "lookahead", ""]
+    assert [step.method for step in lesson.LESSON] == ["ar", "speculative", "medusa", "jacobi", "lookahead",
+                                                       "speculative", ""]
     assert all(step.prompt and step.notice and step.max_new_tokens > 0 for step in lesson.LESSON)
     for word in ("Target", "Pass", "Draft"):
         assert f"**{word}**" in lesson.GLOSSARY

@@ -76,14 +76,22 @@ def model_picker(app) -> dict:
 
 
 def test_the_model_picker_shows_gpu_presets_only_when_offered(embedded):
-    """available_presets() offers the GPU presets only with CUDA; the page shows the picker only then."""
+    """available_presets() offers the GPU presets only with CUDA; the embedded model is offered
+    again with its layers on disk, on any device; the page shows the picker when it offers more than one."""
+    from dataclasses import replace
+
+    from specdemo.app.lesson import ON_DISK
     from specdemo.presets import EMBEDDED_PRESET, GPU_PRESETS
 
-    assert model_picker(build_app(embedded, presets=(EMBEDDED_PRESET,)))["visible"] is False
+    picker = model_picker(build_app(embedded, presets=(EMBEDDED_PRESET,)))
+    assert picker["visible"] is True and [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, ON_DISK]
     picker = model_picker(build_app(embedded, presets=(*GPU_PRESETS, EMBEDDED_PRESET)))
     assert picker["visible"] is True
     assert picker["value"] == EMBEDDED_PRESET.name
-    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, *(p.name for p in GPU_PRESETS)]
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, *(p.name for p in GPU_PRESETS),
+                                                           ON_DISK]
+    another = replace(embedded, spec="some/folder")  # a start that is not the embedded model: nothing else to offer
+    assert model_picker(build_app(another, presets=()))["visible"] is False
 
 
 def test_switching_to_a_gpu_preset_loads_its_target_or_says_why_not(embedded):
@@ -120,11 +128,12 @@ def test_a_cpu_target_is_offered_no_gpu_presets(embedded, monkeypatch):
     """On a CUDA machine with the app started on the CPU (--device cpu), a 7B preset would load on the CPU."""
     import torch
 
+    from specdemo.app.lesson import ON_DISK
     from specdemo.presets import EMBEDDED_PRESET
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     picker = model_picker(build_app(embedded))  # the embedded model runs on the CPU in the tests
-    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name]
+    assert [choice[0] for choice in picker["choices"]] == [EMBEDDED_PRESET.name, ON_DISK]
 
 
 def test_a_bar_in_a_token_stays_in_its_race_cell():
@@ -209,6 +218,10 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     monkeypatch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
     targets = handlers.Targets(embedded, ())
     assert list(targets.precisions) == [handlers.EXACT, "fast (bfloat16)"] and targets.start_precision == handlers.EXACT
+    # the switch is unlabelled in the header's row: what it does is said once the start's precision is left
+    assert not targets.shows_about(targets.start_name, handlers.EXACT) and not targets.about(targets.start_name, "")
+    assert targets.shows_about(targets.start_name, "fast (bfloat16)")
+    assert "near-tie" in targets.about(targets.start_name, "fast (bfloat16)")
     assert targets(None, handlers.EXACT) is embedded and targets(None, "") is embedded
     fast = targets(None, "fast (bfloat16)")
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec

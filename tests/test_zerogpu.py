@@ -155,3 +155,18 @@ def test_the_race_is_replayed_and_drawn_outside_its_gpu_call(embedded, spaces, m
     assert outputs and len(spaces.CALLS) == 1
     assert {name for name, _ in drawn} == {"replay_frames", "race_grid", "race_figure", "race_table"} \
         and not any(inside for _, inside in drawn)
+
+
+def test_measuring_is_one_gpu_call_within_the_cap_and_a_used_up_quota_measures_on_the_cpu(embedded, spaces,
+                                                                                           monkeypatch):
+    for name, value in (("PASS_WIDTHS", (1, 2)), ("PASS_CONTEXT", 8), ("PASS_REPEATS", 1)):
+        monkeypatch.setattr(clicks, name, value)
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    as_visitor("measurer")
+    drawn = [update for update in page.on_measure() if "pass_cost_plot" in update]
+    assert drawn and len(spaces.CALLS) == 1 and spaces.CALLS[0]["declared_s"] <= LIMITS.gpu_max_s
+    assert {trace.name for trace in drawn[-1]["pass_cost_plot"].data} <= {"in memory", "offloaded"}
+    spaces.USED["spent"] = spaces.QUOTA_S - 1
+    as_visitor("spent")
+    drawn = [update for update in page.on_measure() if "pass_cost_plot" in update]
+    assert "used up" in drawn[-1]["pass_cost_note"] and len(spaces.CALLS) == 1  # refused: measured on the CPU

@@ -9,6 +9,7 @@ race's replay runs there too. Nothing here draws.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from specdemo import passcost
 from specdemo.app.limits import Deadline, time_left
 from specdemo.app.live import (
     MARGIN_S,
@@ -36,6 +37,9 @@ from specdemo.methods import METHODS, decoded, method_options
 from specdemo.models import LoadedModel, capture
 
 UPDATE_EVERY_S = 0.5  # a streamed run's records a second at most: drawing competes with decoding for the CPU
+# what Measure times: passes of these widths after PASS_CONTEXT cached tokens, the median of PASS_REPEATS each, so that
+# both models together take seconds, not minutes
+PASS_WIDTHS, PASS_CONTEXT, PASS_REPEATS = (1, 4, 8, 16, 32), 64, 3
 
 
 @dataclass(frozen=True)
@@ -254,3 +258,38 @@ def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tok
         raced.append(part)
     quality = cllm_quality(target, Request(prompt, "cllm", max_new_tokens)) if "cllm" in names else None
     yield RaceOutcome(raced, quality, dtype_of(target))
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Pass costs measured so far: {where the weights are: {tokens fed: milliseconds of one pass}}, of
+    `widths` planned; `done` once the measuring has ended, with every width or as many as the click's time allowed."""
+
+    costs: dict[str, dict[int, float]]
+    widths: tuple[int, ...]
+    device: str
+    dtype: str
+    done: bool = False
+
+
+def as_it_is(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], LoadedModel]) -> LoadedModel:
+    """The model a measurement times: the page's as it is (an eager pass needs no captured graph),
+    or its twin on the CPU (`on_cpu`) when ZeroGPU refused the click."""
+    return on_cpu(target) if plan.on_cpu and target.device.type != "cpu" else target
+
+
+def pass_cost_records(models: dict[str, LoadedModel], stop: Deadline) -> Iterator[PassCosts]:
+    """What one eager target pass of each model in `models` (by where its weights are) costs by
+    the tokens it feeds (`passcost.pass_costs`: PASS_WIDTHS, after PASS_CONTEXT, PASS_REPEATS
+    each), width by width, the models in turn at each width so that a click cut short by `stop`
+    leaves every line the same widths: a `PassCosts` record after each, then the last with `done`."""
+    first = next(iter(models.values()))
+    costs: dict[str, dict[int, float]] = {where: {} for where in models}
+    measuring = dict(widths=PASS_WIDTHS, device=str(first.device), dtype=dtype_of(first))
+    for width in PASS_WIDTHS:
+        if stop.is_set():
+            break
+        for where, target in models.items():
+            costs[where][width] = passcost.pass_costs(target.model, (width,), PASS_CONTEXT, PASS_REPEATS)[width]
+        yield PassCosts({where: dict(by_width) for where, by_width in costs.items()}, **measuring)
+    yield PassCosts(costs, **measuring, done=True)

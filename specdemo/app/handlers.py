@@ -8,9 +8,11 @@ import contextlib
 import dataclasses
 import html
 import math
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import gradio as gr
 
@@ -24,6 +26,7 @@ from specdemo.app.drawing import (
     race_row,
     view_updates,
 )
+from specdemo.app.lesson import ON_DISK, ON_DISK_ABOUT
 from specdemo.app.limits import LIMITS, Deadline, budget
 from specdemo.app.live import (
     Baselines,
@@ -36,11 +39,19 @@ from specdemo.app.live import (
     text,
     whole,
 )
-from specdemo.app.zerogpu import GpuPlan, call_with_cpu_fallback, gpu_call, plan_for, with_cpu_fallback
+from specdemo.app.zerogpu import (
+    GpuPlan,
+    call_with_cpu_fallback,
+    gpu_call,
+    on_zerogpu,
+    plan_for,
+    unplanned,
+    with_cpu_fallback,
+)
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS
-from specdemo.models import LoadedModel, compiled, fast_dtype, free_memory, load_model
+from specdemo.models import EMBEDDED, LoadedModel, compiled, fast_dtype, free_memory, load_model
 from specdemo.presets import Preset, preset_for, preset_named
 
 
@@ -48,8 +59,6 @@ def click_budget(plan: GpuPlan) -> Deadline:
     """The click's deadline: its budget, or on ZeroGPU what it declared less a margin, so that no
     GPU call runs past its declaration."""
     return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)
-
-
 
 
 KNOBS = (  # in the order of the page's inputs
@@ -96,17 +105,25 @@ class Targets:
     (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use. Besides the start,
     one model is resident at a time (a preset, or the start at the other precision): asking for
     another evicts it first, so a class switching presets never holds more than two in memory.
-    A compiled start makes every model it loads compiled too. On ZeroGPU, a click the platform
-    refused runs on the start's twin on the CPU (`on_cpu`), loaded once too."""
+    Where the start is the embedded model, it is offered again with its decoder layers on disk
+    (`lesson.ON_DISK`, on the start's device), standing in for a model too big for memory; it is
+    resident as a preset is. A compiled start makes every model it loads compiled too (but the one
+    on disk: no graph holds weights that move in during a pass). On ZeroGPU, a click the platform
+    refused runs on the model's twin on the CPU (`on_cpu`), loaded once too."""
 
     def __init__(self, start: LoadedModel, presets: tuple[Preset, ...]):
         self.start, self.presets = start, presets
         self.resident: LoadedModel | None = None
-        self.cpu_twin: LoadedModel | None = None
+        self.resident_key: tuple | None = None  # (spec, dtype, on disk) of the resident model
+        self.cpu_twins: dict[bool, LoadedModel] = {}  # by whether its layers are on disk
+        # where the models on disk keep their layers: made on first use, removed with the page or at the process's exit
+        self.offload_dir: tempfile.TemporaryDirectory | None = None
         self.lock = threading.Lock()  # a class's clicks may ask for a model at once: one loads it
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
-        self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets)]))
+        self.on_disk = ON_DISK if start.spec == EMBEDDED and start.placed is None else None
+        self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets),
+                                         *([self.on_disk] if self.on_disk else [])]))
         # exact: float32, where every method's answer is AR's; fast: the dtype this device multiplies fastest, if
         # not float32
         fast = fast_dtype(start.device)
@@ -114,9 +131,18 @@ class Targets:
         start_dtype = str(start.dtype).removeprefix("torch.")
         self.start_precision = next((label for label, dtype in self.precisions.items() if dtype == start_dtype), EXACT)
 
-    def about(self, name: str) -> str:
+    def about(self, name: str, precision: str = "") -> str:
+        """What model `name` brings, and what the precision switch does once `precision` is not the start's."""
         preset = next((preset for preset in self.presets if preset.name == name), None)
-        return preset.about if preset else ""
+        brings = ON_DISK_ABOUT if name and name == self.on_disk else preset.about if preset else ""
+        return " ".join(filter(None, [brings, PRECISION_ABOUT if precision not in ("", self.start_precision) else ""]))
+
+    def shows_about(self, name: str, precision: str = "") -> bool:
+        """Whether the page says what model `name` brings: once another than the start is chosen, or
+        always with GPU presets (a lesson step setting the start back leaves the first screen as it was);
+        or what the precision switch does, once `precision` is not the start's."""
+        return (name != self.start_name or len(self.names) > 1 + bool(self.on_disk)
+                or precision not in ("", self.start_precision))
 
     def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
         """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
@@ -131,28 +157,50 @@ class Targets:
         same_dtype = dtype == str(self.start.dtype).removeprefix("torch.")
         if (not name or name == self.start_name) and same_dtype:
             return self.start
-        preset = None if not name or name == self.start_name else preset_named(name, self.presets)
-        spec = self.start.spec if preset is None else preset.target
-        if (self.resident is not None
-                and (self.resident.spec, str(self.resident.dtype).removeprefix("torch.")) == (spec, dtype)):
+        on_disk = bool(name) and name == self.on_disk
+        start = not name or name in (self.start_name, self.on_disk)
+        preset = None if start else preset_named(name, self.presets)
+        spec = self.start.spec if start else preset.target
+        if self.resident is not None and self.resident_key == (spec, dtype, on_disk):
             return self.resident
         if self.resident is not None:
-            self.resident = None
+            self.resident = self.resident_key = None
             free_memory()  # before the next load, so two presets never share the GPU
-        loaded = load_model(spec, dtype, str(self.start.device), device_map=preset and preset.device_map)
-        self.resident = compiled(loaded) if self.start.passes else loaded
+        device = str(self.start.device)
+        loaded = (self.layers_on_disk(dtype, device) if on_disk
+                  else load_model(spec, dtype, device, device_map=preset and preset.device_map))
+        self.resident, self.resident_key = compiled(loaded) if self.start.passes else loaded, (spec, dtype, on_disk)
         return self.resident
 
+    def layers_on_disk(self, dtype: str, device: str) -> LoadedModel:
+        """The start's model with every decoder layer on disk, in this page's folder for that dtype
+        and device: a later load of the same writes over its own files, never another model's."""
+        return load_model(self.start.spec, dtype, device, device_map="disk",
+                          offload_folder=self.offload_folder() / f"{device}-{dtype}".replace(":", "_"))
+
+    def offload_folder(self) -> Path:
+        """This page's folder for the layers on disk, made on first use; it is removed when the page
+        is dropped or the process exits (`tempfile.TemporaryDirectory`'s finalizer), never left behind."""
+        if self.offload_dir is None:
+            self.offload_dir = tempfile.TemporaryDirectory(prefix="specdemo-offload-", ignore_cleanup_errors=True)
+        return Path(self.offload_dir.name)
+
     def on_cpu(self, target: LoadedModel) -> LoadedModel:
-        """`target`'s twin on the CPU at its fastest dtype there, loaded on first use and held."""
+        """`target`'s twin on the CPU at its fastest dtype there, its layers on disk where `target`'s
+        are, loaded on first use and held (one in memory, one on disk)."""
+        on_disk = target.placed is not None
         with self.lock:
-            if self.cpu_twin is None or self.cpu_twin.spec != target.spec:
-                self.cpu_twin = None
-                self.cpu_twin = load_model(target.spec, "auto", "cpu")
-            return self.cpu_twin
+            twin = self.cpu_twins.get(on_disk)
+            if twin is None or twin.spec != target.spec:
+                self.cpu_twins.pop(on_disk, None)
+                self.cpu_twins[on_disk] = (self.layers_on_disk("auto", "cpu") if on_disk
+                                           else load_model(target.spec, "auto", "cpu"))
+            return self.cpu_twins[on_disk]
 
 
 EXACT = "exact (float32)"
+PRECISION_ABOUT = ("Precision: exact (float32) gives every method AR's answer; fast rounds, which may flip a near-tie "
+                   "between AR's two likeliest tokens, and the page then says where.")
 RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
 REPLAY_EVERY_S = 0.15  # a replay frame's wall time
 REPLAY_SPEEDS = {"real time": 1.0, "half speed": 0.5, "quarter speed": 0.25}
@@ -170,6 +218,7 @@ class Handlers:
     def __init__(self, targets: "Targets"):
         self.targets, self.baselines = targets, Baselines()
         self.generate_on_gpu, self.race_on_gpu = gpu_call(self.decode_generate), gpu_call(self.decode_race)
+        self.measure_on_gpu = gpu_call(self.decode_pass_costs)
 
     def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
         """Generate's GPU call: its plan first, then `clicks.generate_records`' records, within the plan's deadline."""
@@ -294,6 +343,43 @@ class Handlers:
         quality = views.cllm_quality_html(outcome.quality) if "cllm" in names else ""
         yield {"table": views.race_table(rows), "streams": plan_html(plan) + quality + answers,
                "plot": views.race_figure(results)}
+
+    def on_measure(self):
+        """Measure on this machine: what one target pass costs by the tokens it feeds, the page's
+        model in memory and with its layers on disk (`clicks.pass_cost_records`), its figure
+        ("pass_cost_plot") and sentence ("pass_cost_note") drawn as each width is measured. Decoded
+        in one GPU call on ZeroGPU (on the CPU when the platform refuses it), drawn here, outside it."""
+        if not self.targets.on_disk:
+            raise gr.Error("this page's model has no copy with its layers on disk to compare it with")
+        try:
+            self.targets(self.targets.on_disk)  # loaded before the GPU call, as Generate loads its model
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+        plan = GpuPlan(LIMITS.gpu_max_s, 0, 0.0) if on_zerogpu() else unplanned(0, 0.0)  # it measures the cost
+        records = with_cpu_fallback(self.measure_on_gpu, self.decode_pass_costs, plan)
+        with contextlib.closing(records):
+            for record in records:
+                if isinstance(record, GpuPlan):
+                    plan = record
+                    yield {"pass_cost_note": f"<p>{html.escape(plan.note)}</p>" if plan.note else ""}
+                else:
+                    sentence = views.pass_cost_sentence(record.costs, record.widths,
+                                                        f"{record.device}, {record.dtype}", record.done)
+                    note = f"<p>{html.escape(plan.note)}</p>" if plan.note else ""
+                    yield {"pass_cost_plot": views.pass_cost_figure(record.costs), "pass_cost_note": sentence + note}
+
+    def decode_pass_costs(self, plan: GpuPlan):
+        """Measuring's GPU call: its plan first, then `clicks.pass_cost_records`' records, within its deadline."""
+        stop = click_budget(plan)
+        try:
+            yield plan
+            models = {where: clicks.as_it_is(self.targets(name), plan, self.targets.on_cpu)
+                      for where, name in (("in memory", None), ("offloaded", self.targets.on_disk))}
+            yield from clicks.pass_cost_records(models, stop)
+        except SpecDemoError as error:
+            raise gr.Error(str(error)) from error
+        finally:
+            stop.set()
 
     @staticmethod
     def on_tick(step, history) -> dict:

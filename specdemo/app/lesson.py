@@ -13,6 +13,7 @@ class Step:
     prompt: str
     max_new_tokens: int
     notice: str  # what to look at, in plain words
+    model: str = ""  # the model the step runs on, a name of the page's model menu ("": the model the page started with)
 
 
 GLOSSARY = (
@@ -28,6 +29,15 @@ GLOSSARY = (
 CODE = "Write a Python function that counts how many times a letter appears in a word, with a docstring."
 LIST = "List the days of the week, one per line."
 REUSE = "Write a Python function that returns the largest of three numbers, with a docstring."
+
+# The page's model offered again with its decoder layers on disk (`handlers.Targets`), where it is the embedded one.
+ON_DISK = "SmolLM2-135M, layers on disk (stands in for a model too big for memory)"
+ON_DISK_ABOUT = (
+    "The page's model with every decoder layer kept on disk instead of in memory, as a model too big for this "
+    "machine's memory would be: each target pass reads all of its layers' weights in again, whatever it checks. Its "
+    "passes are slower, but a pass checking 16 tokens costs about what a pass of 1 does, so every method that checks "
+    "several tokens a pass gains more here than in memory. Same weights, same answers; loaded on first use."
+)
 
 LESSON = (
     Step("1. One token a pass (AR)", "ar", CODE, 64,
@@ -47,7 +57,12 @@ LESSON = (
     Step("5. Reuse phrases seen before (lookahead)", "lookahead", REUSE, 64,
          "No draft at all: the target's own earlier guesses, and phrases of the text so far, become the phrases it "
          "tries. It gains most where the answer repeats itself, as code repeats its names."),
-    Step("6. The race", "", CODE, 64,
+    Step("6. Same method, another machine: a model too big for memory (speculative)", "speculative", CODE, 64,
+         "Step 2 again, on the same model with its layers kept on disk, as a model too big for memory would be: every "
+         "pass reads all the weights in again, however many tokens it checks. Each pass is slower, but checking the "
+         "draft's guesses is now nearly free, so the speedup against AR should be larger than in step 2: compare the "
+         "two. Why? On the Lesson tab, open \"What a pass costs on this machine\" and press Measure.", ON_DISK),
+    Step("7. The race", "", CODE, 64,
          "Open the Race tab and press Race: every method is timed the same way, replayed side by side, and ends in a "
          "bar chart. Which wins, and is its bar clear of AR's range?"),
 )

@@ -71,13 +71,15 @@ def finish() -> dict:
     return {"generate": gr.Button(GENERATE, interactive=True), **locked(False), "busy": False}
 
 
-def set_up(title: str, status: str) -> dict:
+def set_up(title: str, status: str, models: tuple[str, ...] = ()) -> dict:
     """Lesson step `title` on Generate: its method, prompt and length, what to look at, the last
     answer cleared, `status` beside Generate, and the tab the step opens (Race for the race's step).
-    Names: method (but for the race's step), prompt, max_new_tokens, lesson_note, tabs, run_status,
-    shown_step and `LAST_RUN`."""
+    With the page's model menu (`models`, the start first), the step's model too: its own where
+    the menu offers it, else the start. Names: method (but for the race's step), model (with
+    `models`), prompt, max_new_tokens, lesson_note, tabs, run_status, shown_step and `LAST_RUN`."""
     chosen = lesson.step_named(title)
-    return {**({"method": chosen.method} if chosen.method else {}), "prompt": chosen.prompt,
+    model = {"model": chosen.model if chosen.model in models else models[0]} if models else {}
+    return {**({"method": chosen.method} if chosen.method else {}), **model, "prompt": chosen.prompt,
             "max_new_tokens": chosen.max_new_tokens, "lesson_note": lesson.notice_html(chosen),
             "tabs": step_tab(chosen), "run_status": said(status), "shown_step": title, **cleared()}
 
@@ -86,7 +88,7 @@ def step_tab(chosen: lesson.Step) -> gr.Tabs:
     return gr.Tabs(selected="race-tab" if not chosen.method else "generate")
 
 
-def lesson_setup(title: str, busy: bool) -> dict:
+def lesson_setup(title: str, busy: bool, models: tuple[str, ...] = ()) -> dict:
     """A lesson step chosen. With no run on, it is set up at once (`set_up`). With a run on, the
     page stops the run (the event cancels it) and says so; the step is set up by `settle` once the
     run has ended, so no late update of the stopped run can land beside the new step.
@@ -95,16 +97,16 @@ def lesson_setup(title: str, busy: bool) -> dict:
         return {"lesson_note": ""}
     if busy:
         return {"tabs": step_tab(lesson.step_named(title)), "run_status": said(STOPPING)}
-    return set_up(title, "")
+    return set_up(title, "", models)
 
 
-def settle(title: str | None, shown_step: str | None) -> dict:
+def settle(title: str | None, shown_step: str | None, models: tuple[str, ...] = ()) -> dict:
     """After a run ended: a lesson step chosen while it ran, and not yet on screen, is set up now,
     saying that the run was stopped for it. Names: among `set_up`'s."""
     if title not in lesson.TITLES or title == shown_step:
         return {}
     button = "Generate" if lesson.step_named(title).method else "Race (on the Race tab)"
-    return set_up(title, f"{STOPPED_FOR_STEP} Press {button} to run it.")
+    return set_up(title, f"{STOPPED_FOR_STEP} Press {button} to run it.", models)
 
 
 def method_chosen(how: str) -> dict:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 import gradio as gr
 from gradio.events import Dependency
 
-from specdemo.app import lesson, one_run, views
+from specdemo.app import lesson, one_run, ui_offload, views
 from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
 from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
@@ -162,40 +162,39 @@ class Page:
     def lesson_shown(self) -> Outputs:
         """What setting up a lesson step writes (`one_run.set_up`)."""
         run = self.generate
-        return {"method": run.method, "prompt": run.prompt, "max_new_tokens": run.max_new_tokens,
-                "lesson_note": run.lesson_note, "tabs": self.tabs, "run_status": run.run_status,
-                "shown_step": self.shown_step, **run.last_run}
+        return {"method": run.method, "model": self.header.model, "prompt": run.prompt,
+                "max_new_tokens": run.max_new_tokens, "lesson_note": run.lesson_note, "tabs": self.tabs,
+                "run_status": run.run_status, "shown_step": self.shown_step, **run.last_run}
 
 
 def header(targets: Targets, target: LoadedModel) -> Header:
-    """The page's style and title, the model picker (shown when there are presets) and the switches."""
+    """The page's style and title; the model menu and precision switch unlabelled in the display switches' row, one line
+    at 1280 px (what a model or precision does is said once another than the start's is chosen, or with GPU presets)."""
     gr.HTML(views.PAGE_STYLE)
-    # the dtype is the precision switch's to say where there is one: a header saying float32 would be wrong after a
-    # switch
+    # the precision switch says the dtype where there is one: a header saying float32 would be wrong after a switch
     dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {target.device}{dtype}")
-    model = gr.Dropdown(targets.names, value=targets.start_name, label="Model (GPU presets: a target with its draft, "
-                        "Medusa heads and CLLM; loaded on first use)", elem_id="model", visible=len(targets.names) > 1)
-    model_about = gr.Markdown(targets.about(targets.start_name), visible=len(targets.names) > 1)
     with gr.Row(equal_height=True):
+        model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=1,
+                            elem_id="model", visible=len(targets.names) > 1)
         precision = gr.Radio(list(targets.precisions), value=targets.start_precision, elem_id="precision",
-                             visible=len(targets.precisions) > 1, scale=3, label="Precision (exact: every method gives "
-                             "AR's answer; fast: rounding may flip a near-tie, and the page says where)")
-        answer_only = gr.Checkbox(False, label="Answer only: hide the rejected drafts and the colours",
-                                  elem_id="answer-only", scale=1)
+                             label="Precision", show_label=False, container=False, scale=0, min_width=280,
+                             visible=len(targets.precisions) > 1)
+        answer_only = gr.Checkbox(False, label="Answer only: hide drafts and colours", elem_id="answer-only", scale=1)
         large_text = gr.Checkbox(False, label="Large text (projector)", elem_id="large-text", scale=1)
+    model_about = gr.Markdown(targets.about(targets.start_name), visible=targets.shows_about(targets.start_name))
     return Header(model, model_about, precision, answer_only, large_text)
 
 
-def lesson_tab() -> gr.Radio:
-    """The Lesson tab: the glossary and the steps, each of which sets up Generate (or Race)."""
+def lesson_tab(targets: Targets) -> tuple[gr.Radio, ui_offload.PassCostBox | None]:
+    """The Lesson tab: the glossary and the steps, each of which sets up Generate (or Race); the pass-cost box."""
     with gr.Tab("Lesson", id="lesson"):
         gr.Markdown("A 15-minute lesson: take the steps in order. Each one sets the method and a prompt on which its "
                     "gain shows, then opens Generate; choosing a step stops an answer still running.\n\n"
                     + lesson.GLOSSARY)
         lesson_step = gr.Radio(lesson.TITLES, label="Lesson step", elem_id="lesson-step")
         gr.HTML(views.legend_html())
-    return lesson_step
+        return lesson_step, ui_offload.pass_cost_box(bool(targets.on_disk))
 
 
 def generate_tab() -> GenerateTab:
@@ -222,8 +221,7 @@ def generate_tab() -> GenerateTab:
                 view_plot = gr.Plot(label=PLOT_LABELS["timeline"], elem_id="method-plot")
         lesson_note = gr.HTML(elem_id="lesson-note")
         how = gr.Markdown(how_for(FIRST.method), elem_id="how")
-        # a dataset rather than gr.Examples: a click during a run must leave the run's prompt alone
-        # (`one_run.example_chosen`)
+        # a dataset, not gr.Examples: a click during a run leaves the run's prompt alone (`one_run.example_chosen`)
         examples = gr.Dataset(components=[prompt], samples=[[example] for example in EXAMPLES], type="index",
                               label="Examples", elem_id="examples")
         gr.HTML(views.legend_html())
@@ -368,7 +366,8 @@ def wire_generate(page: Page, handlers: Handlers) -> Dependency:
     running = wire(starting.then, handlers.on_generate, drawn, inputs=page.generate_inputs(), api_visibility="private",
                    **ONE_AT_A_TIME)
     ended = wire(running.then, one_run.finish, {**run.locked, "busy": page.busy}, **cheap)
-    wire(ended.then, one_run.settle, page.lesson_shown, inputs=[page.lesson_step, page.shown_step], **cheap)
+    settle = functools.partial(one_run.settle, models=tuple(handlers.targets.names))
+    wire(ended.then, settle, page.lesson_shown, inputs=[page.lesson_step, page.shown_step], **cheap)
     # the slider fires no change when a new run ends on the same step number as the last one
     wire(running.then, handlers.on_step, shown.outputs, inputs=[page.history, shown.step], api_visibility="private")
     return running
@@ -394,13 +393,15 @@ def wire_controls(page: Page, targets: Targets, running: Dependency) -> None:
     # cheap events never wait behind a decode: off the queue, answered at once
     wire(run.method.change, lambda chosen: one_run.method_chosen(how_for(chosen)), {"how": run.how, **run.last_run},
          inputs=run.method, api_visibility="private", queue=False, show_progress="hidden")
-    wire(page.lesson_step.change, one_run.lesson_setup, page.lesson_shown, inputs=[page.lesson_step, page.busy],
-         api_visibility="private", queue=False, cancels=[running], show_progress="hidden")
+    wire(page.lesson_step.change, functools.partial(one_run.lesson_setup, models=tuple(targets.names)),
+         page.lesson_shown, inputs=[page.lesson_step, page.busy], api_visibility="private", queue=False,
+         cancels=[running], show_progress="hidden")
     wire(run.examples.click, lambda index, busy: one_run.example_chosen(EXAMPLES[index], busy),
          {"prompt": run.prompt, "run_status": run.run_status, **run.last_run}, inputs=[run.examples, page.busy],
          api_visibility="private", queue=False, show_progress="hidden")
-    header.model.change(targets.about, inputs=header.model, outputs=header.model_about, api_visibility="private",
-                        queue=False)
+    gr.on([header.model.change, header.precision.change], lambda name, precision: gr.Markdown(
+        targets.about(name, precision), visible=targets.shows_about(name, precision)),
+        inputs=[header.model, header.precision], outputs=header.model_about, api_visibility="private", queue=False)
 
 
 def wire_step_through(page: Page, handlers: Handlers) -> None:
@@ -408,15 +409,13 @@ def wire_step_through(page: Page, handlers: Handlers) -> None:
     shown, history = page.step_through, page.history
     off_queue = dict(api_visibility="private", queue=False)
     wire(shown.step.change, handlers.on_step, shown.outputs, inputs=[history, shown.step], **off_queue)
-    shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, api_visibility="private",
-                     queue=False)
+    shown.back.click(lambda s: max(0, s - 1), inputs=shown.step, outputs=shown.step, **off_queue)
     # the slider refuses a value past its maximum, and would then refuse every later one too
-    shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, inputs=[shown.step, history],
-                        outputs=shown.step, api_visibility="private", queue=False)
+    shown.forward.click(lambda s, h: min(s + 1, len(h[0])) if h and h[0] else 0, [shown.step, history], shown.step,
+                        **off_queue)
     wire(shown.play.click, handlers.on_play, shown.autoplay, inputs=[shown.step, history], **off_queue)
-    shown.pause.click(lambda: gr.Timer(active=False), outputs=shown.timer, api_visibility="private", queue=False)
-    shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer,
-                      api_visibility="private", queue=False)
+    shown.pause.click(lambda: gr.Timer(active=False), outputs=shown.timer, **off_queue)
+    shown.pace.change(lambda seconds: gr.Timer(value=seconds), inputs=shown.pace, outputs=shown.timer, **off_queue)
     wire(shown.timer.tick, handlers.on_tick, shown.autoplay, inputs=[shown.step, history], **off_queue)
 
 
@@ -431,13 +430,15 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
         top = header(handlers.targets, target)
         with gr.Tabs(selected="generate") as tabs:
-            lesson_step, generate, step_through, race = lesson_tab(), generate_tab(), step_through_tab(), race_tab()
+            (lesson_step, pass_cost), generate = lesson_tab(handlers.targets), generate_tab()
+            step_through, race = step_through_tab(), race_tab()
         page = Page(top, tabs, lesson_step, generate, step_through, race, history=gr.State(None), busy=gr.State(False),
                     shown_step=gr.State(None))
         running = wire_generate(page, handlers)
         wire_race(page, handlers, running)
         wire_controls(page, handlers.targets, running)
         wire_step_through(page, handlers)
+        ui_offload.wire_pass_cost(pass_cost, handlers, ONE_AT_A_TIME)
         gr.api(api_generate_for(handlers.targets), api_name="generate", **ONE_AT_A_TIME)
     return app
 

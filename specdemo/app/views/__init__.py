@@ -5,10 +5,17 @@ run's figures by the kind of its payload, and `explain` says in words what a ste
 calls them here, as `views.<name>`.
 """
 
-from specdemo.app.views.explain import cllm_quality_html, divergence_sentence, explain_step, how_html
+from specdemo.app.views.explain import (
+    cllm_quality_html,
+    divergence_sentence,
+    explain_step,
+    how_html,
+    pass_cost_sentence,
+)
 from specdemo.app.views.figures import (
     REFINED,
     jacobi_blocks,
+    pass_cost_figure,
     race_figure,
     speed_figure,
     step_timeline_figure,
@@ -46,6 +53,8 @@ __all__ = [
     "legend_html",
     "memory_cell",
     "method_pictures",
+    "pass_cost_figure",
+    "pass_cost_sentence",
     "race_figure",
     "race_grid",
     "race_note",

@@ -181,3 +181,21 @@ GUESSED = {  # a tree's nodes that no model proposed, by source, in words
 def how_html(plain: str, description: str) -> str:
     """A method in one plain sentence, its details and math folded away (Markdown with HTML)."""
     return f"{plain}\n\n<details><summary>The details, with the math</summary>\n\n{description}\n\n</details>"
+
+
+def pass_cost_sentence(costs: dict[str, dict[int, float]], widths: tuple[int, ...], where: str, done: bool) -> str:
+    """What a pass-cost measurement says so far (`costs`: {where the weights are: {tokens fed: ms}} of
+    `widths` planned, on `where`, a device and dtype), in plain words: while it runs, how far it
+    is; once `done`, what the widest pass measured costs against a pass of 1 token, for each line."""
+    measured = min((len(by_width) for by_width in costs.values()), default=0)
+    if not done:
+        return f"<p>Measuring on this machine ({where}): {measured} of {len(widths)} widths done…</p>"
+    if not measured:
+        return "<p>The click's time ran out before a pass was measured: try again.</p>"
+    widest = max(min(costs.values(), key=len))
+    ratios = ", and ".join(f"{by_width[widest] / by_width[min(by_width)]:.1f}x a 1-token pass {name}"
+                           for name, by_width in costs.items())
+    cut = f" The click's time ran out after {measured} of {len(widths)} widths." if measured < len(widths) else ""
+    return (f"<p>Measured on this machine ({where}), a few passes each: one pass checking {widest} tokens "
+            f"costs {ratios}. Where that is near 1x, a method that checks many guesses a pass "
+            f"loses little when they are wrong and gains whenever they are right.{cut}</p>")

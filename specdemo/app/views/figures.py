@@ -365,3 +365,30 @@ def race_figure(results: list[dict]) -> go.Figure:
     figure.update_layout(title=f"The race: {runs} timed run{'s' if runs != 1 else ''} of each method and of AR, on "
                          "this prompt")
     return compact(figure).update_layout(margin=dict(t=80))
+
+
+# ----- What one target pass costs by how many tokens it feeds -----
+
+PASS_COST_TITLE = ("Checking more tokens is nearly free when the line is flat<br><sup>what one target pass costs by "
+                   "the tokens it checks, against a pass of 1 token</sup>")
+
+
+def pass_cost_figure(costs: dict[str, dict[int, float]]) -> go.Figure:
+    """One line for each place the weights are (`costs`: {"in memory": {tokens fed: ms}, "offloaded": ...}),
+    each pass's cost divided by that line's narrowest pass (a pass of 1 token, once measured), so
+    the lines compare whatever their milliseconds; the milliseconds show on hover. A line for
+    tokens costing a pass each would rise as steeply as the tokens fed; a flat line is the gain."""
+    figure = go.Figure()
+    for name, by_width in costs.items():
+        widths = sorted(by_width)
+        if not widths:
+            continue
+        unit = by_width[widths[0]]
+        figure.add_scatter(x=widths, y=[by_width[w] / unit for w in widths], mode="lines+markers", name=name,
+                           customdata=[by_width[w] for w in widths],
+                           hovertemplate="%{x} tokens: %{y:.2f}x a 1-token pass (%{customdata:.1f} ms)")
+    figure.add_hline(y=1, line_dash="dash", line_color="#5f6368")
+    figure.update_layout(title=dict(text=PASS_COST_TITLE, font=dict(size=14)), xaxis_title="tokens checked in one pass",
+                         yaxis_title="cost against a 1-token pass", xaxis_type="log", yaxis_rangemode="tozero")
+    figure.update_xaxes(tickvals=sorted({w for by_width in costs.values() for w in by_width}))
+    return compact(figure).update_layout(margin=dict(t=70))

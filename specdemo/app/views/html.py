@@ -30,7 +30,8 @@ INLINE_REJECTED_LIMIT = {"jacobi": 1, "cllm": 1, "lookahead": 1}
 
 STYLE = """
 <style>
-.specdemo-stream { font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.7; }
+.specdemo-stream { font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.7;
+  overflow-wrap: anywhere; }
 .tok { border-radius: 3px; padding: 0 1px; }
 .tok[data-origin="ar"] { background: #eef0f3; }
 .tok[data-origin="accepted"] { background: #c7f0d2; }
