@@ -16,7 +16,9 @@ each pass and back afterwards, so a model larger than one device runs, slower. R
   graph cannot hold weights that move in during the pass).
 """
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -75,9 +77,11 @@ def disk_map(model: PreTrainedModel, device: torch.device) -> dict:
 
 def dispatch(model: PreTrainedModel, device_map: dict, offload_folder: str | Path | None = None) -> PreTrainedModel:
     """`model` (whole, on the CPU) spread as `device_map` says; a map with `disk` writes those
-    weights into `offload_folder` (default: a fresh temporary folder, kept while the process runs)."""
+    weights into `offload_folder`, or into a fresh temporary folder that lives as long as the model:
+    removed when the model is collected, or at the latest when the process exits."""
     if DISK in device_map.values() and offload_folder is None:
         offload_folder = tempfile.mkdtemp(prefix="specdemo-offload-")
+        weakref.finalize(model, shutil.rmtree, offload_folder, ignore_errors=True)
     return dispatch_model(model, device_map, offload_dir=None if offload_folder is None else str(offload_folder))
 
 

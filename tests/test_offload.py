@@ -2,6 +2,8 @@
 every method runs on it, and every greedy method still commits AR's tokens (float32)."""
 
 import copy
+import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +94,16 @@ def test_a_map_onto_one_device_is_an_ordinary_load():
     assert not placement.spread({"": "cpu"}) and not placement.spread({"model.embed_tokens": 0, "lm_head": 0})
     assert placement.spread({"model.layers.0": 0, "model.layers.1": "cpu"}) and placement.spread({"": "disk"})
     assert placement.device_map_for(make_tiny_model(), "auto", torch.device("cpu"), {"cpu": "1GiB"}) == {"": "cpu"}
+
+
+def test_a_temporary_offload_folder_goes_with_its_model(monkeypatch):
+    made = []
+    mkdtemp = placement.tempfile.mkdtemp
+    monkeypatch.setattr(placement.tempfile, "mkdtemp", lambda **named: made.append(mkdtemp(**named)) or made[-1])
+    model = placement.dispatch(make_tiny_model(), CPU_AND_DISK)
+    folder = Path(made[0])
+    assert any(folder.iterdir())  # the second layer's weights were written there
+    assert final_summary(ar.generate(model, PROMPT, max_new_tokens=2, eos_token_ids=())).tokens
+    del model
+    gc.collect()
+    assert not folder.exists()
