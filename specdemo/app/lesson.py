@@ -59,9 +59,10 @@ LESSON = (
          "tries. It gains most where the answer repeats itself, as code repeats its names."),
     Step("6. Same method, another machine: a model too big for memory (speculative)", "speculative", CODE, 64,
          "Step 2 again, on the same model with its layers kept on disk, as a model too big for memory would be: every "
-         "pass reads all the weights in again, however many tokens it checks. Each pass is slower, but checking the "
-         "draft's guesses is now nearly free, so the speedup against AR should be larger than in step 2: compare the "
-         "two. Why? On the Lesson tab, open \"What a pass costs on this machine\" and press Measure.", ON_DISK),
+         "pass reads all the weights in again, however many tokens it checks. Each pass is slower, and that reading "
+         "costs the same at any width, so checking the draft's guesses adds relatively less: the speedup against AR "
+         "should be larger than in step 2. Compare the two. Why? On the Lesson tab, open \"What a pass costs on "
+         "this machine\" and press Measure.", ON_DISK),
     Step("7. The race", "", CODE, 64,
          "Open the Race tab and press Race: every method is timed the same way, replayed side by side, and ends in a "
          "bar chart. Which wins, and is its bar clear of AR's range?"),
