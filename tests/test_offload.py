@@ -3,6 +3,9 @@ every method runs on it, and every greedy method still commits AR's tokens (floa
 
 import copy
 import gc
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,30 @@ def test_a_temporary_offload_folder_goes_with_its_model(monkeypatch):
     del model
     gc.collect()
     assert not folder.exists()
+
+
+FOLDER_AT_EXIT = """
+import sys
+
+from specdemo import placement
+from specdemo.core.events import final_summary
+from specdemo.methods import ar
+from test_offload import CPU_AND_DISK, PROMPT
+from conftest import make_tiny_model
+
+made = []
+mkdtemp = placement.tempfile.mkdtemp
+placement.tempfile.mkdtemp = lambda **named: made.append(mkdtemp(**named)) or made[-1]
+model = placement.dispatch(make_tiny_model(), CPU_AND_DISK)  # as the page's model on disk: no folder given
+assert final_summary(ar.generate(model, PROMPT, max_new_tokens=2, eos_token_ids=())).tokens
+print(made[0])
+sys.exit(0)  # the model still held: only the process's exit removes its folder
+"""
+
+
+def test_a_temporary_offload_folder_is_removed_at_the_processs_exit():
+    ran = subprocess.run([sys.executable, "-c", FOLDER_AT_EXIT], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert ran.returncode == 0, ran.stderr
+    folder = Path(ran.stdout.strip().splitlines()[-1])
+    assert folder.name.startswith("specdemo-offload-") and not folder.exists()

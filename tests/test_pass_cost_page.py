@@ -1,10 +1,7 @@
 """The page's model with its layers on disk, and the pass-cost picture: drawn from a tiny model's
 measured passes (no browser), measured by the Measure button's handler, and the model on disk
-giving AR's answer through the page's handlers (float32); the folder it keeps its layers in removed at exit."""
+giving AR's answer through the page's handlers (float32)."""
 
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -105,31 +102,3 @@ def test_a_lesson_step_sets_its_model_and_the_others_the_start():
     assert one_run.set_up(lesson.TITLES[1], "", models)["model"] == "embedded"
     assert one_run.set_up(on_disk.title, "", ("embedded",))["model"] == "embedded"  # a page without it: the start
     assert "model" not in one_run.set_up(on_disk.title, "")
-
-
-FOLDER_AT_EXIT = """
-import sys
-from types import SimpleNamespace
-
-import torch
-
-from specdemo.app.handlers import Targets
-
-start = SimpleNamespace(spec="embedded", placed=None, device=torch.device("cpu"), dtype=torch.float32)
-targets = Targets(start, ())
-folder = targets.offload_folder()
-assert folder.is_dir() and targets.offload_folder() == folder  # made once, on first use
-(folder / "cpu-float32").mkdir()
-(folder / "cpu-float32" / "layer.dat").write_bytes(bytes(8))  # as accelerate writes a layer's weights
-print(folder)
-sys.exit(0)  # the page's Targets still held: only the process's exit removes its folder
-"""
-
-
-def test_the_pages_folder_of_layers_on_disk_is_removed_at_the_processs_exit():
-    """The page's folder for the model on disk, made on first use, is gone once its process has exited."""
-    ran = subprocess.run([sys.executable, "-c", FOLDER_AT_EXIT], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).parent.parent)
-    assert ran.returncode == 0, ran.stderr
-    folder = Path(ran.stdout.strip().splitlines()[-1])
-    assert folder.name.startswith("specdemo-offload-") and not folder.exists()

@@ -8,11 +8,9 @@ import contextlib
 import dataclasses
 import html
 import math
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import gradio as gr
 
@@ -116,8 +114,6 @@ class Targets:
         self.resident: LoadedModel | None = None
         self.resident_key: tuple | None = None  # (spec, dtype, on disk) of the resident model
         self.cpu_twins: dict[bool, LoadedModel] = {}  # by whether its layers are on disk
-        # where the models on disk keep their layers: made on first use, removed with the page or at the process's exit
-        self.offload_dir: tempfile.TemporaryDirectory | None = None
         self.lock = threading.Lock()  # a class's clicks may ask for a model at once: one loads it
         start_preset = preset_for(start.spec, presets)
         self.start_name = start_preset.name if start_preset else start.spec
@@ -173,17 +169,9 @@ class Targets:
         return self.resident
 
     def layers_on_disk(self, dtype: str, device: str) -> LoadedModel:
-        """The start's model with every decoder layer on disk, in this page's folder for that dtype
-        and device: a later load of the same writes over its own files, never another model's."""
-        return load_model(self.start.spec, dtype, device, device_map="disk",
-                          offload_folder=self.offload_folder() / f"{device}-{dtype}".replace(":", "_"))
-
-    def offload_folder(self) -> Path:
-        """This page's folder for the layers on disk, made on first use; it is removed when the page
-        is dropped or the process exits (`tempfile.TemporaryDirectory`'s finalizer), never left behind."""
-        if self.offload_dir is None:
-            self.offload_dir = tempfile.TemporaryDirectory(prefix="specdemo-offload-", ignore_cleanup_errors=True)
-        return Path(self.offload_dir.name)
+        """The start's model with every decoder layer on disk, in a temporary folder of its own that
+        goes with the model (`placement.dispatch`): dropped by the page, or at the process's exit."""
+        return load_model(self.start.spec, dtype, device, device_map="disk")
 
     def on_cpu(self, target: LoadedModel) -> LoadedModel:
         """`target`'s twin on the CPU at its fastest dtype there, its layers on disk where `target`'s
