@@ -32,28 +32,31 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     positions = list(positions)
     if positions != list(range(length, length + len(positions))):
         index = torch.tensor(positions, device=cache.layers[0].keys.device)
-        for layer in cache.layers:  # copy only the kept entries into place; the crop drops the rest
-            layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
-            layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, index)
+        if isinstance(cache, StaticKV):  # every layer's keys and values in one buffer: two kernels, not four a layer
+            cache.buffer[..., length : length + len(positions), :] = cache.buffer.index_select(-2, index)
+        else:
+            for layer in cache.layers:  # copy only the kept entries into place; the crop drops the rest
+                layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
+                layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, index)
     keep_prefix(cache, length + len(positions))
 
 
 class SlotLayer(StaticLayer):
-    """One layer of a `StaticKV`: a pass writes its keys and values at the buffer's `start` and on."""
+    """One layer of a `StaticKV`: a pass writes its keys and values at the buffer's `start` and on.
+    `pair` [2, 1, heads, capacity, head_dim]: its keys and values, a slice of the cache's one buffer."""
 
-    def __init__(self, max_cache_len: int, start: torch.Tensor):
+    def __init__(self, max_cache_len: int, start: torch.Tensor, pair: torch.Tensor):
         super().__init__(max_cache_len)
-        self.start = start
+        self.start, self.pair = start, pair
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """transformers' allocation, but the buffers' addresses are marked static only on CUDA, where
-        CUDA graphs need them: on a CPU, inductor's freezing would take a static buffer for a
-        constant and read a stale copy of the cache."""
+        """transformers' initialisation over the buffer's slice, but the addresses are marked static
+        only on CUDA, where CUDA graphs need them: on a CPU, inductor's freezing would take a
+        static buffer for a constant and read a stale copy of the cache."""
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size, self.num_heads = key_states.shape[:2]
         self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
-        self.keys = key_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim)
-        self.values = value_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.v_head_dim)
+        self.keys, self.values = self.pair[0], self.pair[1]
         if self.device.type == "cuda":
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)
@@ -63,6 +66,7 @@ class SlotLayer(StaticLayer):
         """This layer's first `length` positions: views of its buffers, written through."""
         layer = copy.copy(self)
         layer.max_cache_len = length
+        layer.pair = self.pair[..., :length, :]
         layer.keys, layer.values = self.keys[:, :, :length], self.values[:, :, :length]
         torch._dynamo.maybe_mark_dynamic(layer.keys, 2)
         torch._dynamo.maybe_mark_dynamic(layer.values, 2)
@@ -81,15 +85,20 @@ class StaticKV(Cache):
     at `length` and on, and rollback only moves `length`, so whatever lies past it is stale and
     must never be attended to (the static pass's mask sees to it). `start` is `length` as a
     tensor at a fixed address, set before each pass, so one compiled graph serves every pass.
+    Every layer's keys and values are slices of one tensor (`buffer` [layers, 2, 1, heads,
+    capacity, head_dim]), so moving an accepted branch into place (`keep_positions`) is one copy
+    for the whole model: on a GPU each copy is a kernel launch.
     `passes`: the compiled pass (`static.CompiledPass`) that runs this cache's passes, given when
     the cache is made (`static.request_cache`); None runs them eagerly."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, passes=None):
         config = model.config.get_text_config(decoder=True)
         self.start = torch.zeros((), dtype=torch.long, device=model.device)
-        super().__init__(layers=[SlotLayer(capacity, self.start) for _ in range(config.num_hidden_layers)])
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.buffer = torch.zeros(config.num_hidden_layers, 2, 1, heads, capacity, head_dim, dtype=model.dtype,
+                                  device=model.device)
+        super().__init__(layers=[SlotLayer(capacity, self.start, pair) for pair in self.buffer])
         self.early_initialization(1, heads, head_dim, model.dtype, model.device)
         if model.device.type == "cuda":
             torch._dynamo.mark_static_address(self.start)
@@ -112,6 +121,7 @@ class StaticKV(Cache):
             view = StaticKV.__new__(StaticKV)
             Cache.__init__(view, layers=[layer.window(length) for layer in self.layers])
             view.start, view.capacity, view.windows, view.passes = self.start, length, {}, self.passes
+            view.buffer = self.buffer[..., :length, :]
             self.windows[length] = view
         self.windows[length].length = self.length
         return self.windows[length]
@@ -122,6 +132,7 @@ class StaticKV(Cache):
         view = StaticKV.__new__(StaticKV)
         Cache.__init__(view, layers=[copy.copy(layer) for layer in self.layers])
         view.start, view.capacity, view.windows, view.length, view.passes = self.start, self.capacity, {}, 0, passes
+        view.buffer = self.buffer
         return view
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
