@@ -32,12 +32,13 @@ def chain_positions(sees: torch.Tensor, prefix_length: int) -> torch.Tensor:
 
 def sees_from_parents(parents: list[int]) -> torch.Tensor:
     """`sees` [q, q] for a forest given as each new token's parent index (-1: the prefix):
-    a token sees itself and its ancestors."""
-    q = len(parents)
-    sees = torch.eye(q, dtype=torch.bool)
+    a token sees itself and its ancestors. Built on the CPU from Python lists, a row from its
+    parent's, then made a tensor once."""
+    rows: list[list[bool]] = []
     for i, parent in enumerate(parents):
-        if parent >= 0:
-            if parent >= i:
-                raise ValueError(f"token {i}'s parent {parent} must come before it")
-            sees[i] |= sees[parent]
-    return sees
+        if parent >= i:
+            raise ValueError(f"token {i}'s parent {parent} must come before it")
+        row = rows[parent][:] if parent >= 0 else [False] * len(parents)
+        row[i] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).reshape(len(parents), len(parents))

@@ -72,12 +72,20 @@ class CudaGraphs:
     def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
                  positions: torch.Tensor, sees: torch.Tensor, head: torch.nn.Module | None, layers: tuple[int, ...]):
         """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
-        replayed from its graph for this kind of pass, captured now if it is the first."""
-        key = (inputs.shape[1], inputs.dtype, head is not None, layers)
+        replayed from its graph for this kind of pass, captured now if it is the first. `inputs`
+        [1, w] (ids, or embeddings [1, w, H]) fill the first w of the graph's `positions.shape[1]`
+        slots; the padded slots keep whatever an earlier pass fed them: each sees only itself
+        (`sees`), no real node sees it, and what it writes lies past the cache's valid length.
+        `positions` and `sees`, padded, may lie on the CPU: each is one copy into the graph."""
+        width, bucket = inputs.shape[1], positions.shape[1]
+        key = (bucket, inputs.dtype, head is not None, layers)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self.capture(forward, decoder, cache, inputs, positions, sees, head, layers)
-        graph.inputs.copy_(inputs)
+            fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])  # `static.padded_inputs`
+            fed[:, :width] = inputs
+            graph = self.graphs[key] = self.capture(forward, decoder, cache, fed, positions.to(inputs.device),
+                                                    sees.to(inputs.device), head, layers)
+        graph.inputs[:, :width].copy_(inputs)
         graph.positions.copy_(positions)
         graph.sees.copy_(sees)
         graph.graph.replay()

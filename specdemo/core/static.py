@@ -19,7 +19,6 @@ DynamicCache and the eager pass. A draft (the token draft, the feature draft's d
 gets graphs the same way for its own widths (`DRAFT_BUCKETS`).
 """
 
-import functools
 import logging
 import math
 from collections import Counter
@@ -217,14 +216,25 @@ def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bu
     """A pass's inputs padded to `bucket` nodes, as fresh tensors (a graph is specialised on its
     inputs' strides too): a padded node holds token 0 (a zero embedding) at the last position and
     sees only itself; no real node sees it, and what it writes into the cache lies past the valid length."""
-    width = inputs.shape[1]
+    return (padded_inputs(inputs, bucket), *padded_layout(positions, sees, bucket))
+
+
+def padded_inputs(inputs: torch.Tensor, bucket: int) -> torch.Tensor:
+    """`inputs` [1, w] (ids, or embeddings [1, w, H]) followed by zeros up to `bucket` nodes."""
     fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])
-    fed[:, :width] = inputs
+    fed[:, : inputs.shape[1]] = inputs
+    return fed
+
+
+def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`padded`'s positions [1, bucket] and `sees` [bucket, bucket], on the device they came from
+    (a pass's layout is built on the CPU from a tree's parents: padding it there costs no GPU launch)."""
+    width = positions.shape[1]
     at = positions[:, -1:].repeat(1, bucket)
     at[:, :width] = positions
     seen = torch.eye(bucket, dtype=torch.bool, device=sees.device)
     seen[:width, :width] = sees
-    return fed, at, seen
+    return at, seen
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
@@ -234,6 +244,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
     fits, when the pass looks back at earlier branches (back > 0), or when compiling failed.
+    `positions` and `sees` may lie on the CPU, where a pass's layout is built: they move to the
+    model's device here (into a CUDA graph's own tensors), so building them costs no GPU launch.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
     head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
     wider than every bucket) from the head over these rows alone. `layers`: the hidden states
@@ -252,17 +264,17 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     out = None
     if bucket is not None:
         try:
-            run = passes.forward if passes.graphs is None else functools.partial(passes.graphs, passes.forward)
-            out = run(model.get_decoder(), seen, *padded(inputs, positions, sees, bucket), lm_head, layers)
+            out = bucketed(passes, model.get_decoder(), seen, inputs, positions, sees, bucket, lm_head, layers)
             hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
-            out = hidden if rows is None else (hidden, out[1][0, list(rows)])  # indexing by a list copies
+            out = hidden if rows is None else (hidden, rows_of(out[1][0], rows))
             passes.runs[bucket] += 1
         except Exception as error:  # noqa: BLE001 -- any compiler failure: warn once, run eagerly from now on
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:
+        positions, sees = positions.to(inputs.device), sees.to(inputs.device)
         hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees, layers=layers)
         out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows), -model.config.hidden_size :]).float())
         if passes:
@@ -271,21 +283,44 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     return out
 
 
+def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
+             positions: torch.Tensor, sees: torch.Tensor, bucket: int, head: torch.nn.Module | None,
+             layers: tuple[int, ...]):
+    """`static_forward`'s output for a pass padded to `bucket` nodes, run by the compiled pass: a
+    CUDA graph (which takes the fed inputs as they are and the padded layout from wherever it was
+    built), or the compiled function over fresh padded tensors on the model's device."""
+    at, seen = padded_layout(positions, sees, bucket)
+    if passes.graphs is not None:
+        return passes.graphs(passes.forward, decoder, cache, inputs, at, seen, head, layers)
+    return passes.forward(decoder, cache, padded_inputs(inputs, bucket), at.to(inputs.device), seen.to(inputs.device),
+                          head, layers)
+
+
+def rows_of(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """`logits[rows]` as a tensor of its own: a slice where the rows run in a row (one copy, no
+    index to move to the device), else indexed by the list."""
+    rows = list(rows)
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return logits[rows[0] : rows[0] + len(rows)].clone()
+    return logits[rows]
+
+
 def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, allowed: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """A draft's pass: the last hidden states [1, w, H] of `model`'s decoder over `inputs` (ids
     [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `allowed` is None;
     else token i attends to cached position or new token j where `allowed[i, j]` ([w, cached + w]:
-    the branches of a draft tree), at `position_ids`. On a `StaticKV` the static path
-    (compiled when the cache carries a compiled pass, `request_cache`); on any other cache transformers' pass."""
+    the branches of a draft tree), at `position_ids`; both may lie on the CPU, where a tree's
+    layout is built. On a `StaticKV` the static path (compiled when the cache carries a compiled
+    pass, `request_cache`); on any other cache transformers' pass."""
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
-        tree = {} if allowed is None else {"attention_mask": additive(allowed, model.dtype),
-                                           "position_ids": position_ids}
+        tree = {} if allowed is None else {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
+                                           "position_ids": position_ids.to(inputs.device)}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
     if allowed is None:
-        sees = torch.ones(width, width, dtype=torch.bool, device=inputs.device).tril()
-        return static_pass(model, cache, inputs, torch.arange(cached, cached + width, device=inputs.device)[None], sees)
+        sees = torch.ones(width, width, dtype=torch.bool).tril()
+        return static_pass(model, cache, inputs, torch.arange(cached, cached + width)[None], sees)
     hidden_from = (~allowed[:, :cached].all(dim=0)).nonzero()  # cached positions some new token may not see
     back = cached - int(hidden_from[0]) if len(hidden_from) else 0  # the window `sees` spells out
     return static_pass(model, cache, inputs, position_ids, allowed[:, cached - back :])

@@ -162,7 +162,7 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):
-        sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
+        sees = tree_mask(fed_parents(pending, proposal))  # on the CPU, as its positions: `static_pass` moves them
         # [1, f, H], [rows, V]
         hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)
         return TargetPass(logits, hidden if features else None, cached, pending)

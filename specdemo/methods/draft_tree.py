@@ -91,8 +91,8 @@ def grow(
     fed = []  # nodes in the draft's cache after the prefix, in cache order
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
-        allowed = branch_visibility(tree, fed, nodes, prefix, sequence.device)
-        positions = torch.full((1, len(nodes)), prefix + level - 2, device=sequence.device)
+        allowed = branch_visibility(tree, fed, nodes, prefix)  # on the CPU, as the positions: the pass moves them
+        positions = torch.full((1, len(nodes)), prefix + level - 2)
         fed.extend(nodes)
         return branch_logits(draft, cache, tokens, states, allowed=allowed, position_ids=positions)
 
@@ -175,17 +175,19 @@ def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[
     return Proposal(tuple(tokens), tuple(hung), (*tree.sources, *("draft",) * added), scores=tuple(scores))
 
 
-def branch_visibility(tree: Proposal, fed: list[int], expand: list[int], prefix: int, device) -> torch.Tensor:
-    """allowed [q, prefix + len(fed) + q]: each expanded node sees the prefix, those of its
-    ancestors already in the draft's cache, and itself."""
-    allowed = torch.zeros(len(expand), prefix + len(fed) + len(expand), dtype=torch.bool, device=device)
-    allowed[:, :prefix] = True
-    cache_slot = {node: prefix + i for i, node in enumerate(fed)}
+def branch_visibility(tree: Proposal, fed: list[int], expand: list[int], prefix: int) -> torch.Tensor:
+    """allowed [q, prefix + len(fed) + q] (on the CPU): each expanded node sees the prefix, those of
+    its ancestors already in the draft's cache, and itself."""
+    cache_slot = {node: i for i, node in enumerate(fed)}
+    rows = []
     for row, node in enumerate(expand):
+        seen = [False] * (len(fed) + len(expand))
         for ancestor in tree.ancestry(tree.parents[node]):
-            allowed[row, cache_slot[ancestor]] = True
-        allowed[row, prefix + len(fed) + row] = True
-    return allowed
+            seen[cache_slot[ancestor]] = True
+        seen[len(fed) + row] = True
+        rows.append(seen)
+    after = torch.tensor(rows, dtype=torch.bool).reshape(len(expand), len(fed) + len(expand))
+    return torch.cat([torch.ones(len(expand), prefix, dtype=torch.bool), after], dim=1)
 
 
 def best_nodes(tree: Proposal, size: int) -> Proposal:
