@@ -215,6 +215,7 @@ def choose_candidates(
     then the pool's n-grams, newest first, leaving out any that a longer candidate already starts
     with. Each is cut to `max_length` tokens (None: uncut): near the end of the answer, what could
     no longer be committed is not fed."""
+    tokens = torch.as_tensor(tokens).cpu()  # read on the CPU: a text on a GPU is copied once
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
     if copy_length and datastore is not None:
         found.append((tuple(until_eos(datastore.continuation(tokens, copy_length), eos)), "retrieved"))

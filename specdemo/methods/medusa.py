@@ -123,8 +123,9 @@ class MedusaTree(Proposer):
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
-        copied, copy_source = guessed_branch(sequence[0], min(self.copy_length, room - 1), context.eos, self.datastore)
-        root = int(sequence[0, -1])
+        text = sequence[0].cpu()  # what the guesses read, copied from a GPU once
+        copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
+        root = int(text[-1])
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
                 size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
@@ -138,18 +139,18 @@ class MedusaTree(Proposer):
             return Proposed(filled(shape, [*(token_at[path] for path in rank_paths(shape)), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
-            top, log_probs = self.heads.ranked(self.hidden, size, self.token(sequence))
+            top, log_probs = self.heads.ranked(self.hidden, size, self.token(root))
             # sorted: one cache entry per shape
             paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))
         else:
             paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
-            top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(sequence))
+            top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root))
         shape = cached_tree(paths, len(copied))
         return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))
 
-    def token(self, sequence: torch.Tensor) -> int | None:
-        """The last committed token, the one the heads' hidden state predicted, for heads that read it."""
-        return int(sequence[0, -1]) if self.heads.reads_token else None
+    def token(self, root: int) -> int | None:
+        """The last committed token (`root`), the one the heads' hidden state predicted, for heads that read it."""
+        return root if self.heads.reads_token else None
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy verification, or typical acceptance (`typical_verdicts`) when sampling."""

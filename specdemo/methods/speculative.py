@@ -135,7 +135,8 @@ class DraftProposer(Proposer):
         """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
         a guess below its likeliest branch, and the draft's passes that grew it."""
         length = min(self.copy_length, room - 1)
-        copied, source = guessed_branch(sequence[0], length, context.eos, self.datastore, RETRIEVED_SHARE)
+        text = sequence[0].cpu()  # what the guesses read, copied from a GPU once
+        copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
         size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
@@ -143,7 +144,7 @@ class DraftProposer(Proposer):
         tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                              top_k=top_k, size=size, eos=context.eos)
         tree = draft_tree.add_copy(tree, copied, source=source)
-        tree = draft_tree.extend_likeliest(tree, sequence[0], extend, context.eos, self.datastore, RETRIEVED_SHARE)
+        tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
         return tree, draft_passes
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
