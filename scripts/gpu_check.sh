@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The prepared GPU check, one call of about 8 minutes on a machine with torch and a GPU but no
+# The prepared GPU check, one call of about 9 minutes on a machine with torch and a GPU but no
 # network (docs/gpu.md). It writes OUT/gpu-check.md (every table) and the JSON reports:
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
 #
 # 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
-# 2. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
-# 3. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
-# 4. float32 exactness on 8 of them;
-# 5. transformers' assisted generation on 13 of them (eager, in its own run: it takes longest);
-# 6. wider speculative and Medusa trees, for the GPU's defaults.
+# 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
+# 3. float32 exactness on 8 of them;
+# 4. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`),
+#    that tree's bench on 13 of them (one a category), so a change is measured in one call;
+# 5. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
+# 6. where a step's time goes (`scripts/gpu_profile.py`);
+# 7. transformers' assisted generation on 13 of them, and wider trees for the GPU's defaults,
+#    while time is left.
 # Each stage has a time limit and the next runs whatever the last gave.
 set -u
 OUT=${1:?output folder}; shift
@@ -33,22 +36,34 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $($PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
 
 say "1. tests"
-timeout $(cap 120) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
+timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
 
-say "2. pass cost by width"
-timeout $(cap 100) $PY -m specdemo.passcost --dtype bfloat16 --graphs --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-
-say "3. bench, bfloat16"
+say "2. bench, bfloat16"
 timeout $(cap 230) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar_eager,ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "4. float32 exactness, 8 questions"
-timeout $(cap 150) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
-    --methods ar,speculative,medusa,lookahead,jacobi,cllm --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-say "5. transformers' assisted generation, bfloat16 (13 questions, one a category)"
-timeout $(cap 150) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
+say "3. float32 exactness, 8 questions"
+timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
+    --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
+    say "4. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
+    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 75) $PY -m specdemo.bench \
+        --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
+        --json "$OUT/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
+
+say "5. pass cost by width"
+timeout $(cap 35) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 10 --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "6. where a step's time goes"
+timeout $(cap 35) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"; head -c 1500 "$OUT/profile.txt"
+
+say "7. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-say "6. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
+say "8. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
 for SET in "speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31" \
            "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63"; do
     say "settings: $SET"

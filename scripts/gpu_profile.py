@@ -1,0 +1,72 @@
+"""Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`): what the
+host spends outside the target's pass (cProfile of one speculative answer, by function) and which
+kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
+
+    python scripts/gpu_profile.py [--dtype bfloat16] [--method speculative]
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from specdemo.core.events import Summary, final_summary
+from specdemo.core.kvcache import keep_prefix
+from specdemo.core.static import request_cache
+from specdemo.core.verify import EMPTY, Proposal, target_pass
+from specdemo.methods import get_method, method_options
+from specdemo.models import compiled, load_model
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def answer(target, name: str, tokens: int) -> Summary:
+    options = dict(method_options(name, target))
+    events = get_method(name).generate(target.model, target.encode_chat(PROMPT), max_new_tokens=tokens,
+                                       passes=target.passes, **options)
+    return final_summary(events)
+
+
+@torch.inference_mode()
+def kernels(model, width: int, context: int = 256) -> str:
+    """The CUDA kernels of one eager target pass of `width` tokens after `context` cached ones."""
+    prompt = torch.zeros(1, context + 1, dtype=torch.long, device=model.device)
+    cache = request_cache(model, context + width + 1)
+    target_pass(model, cache, prompt[:, :context], EMPTY)
+    chain = Proposal.chain([1] * (width - 1), "draft")
+    for _ in range(3):
+        target_pass(model, cache, prompt, chain)
+        keep_prefix(cache, context)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        target_pass(model, cache, prompt, chain)
+        torch.cuda.synchronize()
+    return profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--method", default="speculative")
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    target = compiled(load_model(dtype=args.dtype))
+    answer(target, args.method, 16)  # loads and captures the companions' passes
+    profiler = cProfile.Profile()
+    profiler.enable()
+    summary = answer(target, args.method, args.tokens)
+    profiler.disable()
+    print(f"{args.method}: {len(summary.tokens)} tokens in {summary.target_forwards} target passes")
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(28)
+    print(out.getvalue()[-9000:])
+    for width in (1, 16) if target.model.device.type == "cuda" else ():
+        print(f"eager target pass of {width} token(s), kernels by GPU time:")
+        print(kernels(target.model, width))
+
+
+if __name__ == "__main__":
+    main()
