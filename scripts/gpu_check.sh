@@ -11,8 +11,9 @@
 #    that tree's bench on 13 of them (one a category), so a change is measured in one call;
 # 5. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
 # 6. where a step's time goes (`scripts/gpu_profile.py`);
-# 7. transformers' assisted generation on 13 of them, and wider trees for the GPU's defaults,
-#    while time is left.
+# 7. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
+# 8.-9. transformers' assisted generation, and wider trees for the GPU's defaults, while time is left.
+# A stage that starts a process pays about 20 s to load the model before it measures anything.
 # Each stage has a time limit and the next runs whatever the last gave.
 set -u
 OUT=${1:?output folder}; shift
@@ -39,8 +40,8 @@ say "1. tests"
 timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
 
 say "2. bench, bfloat16"
-timeout $(cap 230) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
-    --methods ar_eager,ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
+    --methods ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "3. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
@@ -49,21 +50,25 @@ timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2
 if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     say "4. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
     [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
-    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 75) $PY -m specdemo.bench \
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
         --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
         --json "$OUT/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
 say "5. pass cost by width"
-timeout $(cap 35) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 10 --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 10 --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. where a step's time goes"
-timeout $(cap 35) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"; head -c 1500 "$OUT/profile.txt"
+timeout $(cap 60) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"; head -c 1500 "$OUT/profile.txt"
 
-say "7. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+say "7. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
+timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
+    --methods ar,ar_eager --json "$OUT/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "8. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-say "8. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
+say "9. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
 for SET in "speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31" \
            "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63"; do
     say "settings: $SET"
