@@ -19,11 +19,17 @@ def test_the_page_shows_the_lessons_prompts_and_the_docs_ones():
     assert {step.prompt for step in LESSON} <= set(shown) and "Why is the sky blue?" in shown
 
 
+@pytest.fixture(scope="module")
+def shipped_datastore(embedded):
+    """The shipped datastore, loaded and indexed once for the prompts' tests."""
+    return load_datastore(EMBEDDED_ANSWERS, embedded.model.config.vocab_size)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", shown_prompts())
-def test_every_shown_prompt_is_new_to_the_shipped_datastore(embedded, prompt):
+def test_every_shown_prompt_is_new_to_the_shipped_datastore(embedded, shipped_datastore, prompt):
     """AR's float32 answer of 64 tokens shares at most one in ten of its 16-token runs with the datastore."""
-    store = load_datastore(EMBEDDED_ANSWERS, embedded.model.config.vocab_size)
+    store = shipped_datastore
     answer = final_summary(ar.generate(embedded.model, embedded.encode_chat(prompt), max_new_tokens=64,
                                        eos_token_ids=embedded.eos_token_ids)).tokens
     assert store.shared_windows(answer) <= MOST_SHARED, embedded.decode(answer)
