@@ -6,12 +6,14 @@ plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real g
 import gc
 
 import pytest
+import torch
 from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
 
+from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import CudaGraphs, Graph
 from specdemo.core.kvcache import StaticKV
-from specdemo.core.static import CompiledPass, padded_width, request_cache, static_forward, warm_up
+from specdemo.core.static import CompiledPass, padded_width, request_cache, static_forward, static_pass, warm_up
 
 from conftest import make_tiny_model
 
@@ -87,3 +89,34 @@ def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):
     again = request_cache(target, 40, passes)
     assert graphs.serves(again) and again.get_seq_length() == 0
     assert not graphs.serves(request_cache(target, 10_000, passes))  # longer than the graphs' buffer
+
+
+def test_a_padded_slot_never_changes_a_graphed_pass(prompt_ids):
+    """A graph's padded slots keep whatever an earlier pass fed them (only the fed tokens are
+    copied in): a pass of 3 tokens in the 8-wide graph gives the same hidden states and logits
+    after a pass that filled all 8 slots with other tokens as after one that left them zero."""
+    model = make_tiny_model()
+    tree = [-1, 0, 0]
+    tokens = torch.tensor([[7, 11, 13]])
+    results = []
+    for earlier in (torch.zeros(1, 8, dtype=torch.long), torch.randint(3, 100, (1, 8))):
+        passes = graphed(model)
+        with torch.inference_mode():
+            cache = request_cache(model, 64, passes)
+            static_pass(model, cache, prompt_ids, torch.arange(prompt_ids.shape[1])[None],
+                        torch.ones(prompt_ids.shape[1], prompt_ids.shape[1], dtype=torch.bool).tril())
+            n, before = cache.length, passes.runs[8]
+            static_pass(model, cache, earlier, torch.arange(n, n + 8)[None], torch.ones(8, 8, dtype=torch.bool).tril(),
+                        rows=range(8))  # the same graph as the pass below: ids fed, the LM head inside
+            cache.length = n
+            sees = sees_from_parents(tree)
+            results.append(static_pass(model, cache, tokens, chain_positions(sees, n), sees, rows=range(3)))
+            assert passes.runs[8] - before == 2 and key_of_width(passes, 8)  # both passes replayed the 8-wide graph
+        del cache
+        gc.collect()
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+
+
+def key_of_width(passes, width: int) -> bool:
+    return any(key[0] == width for key in passes.graphs.graphs)
