@@ -12,7 +12,8 @@
 # 5. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
 # 6. where a step's time goes (`scripts/gpu_profile.py`);
 # 7. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
-# 8.-9. transformers' assisted generation, and wider trees for the GPU's defaults, while time is left.
+# 8.-9. wider trees for the GPU's defaults, and transformers' assisted generation, while time is left
+#    (without BEFORE, stage 4's time goes to them).
 # A stage that starts a process pays about 20 s to load the model before it measures anything.
 # Each stage has a time limit and the next runs whatever the last gave.
 set -u
@@ -65,14 +66,18 @@ say "7. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
     --methods ar,ar_eager --json "$OUT/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "8. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+say "8. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
+SETS=("speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31"
+      "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63")
+sweep() {
+    say "settings: $1"
+    timeout $(cap 90) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
+        --methods ar,speculative,medusa $(printf -- '--set %s ' $1) 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+}
+sweep "${SETS[0]}"
+
+say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-say "9. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
-for SET in "speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31" \
-           "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63"; do
-    say "settings: $SET"
-    timeout $(cap 90) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
-        --methods ar,speculative,medusa $(printf -- '--set %s ' $SET) 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-done
+sweep "${SETS[1]}"
 say "done"
