@@ -12,10 +12,11 @@ from transformers import DynamicCache
 
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
+from specdemo.core.graphs import padded_inputs
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.loop import Proposer, decode
 from specdemo.core.sampling import GREEDY
-from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded, request_cache, static_forward
+from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded_layout, request_cache, static_forward
 from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar, medusa, method_options, speculative
 
@@ -84,7 +85,7 @@ def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(t
 def test_padding_masks_the_padded_nodes_out():
     sees = sees_from_parents(TREE)
     tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)
-    fed, at, seen = padded(tokens, positions, sees, 8)
+    fed, (at, seen) = padded_inputs(tokens, 8), padded_layout(positions, sees, 8)
     assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
     assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions[0].tolist()
     assert torch.equal(seen[:6, :6], sees)

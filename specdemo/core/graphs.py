@@ -81,10 +81,8 @@ class CudaGraphs:
         key = (bucket, inputs.dtype, head is not None, layers)
         graph = self.graphs.get(key)
         if graph is None:
-            fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])  # `static.padded_inputs`
-            fed[:, :width] = inputs
-            graph = self.graphs[key] = self.capture(forward, decoder, cache, fed, positions.to(inputs.device),
-                                                    sees.to(inputs.device), head, layers)
+            graph = self.graphs[key] = self.capture(forward, decoder, cache, padded_inputs(inputs, bucket),
+                                                    positions.to(inputs.device), sees.to(inputs.device), head, layers)
         graph.inputs[:, :width].copy_(inputs)
         graph.positions.copy_(positions)
         graph.sees.copy_(sees)
@@ -106,3 +104,11 @@ class CudaGraphs:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = forward(decoder, cache, inputs, positions, sees, head, layers)
         return Graph(graph, inputs, positions, sees, out)
+
+
+def padded_inputs(inputs: torch.Tensor, bucket: int) -> torch.Tensor:
+    """`inputs` [1, w] (ids, or embeddings [1, w, H]) followed by zeros up to `bucket` nodes, as a
+    fresh tensor (a compiled graph is specialised on its inputs' strides too)."""
+    fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])
+    fed[:, : inputs.shape[1]] = inputs
+    return fed

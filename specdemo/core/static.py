@@ -30,7 +30,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs
+from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, padded_inputs
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.process import compiling_on_cpu
 
@@ -212,23 +212,12 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
     return max(width - 1 - copied, least)
 
 
-def padded(inputs: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, ...]:
-    """A pass's inputs padded to `bucket` nodes, as fresh tensors (a graph is specialised on its
-    inputs' strides too): a padded node holds token 0 (a zero embedding) at the last position and
-    sees only itself; no real node sees it, and what it writes into the cache lies past the valid length."""
-    return (padded_inputs(inputs, bucket), *padded_layout(positions, sees, bucket))
-
-
-def padded_inputs(inputs: torch.Tensor, bucket: int) -> torch.Tensor:
-    """`inputs` [1, w] (ids, or embeddings [1, w, H]) followed by zeros up to `bucket` nodes."""
-    fed = inputs.new_zeros(1, bucket, *inputs.shape[2:])
-    fed[:, : inputs.shape[1]] = inputs
-    return fed
-
-
 def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`padded`'s positions [1, bucket] and `sees` [bucket, bucket], on the device they came from
-    (a pass's layout is built on the CPU from a tree's parents: padding it there costs no GPU launch)."""
+    """A pass's positions [1, bucket] and `sees` [bucket, bucket] padded to `bucket` nodes, on the
+    device they came from (a pass's layout is built on the CPU from a tree's parents: padding it
+    there costs no GPU launch). A padded node sits at the last position and sees only itself; no
+    real node sees it, and what it writes into the cache lies past the valid length. Its input is
+    `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that slot."""
     width = positions.shape[1]
     at = positions[:, -1:].repeat(1, bucket)
     at[:, :width] = positions

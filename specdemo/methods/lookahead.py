@@ -136,7 +136,8 @@ class Lookahead(Proposer):
         self.levels = initial_window(input_ids, window, ngram - 1)  # [N - 1][W] Jacobi iterates, oldest first
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
-        tried = Tried(*choose_candidates(self.pool, sequence[0], self.limit, self.copy_length, room - 1, self.datastore,
+        text = sequence[0].cpu()  # what the guesses read, copied from a GPU once
+        tried = Tried(*choose_candidates(self.pool, text, self.limit, self.copy_length, room - 1, self.datastore,
                                          context.eos))
         return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
 
@@ -209,13 +210,12 @@ def choose_candidates(
     pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None,
     datastore: Datastore | None = None, eos: tuple[int, ...] = (),
 ) -> tuple[list[tuple[int, ...]], list[str]]:
-    """Up to `limit` continuations of the text's last token to verify, and where each came from:
+    """Up to `limit` continuations of the text's last token (`tokens` on the CPU) to verify, and where each came from:
     first a copy from the text (when `copy_length` > 0), then what `datastore` guesses as long
     (the continuation most earlier answers share, up to an EOS: `retrieval.Datastore.continuation`),
     then the pool's n-grams, newest first, leaving out any that a longer candidate already starts
     with. Each is cut to `max_length` tokens (None: uncut): near the end of the answer, what could
     no longer be committed is not fed."""
-    tokens = torch.as_tensor(tokens).cpu()  # read on the CPU: a text on a GPU is copied once
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
     if copy_length and datastore is not None:
         found.append((tuple(until_eos(datastore.continuation(tokens, copy_length), eos)), "retrieved"))

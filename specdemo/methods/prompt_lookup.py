@@ -31,8 +31,9 @@ def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match:
     """The up to `length` tokens that followed the latest earlier occurrence of the text's last
     k tokens (`tokens` [n]), trying k = `longest_match` down to `shortest_match`; () when none
     occurred. Each k is one comparison of every earlier k-gram with the suffix, not a Python
-    loop over the text: this runs before every pass, on the CPU (a GPU would sync on every k)."""
-    tokens = torch.as_tensor(tokens).cpu()
+    loop over the text: this runs before every pass. `tokens` lie on the CPU (a proposer copies
+    a text on a GPU once a pass): on a GPU every k would sync."""
+    tokens = torch.as_tensor(tokens)
     n = tokens.shape[0]
     for k in range(min(longest_match, n - 1), shortest_match - 1, -1):
         earlier = tokens[: n - 1].unfold(0, k, 1)  # [n - k, k] the k-grams that end before the last token

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.methods.draft import ASSETS
@@ -137,9 +136,8 @@ def guessed_branch(text: Sequence[int], length: int, eos: tuple[int, ...], datas
     """A tree's branch of up to `length` tokens guessed without a model pass after `text`, and
     where it came from: copied from the text where its end occurred before ("copy", prompt
     lookup), else the datastore's continuation ("retrieved", `Datastore.continuation` with
-    `least_share`); up to and including an EOS. `text` is read on the CPU: a text on a GPU is
-    copied once."""
-    text = torch.as_tensor(text).cpu()
+    `least_share`); up to and including an EOS. `text` lies on the CPU (a proposer copies a text
+    on a GPU once a pass)."""
     copied = copied_branch(text, length, eos)
     if copied or datastore is None:
         return copied, "copy"
