@@ -14,7 +14,8 @@
 # 7. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
 # 8.-9. wider trees for the GPU's defaults, and transformers' assisted generation, while time is left
 #    (without BEFORE, stage 4's time goes to them).
-# A stage that starts a process pays about 20 s to load the model before it measures anything.
+# The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
+# later ones load that copy (`models.converted`).
 # Each stage has a time limit and the next runs whatever the last gave.
 set -u
 OUT=${1:?output folder}; shift

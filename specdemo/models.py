@@ -6,10 +6,18 @@ Specs:
     a path to a .gguf   that GGUF file
     a local folder      a saved transformers model
     anything else       a Hugging Face Hub id (needs a network, or a warm local cache)
+
+A GGUF file is read once: its first load saves what transformers makes of it (the dequantized
+float32 weights, the tokenizer, the config) as a transformers folder under `CONVERTED`, named
+after the file, its size and its time, and every later load reads that folder (transformers
+parses a GGUF's metadata again for the tokenizer, the config and the weights: about 20 s a load
+of the embedded model on 2 CPU cores).
 """
 
 import gc
 import importlib.util
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +27,7 @@ from typing import TypeVar
 
 import torch
 from huggingface_hub import snapshot_download
+from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdemo import placement
@@ -34,6 +43,7 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 T = TypeVar("T")
+CONVERTED = Path(__file__).resolve().parent.parent / "build" / "gguf"  # GGUF files read once (see above)
 AUTO = "auto"  # the dtype this device multiplies fastest: `default_dtype`
 
 
@@ -253,7 +263,38 @@ def read_model(spec: str, torch_dtype: torch.dtype,
 def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.is_file():
         raise OSError(f"no such GGUF file: {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    try:
+        read = {"pretrained_model_name_or_path": converted(path)}
+    except PermissionError:  # nowhere to write the copy (a read-only checkout): the file itself, every load
+        read = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    tokenizer = AutoTokenizer.from_pretrained(**read)
     # transformers dequantizes GGUF weights to float32; cast afterwards (same values, no warning)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(**read, dtype=torch.float32)
     return model.to(dtype), tokenizer
+
+
+def converted(path: Path, under: Path = CONVERTED) -> Path:
+    """The transformers folder of GGUF file `path` under `under`, written on first use: into a
+    temporary folder renamed into place, so that two processes loading at once never read half a copy."""
+    stat = path.stat()
+    folder = under / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if (folder / "config.json").is_file():
+        return folder
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    under.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=under))
+    try:
+        tokenizer.save_pretrained(partial)
+        # transformers will not save a model it read from a GGUF file (`save_pretrained`); its weights
+        # are ordinary float32 tensors now, its config an ordinary one, and a tied head is saved once
+        model.config.save_pretrained(partial)
+        model.generation_config.save_pretrained(partial)
+        save_model(model, str(partial / "model.safetensors"))
+        partial.rename(folder)
+    except OSError:
+        if not (folder / "config.json").is_file():  # not another process's copy, renamed first
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder

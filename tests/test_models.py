@@ -1,7 +1,9 @@
-"""Model loading: the embedded GGUF loads offline, once per process, with its chat template."""
+"""Model loading: the embedded GGUF loads offline, with its chat template, read once into a
+transformers folder that loads the same model."""
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdemo import SpecDemoError, models
 from specdemo.models import EMBEDDED_GGUF, LoadedModel, embedded_gguf_path
@@ -18,6 +20,25 @@ def test_embedded_model_loads_offline(embedded):
     assert next(embedded.model.parameters()).dtype == torch.float32
     assert embedded.model.config.vocab_size == 49152 and embedded.context_length == 8192
     assert embedded.tokenizer.decode(list(embedded.eos_token_ids)) == "<|im_end|>"
+
+
+def test_a_gguf_file_is_read_once_into_a_folder_that_loads_the_same_model(embedded, monkeypatch):
+    """What loads from the converted folder is what transformers reads from the GGUF file itself:
+    the same weights, bit for bit, the same tokens and chat template; and a converted file is not read again."""
+    path = embedded_gguf_path()
+    direct = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    direct_tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _, model, tokenizer = models.read_model("embedded", torch.float32, False)
+    loaded = model.state_dict()
+    assert loaded.keys() == direct.keys() and all(torch.equal(loaded[name], direct[name]) for name in direct)
+    chat = [{"role": "user", "content": "Why is the sky blue? Say it in French: «ciel»."}]
+    assert tokenizer.apply_chat_template(chat) == direct_tokenizer.apply_chat_template(chat)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", refuse)
+    assert (models.converted(path) / "model.safetensors").is_file()
 
 
 def test_chat_template_wraps_the_prompt(embedded):
