@@ -14,10 +14,11 @@ CHROMIUM := /usr/bin/chromium
 run: $(STAMP)
 	$(PY) app.py
 
-# every test: the quick ones, then the few marked slow (pyproject.toml), then the Space's path
+# every test, the few marked slow too (pyproject.toml), in two processes of one thread each (a module
+# to a process, the longest first: tests/conftest.py), then the Space's path
 test: $(STAMP) browser
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow --durations=25
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "slow or not slow" -n 2 --dist loadfile \
+		--no-loadscope-reorder --durations=30
 	$(MAKE) space-check
 
 # The Hugging Face Space path (docs/hosting.md): a fresh venv from pre-requirements.txt and

@@ -13,6 +13,20 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdemo.models import load_model
 
+# `make test` runs the modules in two processes, a module to a process (pytest-xdist's loadfile): the
+# longest start first, so that neither process is left with one long module at the end
+LONGEST_FIRST = ("test_browser_lesson.py", "test_static_embedded.py", "test_browser_views.py", "test_browser.py",
+                 "test_static.py", "test_browser_runs.py", "test_divergence.py", "test_bench.py", "test_cllm.py",
+                 "test_zerogpu.py", "test_models.py", "test_ui.py", "test_speculative.py", "test_medusa.py",
+                 "test_lesson_prompts.py", "test_distill.py", "test_eagle.py", "test_offload.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The modules in LONGEST_FIRST's order, the rest after them as collected; tests within a module keep theirs."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 PAGE_DEFAULTS = dict(  # the Generate event's inputs as a fresh page sends them, by name (GENERATE_INPUTS)
     model="", precision="", do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=-1,
     no_repeat_ngram_size=0, gamma=2, adaptive_gamma=False, draft_tree_size=True, copy_length=True, retrieve=True,
