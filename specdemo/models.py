@@ -9,9 +9,9 @@ Specs:
 
 A GGUF file is read once: its first load saves what transformers makes of it (the dequantized
 float32 weights, the tokenizer, the config) as a transformers folder under `CONVERTED`, named
-after the file, its size and its time, and every later load reads that folder (transformers
-parses a GGUF's metadata again for the tokenizer, the config and the weights: about 20 s a load
-of the embedded model on 2 CPU cores).
+after the file, its size and its time, and every later load reads that folder: transformers
+parses a GGUF's metadata anew for the tokenizer, for the config and for the weights. Delete the
+folder to read the file again.
 """
 
 import gc
