@@ -1,6 +1,6 @@
 """The compiled static path (`specdemo.core.static`): a static KV cache whose rollback moves a
 length, passes padded to buckets, and every method's greedy answer unchanged through it
-(float32: tiny random models and the embedded model)."""
+(float32, tiny random models; the embedded model's is `test_static_embedded`)."""
 
 import logging
 

@@ -32,7 +32,7 @@ def test_the_embedded_model_gives_ars_answer_through_the_compiled_pass(compiled_
 def compiled_embedded(embedded):
     """A copy of the embedded model (the session's stays eager for the other tests), compiled for
     one bucket of 16: AR's one token padded to it, a draft tree and a Medusa tree filling it (the
-    tiny models' tests cover several buckets; one graph of the embedded model costs a minute)."""
+    tiny models' tests cover several buckets; each graph of the embedded model takes minutes to compile)."""
     model = copy.deepcopy(embedded.model)
     input_ids = embedded.encode_chat("Name three colours of the rainbow and say why the sky is blue.")
     expected = final_summary(decode(embedded.model, input_ids, Proposer(), method="ar", max_new_tokens=40,
