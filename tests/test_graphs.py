@@ -13,9 +13,19 @@ from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import CudaGraphs, Graph
 from specdemo.core.kvcache import StaticKV
-from specdemo.core.static import CompiledPass, padded_width, request_cache, static_forward, static_pass, warm_up
+from specdemo.core.static import (
+    DRAFT_BUCKETS,
+    CompiledPass,
+    padded_width,
+    request_cache,
+    static_forward,
+    static_pass,
+    warm_up,
+)
+from specdemo.methods import speculative
 
 from conftest import make_tiny_model
+from test_eagle import feature_draft
 
 BUCKETS = (1, 8, 16)
 
@@ -39,10 +49,10 @@ class ReplayedGraphs(CudaGraphs):
         return Graph(Replay(), inputs, positions, sees, out)
 
 
-def graphed(model, capacity: int = 256):
+def graphed(model, capacity: int = 256, buckets: tuple[int, ...] = BUCKETS, role: str = "target"):
     """`model` with the graph path `static.compile_passes` builds with CUDA, replayed on a CPU."""
-    passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(model, capacity))
-    warm_up(model, passes, None, "target")
+    passes = CompiledPass(static_forward, buckets, "cuda-graphs", graphs=ReplayedGraphs(model, capacity))
+    warm_up(model, passes, None, role)
     return passes
 
 
@@ -120,3 +130,22 @@ def test_a_padded_slot_never_changes_a_graphed_pass(prompt_ids):
 
 def key_of_width(passes, width: int) -> bool:
     return any(key[0] == width for key in passes.graphs.graphs)
+
+
+def test_a_deep_draft_tree_replays_its_drafts_look_back_passes(prompt_ids):
+    """A draft tree 4 deep: from its third level on, a draft pass looks back at the branches fed
+    before it. With graphs, those passes replay graphs of their own look-back window too, and
+    every tree is the one the draft's eager passes grow, node for node; the answer is the eager one."""
+    target = make_tiny_model()
+    draft = feature_draft(target)
+    options = dict(draft=draft, gamma=4, draft_tree_size=12, draft_tree_top_k=3, max_new_tokens=MAX_NEW_TOKENS,
+                   eos_token_ids=())
+    eager = final_summary(speculative.generate(target, prompt_ids, **options))
+    draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+    runs = [list(speculative.generate(target, prompt_ids, passes=graphed(target), draft_passes=passes, **options))
+            for passes in (None, draft_passes)]  # the draft eager, then replaying its graphs
+    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == eager.tokens
+    trees = [[(event.proposed, event.accepted) for event in events[:-1]] for events in runs]
+    assert trees[0] == trees[1] and max(len(proposed) for proposed, _ in trees[1]) > 8
+    looked_back = [key for key in draft_passes.graphs.graphs if key[1] > key[0]]  # (width, window + width, ...)
+    assert looked_back and draft_passes.runs[0] == 0  # no draft pass ran eagerly

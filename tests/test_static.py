@@ -91,6 +91,37 @@ def test_padding_masks_the_padded_nodes_out():
     assert fed.is_contiguous() and fed.stride() == (8, 1)  # fresh tensors: a graph is specialised on strides
 
 
+def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, prompt_ids):
+    """A draft tree's third level looks back at the nodes fed before it: padded to 8 nodes and a
+    window of 8 cached positions (as a CUDA graph of that kind runs it), its real nodes' hidden
+    states and the keys they write equal the unpadded pass's, over stale data past the valid length."""
+    decoder, n = tiny_model.get_decoder(), prompt_ids.shape[1]
+    level = torch.tensor([[7, 11, 13]])  # the second level's nodes, fed first
+    sees = torch.tensor([[True, False, False, True, False],  # the third level: each sees one earlier node and itself
+                         [False, False, True, False, True]])
+    tokens, positions = torch.tensor([[17, 19]]), torch.full((1, 2), n + 1)
+    outputs, caches = [], [StaticKV(tiny_model, 64) for _ in range(2)]
+    with torch.inference_mode():
+        for cache, padded in zip(caches, (False, True)):
+            for layer in cache.layers:
+                layer.keys.normal_(), layer.values.normal_()
+            static_forward(decoder, cache, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+            cache.length = n
+            cache.start.fill_(n)
+            static_forward(decoder, cache, level, torch.full((1, 3), n), torch.eye(3, dtype=torch.bool))
+            cache.length = n + 3
+            cache.start.fill_(n + 3)
+            if padded:
+                at, seen = padded_layout(positions, sees, 8, look_back=8)
+                assert seen.shape == (8, 16) and seen[:, :5].all() and torch.equal(seen[:2, 5:10], sees)
+                outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), at, seen)[:, :2])
+            else:
+                outputs.append(static_forward(decoder, cache, tokens, positions, sees))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    for unpadded, padded in zip(caches[0].layers, caches[1].layers):
+        torch.testing.assert_close(padded.keys[:, :, : n + 5], unpadded.keys[:, :, : n + 5])
+
+
 def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_model):
     cache = StaticKV(tiny_model, 32)
     for layer in cache.layers:

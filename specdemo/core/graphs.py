@@ -6,9 +6,10 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
 - A graph reads and writes fixed addresses. So the graphs of one model own one KV buffer
   (`StaticKV`, `GRAPH_CAPACITY` positions) and one set of input tensors per graph; a pass copies
   its padded inputs into them, replays, and copies the outputs out before the next replay.
-- One graph per kind of pass: its width (a bucket of `static.BUCKETS`), whether it is fed token
-  ids or embeddings (a feature draft), whether the LM head runs inside it (a target pass), and
-  the layers whose hidden states it returns. Each is captured once per `CompiledPass`, at
+- One graph per kind of pass: its width (a bucket of `static.BUCKETS`), how far back it looks
+  at nodes fed before it (`static.LOOK_BACK`: a draft tree's deeper levels), whether it is fed
+  token ids or embeddings (a feature draft), whether the LM head runs inside it (a target
+  pass), and the layers whose hidden states it returns. Each is captured once per `CompiledPass`, at
   `static.compile_passes` for the usual kinds and at first use for the others.
 - The buffer is lent to one request at a time (`lease`), as a view sharing its tensors; the
   lease ends when the request drops its view. A request that finds it lent, or needs more
@@ -78,7 +79,7 @@ class CudaGraphs:
         (`sees`), no real node sees it, and what it writes lies past the cache's valid length.
         `positions` and `sees`, padded, may lie on the CPU: each is one copy into the graph."""
         width, bucket = inputs.shape[1], positions.shape[1]
-        key = (bucket, inputs.dtype, head is not None, layers)
+        key = (bucket, sees.shape[1], inputs.dtype, head is not None, layers)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self.capture(forward, decoder, cache, padded_inputs(inputs, bucket),

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 BUCKETS = (1, 8, 16, 32, 64)  # pass widths a graph is compiled for (vLLM and SGLang capture a few padded sizes too)
 # a draft's: the pairs a step adds (accepted tokens and one), a tree level's top-k nodes
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)
+# with CUDA graphs, how far back a pass may look at nodes fed before it (a draft tree's third level and on sees its
+# branches' earlier nodes), padded like its width: each a graph of its own; a pass looking further runs eagerly
+LOOK_BACK = (8, 16, 32, 64)
 CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
 # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
 WINDOW_STEP = 64
@@ -212,17 +215,23 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
     return max(width - 1 - copied, least)
 
 
-def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pass's positions [1, bucket] and `sees` [bucket, bucket] padded to `bucket` nodes, on the
-    device they came from (a pass's layout is built on the CPU from a tree's parents: padding it
-    there costs no GPU launch). A padded node sits at the last position and sees only itself; no
-    real node sees it, and what it writes into the cache lies past the valid length. Its input is
-    `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that slot."""
+def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int,
+                  look_back: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass's positions [1, bucket] and `sees` [w, back + w] padded to `bucket` nodes and a
+    look-back window of `look_back` >= back cached positions: [bucket, look_back + bucket], on
+    the device they came from (a pass's layout is built on the CPU from a tree's parents: padding
+    it there costs no GPU launch). A padded node sits at the last position and sees only itself
+    among the fed nodes; no real node sees it, and what it writes into the cache lies past the
+    valid length. Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an
+    earlier pass fed that slot. The window's added columns come first and are seen by every
+    node: they hold cached positions before the first one some node may not see."""
     width = positions.shape[1]
+    back = sees.shape[1] - width
     at = positions[:, -1:].repeat(1, bucket)
     at[:, :width] = positions
-    seen = torch.eye(bucket, dtype=torch.bool, device=sees.device)
-    seen[:width, :width] = sees
+    seen = torch.ones(bucket, look_back + bucket, dtype=torch.bool, device=sees.device)
+    seen[:, look_back:] = torch.eye(bucket, dtype=torch.bool, device=sees.device)
+    seen[:width, look_back - back : look_back + width] = sees
     return at, seen
 
 
@@ -232,7 +241,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
-    fits, when the pass looks back at earlier branches (back > 0), or when compiling failed.
+    fits, when compiling failed, or when the pass looks back at earlier branches (back > 0) without
+    CUDA graphs (inductor would compile each look-back anew) or further than LOOK_BACK's widest.
     `positions` and `sees` may lie on the CPU, where a pass's layout is built: they move to the
     model's device here (into a CUDA graph's own tensors), so building them costs no GPU launch.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
@@ -240,9 +250,11 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     wider than every bucket) from the head over these rows alone. `layers`: the hidden states
     are `with_layers`' (a graph for those layers is compiled at their first pass).
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
-    width = inputs.shape[1]
+    width, back = inputs.shape[1], sees.shape[1] - inputs.shape[1]
     passes = cache.passes
-    bucket = passes.bucket(width) if passes and passes.serves(cache) and sees.shape[1] == width else None
+    look_back = 0 if back == 0 else next((span for span in LOOK_BACK if span >= back), None)
+    graphed = back == 0 or (passes is not None and passes.graphs is not None and look_back is not None)
+    bucket = passes.bucket(width) if passes and passes.serves(cache) and graphed else None
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
                             f"{cache.length + (bucket or width)}")
@@ -253,7 +265,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     out = None
     if bucket is not None:
         try:
-            out = bucketed(passes, model.get_decoder(), seen, inputs, positions, sees, bucket, lm_head, layers)
+            out = bucketed(passes, model.get_decoder(), seen, inputs, positions, sees, bucket, lm_head, layers,
+                           look_back)
             hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
@@ -274,11 +287,12 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
 
 def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
              positions: torch.Tensor, sees: torch.Tensor, bucket: int, head: torch.nn.Module | None,
-             layers: tuple[int, ...]):
-    """`static_forward`'s output for a pass padded to `bucket` nodes, run by the compiled pass: a
-    CUDA graph (which takes the fed inputs as they are and the padded layout from wherever it was
-    built), or the compiled function over fresh padded tensors on the model's device."""
-    at, seen = padded_layout(positions, sees, bucket)
+             layers: tuple[int, ...], look_back: int = 0):
+    """`static_forward`'s output for a pass padded to `bucket` nodes (and `look_back` cached
+    positions, `padded_layout`), run by the compiled pass: a CUDA graph (which takes the fed
+    inputs as they are and the padded layout from wherever it was built), or the compiled
+    function over fresh padded tensors on the model's device."""
+    at, seen = padded_layout(positions, sees, bucket, look_back)
     if passes.graphs is not None:
         return passes.graphs(passes.forward, decoder, cache, inputs, at, seen, head, layers)
     return passes.forward(decoder, cache, padded_inputs(inputs, bucket), at.to(inputs.device), seen.to(inputs.device),
