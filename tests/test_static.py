@@ -230,7 +230,7 @@ def test_passes_up_to_the_end_of_a_request_reuse_the_graphs_compiled_at_load(com
 
 
 def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
-    bucket = lambda width: CompiledPass(None, (1, 8, 16, 32, 64), None).bucket(width) or width  # noqa: E731
+    bucket = CompiledPass(None, (1, 8, 16, 32, 64), None).bucket
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert fitted_size(12, 0, None, cpu) == 12 and fitted_size(12, 5, None, cuda) == 12  # eager: what was asked
     # a CPU pass costs about its width: the narrowest bucket holding the root, the copy and half the tree, filled
@@ -244,6 +244,9 @@ def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
     # with CUDA graphs a pass costs about the same at any width: the bucket holding everything, filled
     assert fitted_size(12, 0, bucket, cuda) == 15 and fitted_size(12, 8, bucket, cuda) == 23 \
         and fitted_size(6, 0, bucket, cuda) == 7
+    # a tree too large for the widest bucket fills it rather than run eagerly, down to half its size
+    assert fitted_size(60, 8, bucket, cuda) == 55 and fitted_size(63, 0, bucket, cuda) == 63
+    assert fitted_size(40, 40, bucket, cuda) == 23 and fitted_size(40, 50, bucket, cuda) == 40  # half: eager, as asked
 
 
 def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):

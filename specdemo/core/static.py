@@ -181,24 +181,26 @@ def request_cache(model: PreTrainedModel, need: int, passes: CompiledPass | None
     return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP), passes)
 
 
-def padded_width(cache: Cache) -> Callable[[int], int] | None:
+def padded_width(cache: Cache) -> Callable[[int], int | None] | None:
     """For a request on the compiled path (`cache` a `StaticKV` run by a compiled pass), the width
-    a pass of n fed tokens runs at: its bucket (n where none fits). A proposer may fill the padded
-    slots with nodes that cost nothing more. None on the eager path, where a pass costs what it feeds."""
+    a pass of n fed tokens runs at: its bucket, None where none holds it (it then runs eagerly).
+    A proposer may fill the padded slots with nodes that cost nothing more. None on the eager
+    path, where a pass costs what it feeds."""
     passes = getattr(cache, "passes", None)
     if passes is None or not passes.serves(cache):
         return None
-    return lambda width: width if passes.failed else passes.bucket(width) or width
+    return lambda width: width if passes.failed else passes.bucket(width)
 
 
-def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, device: torch.device) -> int:
+def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | None, device: torch.device) -> int:
     """How many nodes a tree of `size` nodes (a Medusa tree, a draft tree) gets this pass beside
     `copied` copied ones. Eager (`bucket` None): `size`, as asked. On the compiled path, whose
     passes are padded to a few widths (`loop.Context.bucket`), the tree fills the width its pass
     runs at (a padded slot costs what a node costs), and which width depends on what a wider pass
     costs on `device`:
     - with CUDA (graphs: a pass costs about the same at any width), the bucket holding the root,
-      the copy and all `size` nodes;
+      the copy and all `size` nodes; a tree too large for every bucket fills the widest, down to
+      half its size, rather than run its pass eagerly;
     - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
       the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). Past
       CPU_WIDEST the tree gives way to the copy, down to one node, rather than take a bucket
@@ -208,10 +210,11 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int] | None, dev
         return size
     least = (size + 1) // 2
     if device.type == "cuda":
-        width = bucket(1 + size + copied)
+        held = next((nodes for nodes in range(size, least - 1, -1) if bucket(1 + nodes + copied)), size)
+        width = bucket(1 + held + copied) or 1 + size + copied
     else:
         least = max(min(least, CPU_WIDEST - 1 - copied), 1)
-        width = bucket(1 + least + copied)
+        width = bucket(1 + least + copied) or 1 + least + copied
     return max(width - 1 - copied, least)
 
 
