@@ -21,10 +21,21 @@ import torch
 from tqdm import tqdm
 
 # the bench's names (F401)
-from specdemo.bench_table import EAGER, OFFLOADED, REFERENCES, compile_line, format_table, guess_lines, step_costs  # noqa: F401
+from specdemo.bench_table import (  # noqa: F401
+    EAGER,
+    OFFLOADED,
+    REFERENCES,
+    compile_line,
+    compile_report,
+    defaults_report,
+    format_table,
+    guess_lines,
+    step_costs,
+)
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary, guesses_by_source
 from specdemo.core.static import default_compile
+from specdemo.defaults import defaults_for, with_defaults
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded, get_method, method_options, settings_of, speculative, token_draft
 from specdemo.models import AUTO, EMBEDDED, LoadedModel, compiled, load_model
@@ -51,13 +62,14 @@ Runner = Callable[..., Run]  # (target, input_ids, max_new_tokens, **settings) -
 def specdemo_runner(name: str, **fixed) -> Runner:
     """A runner for one of our step-event methods: its Summary gives tokens and passes. `fixed`:
     keyword arguments it always passes (an eager twin's passes=None); else it runs on the target's
-    compiled pass, if it has one."""
+    compiled pass, if it has one. Its settings are the device's defaults (`specdemo.defaults`) and
+    those given, as on the page; an eager or offloaded twin takes its method's."""
 
     def run(target: LoadedModel, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> Run:
         method, options = get_method(name).generate, method_options(name, target)
         events = method(
             target.model, input_ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids, **options,
-            **{"passes": target.passes, **fixed}, **settings
+            **{"passes": target.passes, **fixed}, **with_defaults(defaults_for(target.device), name, settings)
         )
         return run_of(events)
 
@@ -304,22 +316,13 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "dtype": str(target.dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
         "compiled": compile_report(passes),
+        "defaults": defaults_report(target.device, methods),
         "settings": settings,
         "methods": aggregate(methods, rows),
         "rows": rows,
         **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
         "suspect_margin": SUSPECT_MARGIN,
     }
-
-
-def compile_report(passes) -> dict:
-    """Whether the target's passes were compiled, and how many passes of each bucket width ran
-    (0: eager, wider than every bucket: a prompt)."""
-    if passes is None:
-        return {"on": False}
-    return {"on": not passes.failed, "mode": passes.mode or "default", "buckets": list(passes.buckets),
-            "passes_by_bucket": dict(sorted(passes.runs.items())),
-            **({"failed": passes.failed} if passes.failed else {})}
 
 
 def aggregate(methods: list[str], rows: list[dict]) -> dict:

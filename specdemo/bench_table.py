@@ -1,6 +1,7 @@
-"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass
-and the compiled path."""
+"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass,
+the compiled path and the device's defaults."""
 
+from specdemo.defaults import defaults_for
 from specdemo.methods import METHODS
 
 EAGER = {"ar_eager": "ar", "speculative_eager": "speculative", "medusa_eager": "medusa"}
@@ -18,7 +19,8 @@ def format_table(report: dict) -> str:
     settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
     title = (f"model {report['model']} on {report['device']}, {report['dtype']}, "
              f"max_new_tokens {report['max_new_tokens']}")
-    lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]), header]
+    lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]),
+             defaults_line(report.get("defaults")), header]
     for name, s in report["methods"].items():
         lines.append(
             f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
@@ -84,6 +86,31 @@ def guess_lines(methods: dict) -> list[str]:
                      for source, c in sources.items()]
             lines.append(f"{name}: a pass fed " + ", ".join(parts))
     return lines
+
+
+def defaults_report(device, methods: list[str]) -> dict:
+    """The device's set of defaults the run took (`specdemo.defaults`): its name, where it was
+    chosen, and what it set for the methods run."""
+    defaults = defaults_for(device)
+    return {"name": defaults.name, "chosen": defaults.chosen,
+            "settings": {name: dict(defaults.of(name)) for name in methods if defaults.of(name)}}
+
+
+def compile_report(passes) -> dict:
+    """Whether the target's passes were compiled, and how many passes of each bucket width ran
+    (0: eager, wider than every bucket: a prompt)."""
+    if passes is None:
+        return {"on": False}
+    return {"on": not passes.failed, "mode": passes.mode or "default", "buckets": list(passes.buckets),
+            "passes_by_bucket": dict(sorted(passes.runs.items())),
+            **({"failed": passes.failed} if passes.failed else {})}
+
+
+def defaults_line(defaults: dict | None) -> str:
+    if not defaults:  # a report written before the sets of defaults
+        return "defaults: the methods' own"
+    given = "; ".join(f"{name} {values}" for name, values in defaults["settings"].items())
+    return f"defaults: the {defaults['name']} set" + (f" ({given})" if given else " (the methods' own)")
 
 
 def compile_line(compiled: dict) -> str:

@@ -14,8 +14,8 @@ METHODS = {"ar", "speculative", "draft_tree", "draft", "eagle", "prompt_lookup",
            "cllm", "beam", "contrastive"}
 # a package: its `__init__` and its modules
 VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}
-APP = {"ui", "ui_offload", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run", "zerogpu", "clicks",
-       "wiring"}
+APP = {"ui", "ui_offload", "ui_settings", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run",
+       "zerogpu", "clicks", "wiring"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 
@@ -64,7 +64,7 @@ def test_the_core_knows_no_method(module):
     assert not imports(module) & (METHODS | {"methods", "models", "presets"})
 
 
-@pytest.mark.parametrize("module", ["ui", "ui_offload", "handlers", *sorted(VIEWS), "lesson", "clicks"])
+@pytest.mark.parametrize("module", ["ui", "ui_offload", "ui_settings", "handlers", *sorted(VIEWS), "lesson", "clicks"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""
     assert not imports(module) & {"torch", "transformers", *CORE - {"events", "steps", "errors", "sampling"}, *METHODS}

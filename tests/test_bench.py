@@ -8,7 +8,8 @@ import pytest
 
 from specdemo import SpecDemoError, bench
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "settings", "methods", "rows", "suspect_margin"}
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "methods", "rows",
+            "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
                "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin", "guesses_per_pass"}
@@ -24,6 +25,7 @@ def test_bench_json_schema(embedded, tmp_path):
     report = json.loads(out.read_text())
     assert set(report) == TOP_KEYS
     assert report["compiled"] == {"on": False}  # a CPU's default: eager (specdemo.core.static.default_compile)
+    assert report["defaults"]["name"] == "CPU" and report["defaults"]["settings"] == {}  # the methods' own
     assert report["methods"].pop("ar_eager")["matches_ar"] == 1.0
     report["rows"] = [row for row in report["rows"] if row["method"] != "ar_eager"]
     assert report["model"] == "embedded" and report["dtype"] == "float32" and report["max_new_tokens"] == 8

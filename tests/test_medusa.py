@@ -72,8 +72,9 @@ def test_tree_presets_and_size(tiny_model, prompt_ids):
     dynamic = run().data  # the default: as many nodes as the heads' static tree, chosen for this pass
     assert dynamic.tree_kind == "dynamic" and dynamic.tree.size == len(CHOICES)
     assert run(tree_size=12).data.tree.size == 12  # a dynamic tree may be larger than the static one
+    assert run(tree="static", tree_size=60).data.tree.size == len(CHOICES)  # at most the whole tree
     with pytest.raises(SpecDemoError, match="tree_size"):
-        run(tree="static", tree_size=99)
+        run(tree="static", tree_size=999)
     with pytest.raises(SpecDemoError, match="tree_size"):
         run(tree_size=0)
     with pytest.raises(SpecDemoError, match="no parent"):

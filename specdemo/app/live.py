@@ -14,6 +14,7 @@ from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, committed_by_origin, final_summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
+from specdemo.defaults import defaults_for, with_defaults
 from specdemo.divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from specdemo.methods import METHODS, ar, cllm, companion, decoded, get_method, method_options
 from specdemo.models import LoadedModel
@@ -144,7 +145,8 @@ def processes(request: Request) -> bool:
 
 def run(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Iterator[StepEvent | Summary]:
     """The method's events for this request, until `stop` is set: the click's budget
-    (`limits.budget`), shared with the click's other runs; without one, a budget of its own."""
+    (`limits.budget`), shared with the click's other runs; without one, a budget of its own. Its
+    settings are the device's defaults (`specdemo.defaults`) and the request's."""
     stop = budget() if stop is None else stop
     generate, options = get_method(request.method).generate, method_options(request.method, target)
     sampling = {"sampling": request.sampling} if processes(request) else {}
@@ -157,7 +159,7 @@ def run(target: LoadedModel, request: Request, stop: threading.Event | None = No
         passes=target.passes,
         **sampling,
         **options,
-        **request.settings,
+        **with_defaults(defaults_for(target.device), request.method, request.settings),
     )
 
 

@@ -17,7 +17,9 @@ from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
 from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
+from specdemo.app.ui_settings import SETTING_WIDTH, method_settings
 from specdemo.app.wiring import Outputs, wire
+from specdemo.defaults import Defaults, defaults_for
 from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
 from specdemo.presets import Preset, available_presets
@@ -30,7 +32,6 @@ PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "t
 FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
 START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses "
               "in colour (see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
-SETTING_WIDTH = 220  # a setting's least width: the settings wrap onto more rows rather than squash their labels
 # One generation at a time on this model: every event that decodes shares one queue slot,
 # so Gradio's queue tells each waiting visitor how many are ahead.
 ONE_AT_A_TIME = MappingProxyType(dict(concurrency_id="model", concurrency_limit=1))
@@ -197,8 +198,9 @@ def lesson_tab(targets: Targets) -> tuple[gr.Radio, ui_offload.PassCostBox | Non
         return lesson_step, ui_offload.pass_cost_box(bool(targets.on_disk))
 
 
-def generate_tab() -> GenerateTab:
-    """The Generate tab, ready with the lesson's first example."""
+def generate_tab(defaults: Defaults) -> GenerateTab:
+    """The Generate tab, ready with the lesson's first example; its method settings start at the
+    device's `defaults`."""
     with gr.Tab("Generate", id="generate"):
         with gr.Row():
             with gr.Column(scale=3):
@@ -236,7 +238,7 @@ def generate_tab() -> GenerateTab:
                 run_stats = gr.HTML(elem_id="stats")
                 why = gr.HTML(elem_id="why")
                 speed_plot = gr.Plot(label="Tokens over time, against AR on this prompt", elem_id="speedup-plot")
-        settings = {**sampling_settings(), **method_settings()}
+        settings = {**sampling_settings(), **method_settings(defaults)}
         download = gr.File(label="This run's events (JSON)", elem_id="export")
     run_view = dict(answer=stream, timeline=view_plot, detail=detail_plot, trajectory=trajectory_plot, tree=tree_plot,
                     best=best_plot, method_html=view_html, speed_plot=speed_plot, stats=run_stats, why=why)
@@ -256,55 +258,6 @@ def sampling_settings() -> dict[str, gr.components.Component]:
             seed=gr.Number(-1, label="Seed (-1: random)", precision=0, min_width=SETTING_WIDTH),
             no_repeat_ngram_size=gr.Slider(0, 6, value=0, step=1, min_width=SETTING_WIDTH, label="No repeated n-grams "
                                            f"of size (0: off; {', '.join(processing_methods())})"))
-
-
-def method_settings() -> dict[str, gr.components.Component]:
-    """The method settings accordion: each method's settings (`handlers.KNOBS`) by name."""
-    with gr.Accordion("Method settings", open=False, elem_id="method-settings"):
-        # a column a method, each wide enough for its labels: the columns wrap onto rows rather than squash them
-        with gr.Row():
-            with gr.Column(min_width=SETTING_WIDTH):
-                speculative = dict(
-                    gamma=gr.Slider(1, 16, value=2, step=1, label="speculative: γ (draft tokens per step)"),
-                    adaptive_gamma=gr.Checkbox(False, label="speculative: adaptive γ"),
-                    draft_tree_size=gr.Checkbox(True, label="speculative: draft a tree, γ deep, when greedy (EAGLE-2); "
-                                                "sampling always drafts a chain"),
-                    copy_length=gr.Checkbox(True, label="speculative, medusa: add to the tree the tokens that followed "
-                                            "the text's last tokens before (prompt lookup)"),
-                    retrieve=gr.Checkbox(True, label="speculative, medusa, lookahead, cllm: also guess what the "
-                                         "model's earlier answers wrote after the same words (REST: a datastore of its "
-                                         "own answers)"))
-            with gr.Column(min_width=SETTING_WIDTH):
-                medusa = dict(
-                    tree=gr.Dropdown(["dynamic", "static", "chain"], value="dynamic",
-                                     label="medusa: tree (dynamic: each pass, the paths the heads are surest of; "
-                                     "static: the paths most often right on held-out answers; chain: top-1 only)"),
-                    tree_size=gr.Slider(0, 64, value=0, step=1,
-                                        label="medusa: the heads' tree nodes (0: the default size, 8 for ours)"),
-                    typical_acceptance=gr.Checkbox(False, label="medusa: typical acceptance, to sample (Cai et al. "
-                                                   "2024; NOT distribution-preserving: the answer is not a sample of "
-                                                   "the target)"))
-            with gr.Column(min_width=SETTING_WIDTH):
-                jacobi_lookahead = dict(
-                    decoder=gr.Radio(["lookahead", "jacobi"], value="lookahead", elem_id="decoder",
-                                     label="cllm: decode by (lookahead: the fastest here; jacobi: the paper's way, "
-                                     "drawn as a trajectory)"),
-                    block_size=gr.Slider(1, 64, value=16, step=1, label="jacobi, cllm by jacobi: block size n"),
-                    window=gr.Slider(0, 16, value=0, step=1,
-                                     label="lookahead, cllm by lookahead: window W (0: the method's own, 2 for "
-                                     "lookahead, 1 for cllm)"),
-                    ngram=gr.Slider(2, 8, value=3, step=1, label="lookahead, cllm by lookahead: n-gram size N"),
-                    candidates=gr.Slider(0, 16, value=3, step=1, label="lookahead, cllm by lookahead: candidates G"))
-            with gr.Column(min_width=SETTING_WIDTH):
-                beam_contrastive = dict(
-                    num_beams=gr.Slider(1, 8, value=4, step=1, label="beam: beams k"),
-                    length_penalty=gr.Slider(-1.0, 3.0, value=1.0, step=0.1,
-                                             label="beam: length penalty (score = log p / length^penalty)"),
-                    early_stopping=gr.Checkbox(False, label="beam: early stopping (stop once k answers are finished)"),
-                    alpha=gr.Slider(0.01, 1.0, value=0.1, step=0.01, label="contrastive: plausibility α"),
-                    amateur_temperature=gr.Slider(0.1, 2.0, value=0.5, step=0.1,
-                                                  label="contrastive: amateur temperature τ"))
-    return {**speculative, **medusa, **jacobi_lookahead, **beam_contrastive}
 
 
 def step_through_tab() -> StepThroughTab:
@@ -430,7 +383,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
         top = header(handlers.targets, target)
         with gr.Tabs(selected="generate") as tabs:
-            (lesson_step, pass_cost), generate = lesson_tab(handlers.targets), generate_tab()
+            (lesson_step, pass_cost), generate = lesson_tab(handlers.targets), generate_tab(defaults_for(target.device))
             step_through, race = step_through_tab(), race_tab()
         page = Page(top, tabs, lesson_step, generate, step_through, race, history=gr.State(None), busy=gr.State(False),
                     shown_step=gr.State(None))

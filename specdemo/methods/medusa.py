@@ -73,9 +73,9 @@ def generate(
     `tree`: "dynamic" (each pass, the `tree_size` nodes of highest value by the heads'
     confidences: `dynamic_paths`), "static" (the paths that came with the heads, else the
     chain), "chain" (each head's best token only), or paths in the medusa_choices form. For a
-    static tree `tree_size` keeps its first paths (a tree grown by estimated acceptance lists
-    parents first, so any prefix is a tree); by default a dynamic tree has as many nodes as the
-    heads' default static tree.
+    static tree `tree_size` keeps its first paths, at most all of them (a tree grown by estimated
+    acceptance lists parents first, so any prefix is a tree); by default a dynamic tree has as
+    many nodes as the heads' default static tree.
     Greedy verification gives exactly AR's answer. `typical_acceptance` (with sampling on) is
     Medusa's rule for sampling, ε and α as in the paper: it does NOT keep the target's
     distribution (see `typical_verdicts`). `copy_length` > 0 adds a chain of up to that many

@@ -107,8 +107,8 @@ def resolve_tree(heads: MedusaHeads, tree: str | Iterable[Sequence[int]], tree_s
         raise SpecDemoError(f"tree must be one of {', '.join(TREES)} or a list of paths, got {tree!r}")
     else:
         paths = list(tree)
-    if tree_size is not None:
-        check_tree_size(tree_size, len(paths), "this tree's size")
+    if tree_size is not None:  # at most the whole tree: a device's default size is a dynamic tree's (`defaults`)
+        check_tree_size(tree_size, MAX_TREE_SIZE, "a static tree's first paths, at most all of them")
         paths = paths[:tree_size]
     return cached_tree(tuple(tuple(path) for path in paths))
 
