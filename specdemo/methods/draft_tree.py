@@ -163,11 +163,12 @@ def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[
     (`logits` [q, K], one row per parent; `token_ids` maps their indices to token ids) appended,
     parent by parent, best first; a child's value is its parent's plus its own log-probability."""
     log_probs = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
-    token_ids = token_ids(log_probs.indices).tolist()
+    # one copy from the device each, not one a row: on a GPU every copy waits for the device
+    token_ids, values = token_ids(log_probs.indices).tolist(), log_probs.values.tolist()
     tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)
     for row, parent in enumerate(parents):
         parent_score = 0.0 if parent < 0 else tree.scores[parent]
-        for token, log_prob in zip(token_ids[row], log_probs.values[row].tolist()):
+        for token, log_prob in zip(token_ids[row], values[row]):
             tokens.append(token)
             hung.append(parent)
             scores.append(parent_score + log_prob)
