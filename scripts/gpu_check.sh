@@ -7,13 +7,14 @@
 # 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
 # 3. float32 exactness on 8 of them;
-# 4. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`),
-#    that tree's bench on 13 of them (one a category), so a change is measured in one call;
+# 4. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
+#    trees, wider windows) on 8 of them (one a category), each against graphed AR;
 # 5. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
 # 6. where a step's time goes (`scripts/gpu_profile.py`);
-# 7. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
-# 8.-9. wider trees for the GPU's defaults, and transformers' assisted generation, while time is left
-#    (without BEFORE, stage 4's time goes to them).
+# 7. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`),
+#    that tree's bench on 13 of them (one a category), so a change is measured in one call;
+# 8. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
+# 9. transformers' assisted generation, while time is left.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
 # later ones load that copy (`models.converted`).
 # Each stage has a time limit and the next runs whatever the last gave.
@@ -33,6 +34,7 @@ if [ $# -gt 0 ]; then
     mkdir -p assets && cp -rn "$PAY/assets/." assets/ 2>/dev/null  # the packed assets where the tree came without them
     export PYTHONPATH="$PAY/site:$PWD"
 fi
+export PYTHONPATH="${PYTHONPATH:-$PWD}"  # the scripts import specdemo from the tree
 QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
 [ -f "$QUESTIONS" ] || QUESTIONS=../shared/bench/spec_bench_question.jsonl
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -49,13 +51,9 @@ say "3. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
     --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
-    say "4. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
-    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
-    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
-        --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
-        --json "$OUT/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-fi
+say "4. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$OUT/sweep.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "5. pass cost by width"
 timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 10 --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
@@ -63,22 +61,19 @@ timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 1
 say "6. where a step's time goes"
 timeout $(cap 60) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"; head -c 1500 "$OUT/profile.txt"
 
-say "7. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
+if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
+    say "7. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
+    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
+        --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
+        --json "$OUT/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
+
+say "8. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
     --methods ar,ar_eager --json "$OUT/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-
-say "8. wider trees for a GPU's defaults (13 questions, one a category), while time is left"
-SETS=("speculative.gamma=4 speculative.draft_tree_size=24 speculative.draft_tree_top_k=6 medusa.tree_size=31"
-      "speculative.gamma=6 speculative.draft_tree_size=48 speculative.draft_tree_top_k=8 medusa.tree_size=63")
-sweep() {
-    say "settings: $1"
-    timeout $(cap 90) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
-        --methods ar,speculative,medusa $(printf -- '--set %s ' $1) 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-}
-sweep "${SETS[0]}"
 
 say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-sweep "${SETS[1]}"
 say "done"

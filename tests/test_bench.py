@@ -196,3 +196,20 @@ def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way(embedde
     assert twin["matches_ar"] == 1.0 and twin["differs_from_base_ar"] == 0.0 and twin["tokens_per_forward"] > 1.0
     assert twin["speedup_vs_own_ar"] == pytest.approx(twin["tokens_per_s"] / offloaded_ar["tokens_per_s"])
     assert "AR offloaded the same way" in bench.format_table(report)
+
+
+def test_the_gpu_sweep_benches_each_candidate_against_ar(embedded, tmp_path):
+    """`scripts/gpu_sweep.py`, which chooses a device's defaults: a row a candidate, each from a bench
+    run against AR, kept in its JSON as it goes; on the embedded model in float32 each answer is AR's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_sweep.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = tmp_path / "sweep.json"
+    rows = sweep.sweep(embedded, bench.read_prompts(bench.DEFAULT_PROMPTS, 1), 6, ["lookahead"], out)
+    assert [row["settings"] for row in rows] == sweep.CANDIDATES["lookahead"]
+    assert all(row["matches_ar"] == 1.0 and row["tokens_per_forward"] >= 1 and row["speedup"] > 0 for row in rows)
+    assert json.loads(out.read_text())["rows"] == rows

@@ -1,0 +1,89 @@
+"""The sweep that chooses a device's defaults (`specdemo.defaults`): each candidate set of a
+method's settings, benched against AR in the same run, one process and one load for all of them.
+
+    PYTHONPATH=. python scripts/gpu_sweep.py --prompts spec_bench_question.jsonl --per-category 1 --json OUT.json
+
+Each candidate runs as `python -m specdemo.bench --methods ar,METHOD --set ...` would, on the
+same loaded (and, with CUDA, graphed) target; a candidate names every setting it changes, the
+rest being the device's current set (`specdemo.defaults`). It prints a line a candidate as it
+goes, rewriting --json after each, then the lines again, best first within each method. On a
+CPU it measures tokens a pass, which do not depend on the device; the speedups there are a CPU's.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdemo.bench import DEFAULT_PROMPTS, benchmark, read_prompts
+from specdemo.core.static import default_compile
+from specdemo.defaults import defaults_for
+from specdemo.models import compiled, load_model
+
+# the CPU's defaults first (for our heads, a Medusa tree of 8), then deeper and wider: on a GPU a pass of 64 tokens
+# costs about what one of 8 does; a candidate sets what it changes from the device's set (`specdemo.defaults`)
+CANDIDATES = {
+    "speculative": [dict(gamma=2), dict(gamma=3, draft_tree_size=24, draft_tree_top_k=4),
+                    dict(gamma=4, draft_tree_size=31, draft_tree_top_k=6),
+                    dict(gamma=5, draft_tree_size=40, draft_tree_top_k=8),
+                    dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
+    "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=63)],
+    "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7)],
+    "cllm": [dict(window=1, candidates=3), dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7)],
+}
+
+
+def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], out: Path | None = None) -> list[dict]:
+    """One row a candidate: its settings, tokens a pass, its speedup against AR in its run, what a
+    step costs and whether every answer was its reference's; `out` (JSON) rewritten after each, so
+    a sweep stopped by its time limit keeps what it measured."""
+    rows = []
+    for method in methods:
+        for settings in CANDIDATES[method]:
+            names = ["ar", method, *(["cllm_ar"] if method == "cllm" else [])]
+            report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, method: settings})
+            stats = report["methods"][method]
+            rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
+                         "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),
+                         "step_ms": stats["step_ms"], "target_pass_ms": stats["target_pass_ms"],
+                         "ar_step_ms": report["methods"]["ar"]["step_ms"], "matches_ar": stats["matches_ar"]})
+            print(line(rows[-1]), flush=True)
+            if out:
+                out.write_text(json.dumps({"device": str(target.device), "dtype": str(target.dtype), "rows": rows},
+                                          indent=1))
+    return rows
+
+
+def line(row: dict) -> str:
+    settings = " ".join(f"{name}={value}" for name, value in row["settings"].items()) or "(the device's set)"
+    return (f"{row['method']:<12} {settings:<50} {row['tokens_per_forward']:5.2f} tok/pass {row['speedup']:5.2f}x  "
+            f"step {row['step_ms']:5.1f} ms (pass {row['target_pass_ms']:4.1f}, AR {row['ar_step_ms']:4.1f})  "
+            f"matches {row['matches_ar']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    parser.add_argument("--per-category", type=int, default=None)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--methods", default=",".join(CANDIDATES))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    target = load_model(dtype=args.dtype, device=args.device)
+    if default_compile(target.device):
+        target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print(f"{target.device}, {args.dtype}; the device's set now: {defaults_for(target.device).name}", flush=True)
+    rows = sweep(target, read_prompts(args.prompts, args.limit, args.per_category), args.max_new_tokens,
+                 [name.strip() for name in args.methods.split(",")], args.json)
+    print("\nbest first:")
+    for method in dict.fromkeys(row["method"] for row in rows):
+        for row in sorted((row for row in rows if row["method"] == method), key=lambda row: -row["speedup"]):
+            print(line(row))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
