@@ -91,9 +91,9 @@ def guess_lines(methods: dict) -> list[str]:
 def defaults_report(device, methods: list[str]) -> dict:
     """The device's set of defaults the run took (`specdemo.defaults`): its name, where it was
     chosen, and what it set for the methods run."""
-    defaults = defaults_for(device)
-    return {"name": defaults.name, "chosen": defaults.chosen,
-            "settings": {name: dict(defaults.of(name)) for name in methods if defaults.of(name)}}
+    defaults, method_of = defaults_for(device), EAGER | OFFLOADED  # a twin takes its method's
+    given = {name: dict(defaults.of(method_of.get(name, name))) for name in methods}
+    return {"name": defaults.name, "chosen": defaults.chosen, "settings": {name: s for name, s in given.items() if s}}
 
 
 def compile_report(passes) -> dict:

@@ -56,10 +56,16 @@ BY_GPU_NAME: Mapping[str, Defaults] = MappingProxyType({})
 
 
 def defaults_for(device: torch.device) -> Defaults:
-    """The set for a target on `device`."""
+    """The set for a target on `device`. A GPU's name is asked only where a kind has a set of its
+    own, and a GPU that cannot say it (ZeroGPU's stand-in outside a GPU call) takes `GPU`."""
     if device.type != "cuda":
         return CPU
-    return BY_GPU_NAME.get(torch.cuda.get_device_name(device), GPU)
+    if not BY_GPU_NAME:
+        return GPU
+    try:
+        return BY_GPU_NAME.get(torch.cuda.get_device_name(device), GPU)
+    except (RuntimeError, AssertionError):
+        return GPU
 
 
 def with_defaults(defaults: Defaults, method: str, settings: Mapping[str, object]) -> dict:

@@ -5,6 +5,7 @@ import pytest
 import torch
 from test_conformance import configurations
 
+from specdemo.bench_table import defaults_line, defaults_report
 from specdemo.core.events import final_summary
 from specdemo.defaults import BY_GPU_NAME, CPU, GPU, Defaults, default_of, defaults_for, with_defaults
 from specdemo.methods import METHODS, ar
@@ -67,3 +68,11 @@ def test_the_page_starts_at_the_sets_values_and_names_it(defaults):
     assert f"{default_of(defaults, 'cllm', 'window')} for cllm" in controls["window"].label
     named = [block.value for block in page.blocks.values() if getattr(block, "elem_id", None) == "defaults-set"]
     assert named == [f"The defaults of this device: the {defaults.name} set ({defaults.chosen})."]
+
+
+def test_a_gpu_takes_the_gpu_set_and_the_bench_names_it_for_twins_too():
+    cuda = torch.device("cuda")
+    assert defaults_for(cuda) in (GPU, *BY_GPU_NAME.values())  # without CUDA (or a kind of its own): GPU
+    report = defaults_report(cuda, ["ar", "medusa", "medusa_eager"])
+    assert report["name"] == GPU.name and report["settings"]["medusa_eager"] == report["settings"]["medusa"]
+    assert defaults_line(report).startswith("defaults: the GPU set (medusa {")
