@@ -111,17 +111,8 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
     read. `token_ids` maps indices into the drafter's vocabulary to token ids. A feature draft's
     state is its predicted feature; a Hydra head's, the path it read. `first_k`: the root's
     children, if not `top_k`."""
-    states = []  # per node, the state its children's guesses read
-
-    def with_children(tree: Proposal, parents: list[int], logits: torch.Tensor, rows: torch.Tensor | None,
-                      top_k: int) -> Proposal:
-        grown = add_children(tree, token_ids, logits, parents, top_k)
-        each = (grown.size - tree.size) // len(parents)  # children per parent
-        states.extend(None if rows is None else rows[i // each] for i in range(grown.size - tree.size))
-        return grown
-
-    tree, passes = with_children(EMPTY, [-1], logits, state, first_k or top_k), 1
-    frontier = range(tree.size)
+    tree, passes = add_children(EMPTY, token_ids, logits, [-1], first_k or top_k), 1
+    frontier = range(tree.size)  # the nodes the last level added, as many children to each row of `state`
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
         nodes = sorted((n for n in frontier if tree.tokens[n] not in eos and tree.scores[n] > bar),
@@ -129,9 +120,11 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         if not nodes:
             break
         tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
-        parent_states = None if state is None else torch.stack([states[n] for n in nodes])
-        logits, new_states = level_logits(tree, nodes, tokens, parent_states, level)
-        grown, passes = with_children(tree, nodes, logits, new_states, top_k), level
+        # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
+        parent_states = None if state is None else state[[(n - frontier.start) * len(state) // len(frontier)
+                                                          for n in nodes]]
+        logits, state = level_logits(tree, nodes, tokens, parent_states, level)
+        grown, passes = add_children(tree, token_ids, logits, nodes, top_k), level
         tree, frontier = grown, range(tree.size, grown.size)
     return best_nodes(tree, size), passes
 

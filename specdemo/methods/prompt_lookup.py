@@ -7,6 +7,7 @@ more branch of the draft tree, Medusa beside its heads' tree. It costs no model 
 wider verification pass.
 """
 
+import numpy as np
 import torch
 
 from specdemo.core.errors import check_whole
@@ -30,14 +31,17 @@ def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match:
                    shortest_match: int = 1) -> tuple[int, ...]:
     """The up to `length` tokens that followed the latest earlier occurrence of the text's last
     k tokens (`tokens` [n]), trying k = `longest_match` down to `shortest_match`; () when none
-    occurred. Each k is one comparison of every earlier k-gram with the suffix, not a Python
+    occurred. Each k is k comparisons of every earlier k-gram's tokens with the suffix's, not a Python
     loop over the text: this runs before every pass. `tokens` lie on the CPU (a proposer copies
-    a text on a GPU once a pass): on a GPU every k would sync."""
-    tokens = torch.as_tensor(tokens)
+    a text on a GPU once a pass), read as a numpy array, whose small operations cost the host
+    less than torch's."""
+    tokens = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
     n = tokens.shape[0]
     for k in range(min(longest_match, n - 1), shortest_match - 1, -1):
-        earlier = tokens[: n - 1].unfold(0, k, 1)  # [n - k, k] the k-grams that end before the last token
-        starts = (earlier == tokens[n - k :]).all(dim=-1).nonzero()
+        matches = tokens[: n - k] == tokens[n - k]  # where each earlier k-gram starts, if its first token matches ...
+        for j in range(1, k):
+            matches &= tokens[j : n - k + j] == tokens[n - k + j]  # ... and its j-th
+        starts = np.flatnonzero(matches)
         if len(starts):
             follow = int(starts[-1]) + k
             return tuple(tokens[follow : follow + length].tolist())

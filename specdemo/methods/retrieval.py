@@ -97,7 +97,8 @@ class Datastore:
         found here (K down to SHORTEST_MATCH tokens) continue with, one token at a time among the
         occurrences that agreed so far, stopping where less than `least_share` of them agree on
         the next one; () when no suffix occurs or `length` is 0."""
-        text = [int(token) for token in text[-self.width :]]
+        text = text[-self.width :]
+        text = text.tolist() if hasattr(text, "tolist") else [int(token) for token in text]  # not one a token
         if length <= 0 or any(token >= self.vocab_size or token < 0 for token in text):
             return ()
         for k in range(min(self.width, len(text)), SHORTEST_MATCH - 1, -1):
