@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdemo.core.events import final_summary
+from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.sampling import SamplingConfig
 from specdemo.methods import ar, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
@@ -22,6 +23,8 @@ RUNS = {
     "speculative tree, feature draft, copy": lambda m, o: (speculative,
                                                            dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
+    "medusa dynamic tree, graphed heads": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree_size=12,
+                                                                     heads_passes=FunctionGraphs())),
     "lookahead": lambda m, o: (lookahead, dict()),
     "jacobi": lambda m, o: (jacobi, dict(block_size=8)),
 }

@@ -11,7 +11,7 @@ from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answer
 
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
-from specdemo.core.graphs import CudaGraphs, Graph
+from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import (
     DRAFT_BUCKETS,
@@ -22,10 +22,11 @@ from specdemo.core.static import (
     static_pass,
     warm_up,
 )
-from specdemo.methods import speculative
+from specdemo.methods import medusa, speculative
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
+from test_medusa import CHOICES, random_heads
 
 BUCKETS = (1, 8, 16)
 
@@ -149,3 +150,52 @@ def test_a_deep_draft_tree_replays_its_drafts_look_back_passes(prompt_ids):
     assert trees[0] == trees[1] and max(len(proposed) for proposed, _ in trees[1]) > 8
     looked_back = [key for key in draft_passes.graphs.graphs if key[1] > key[0]]  # (width, window + width, ...)
     assert looked_back and draft_passes.runs[0] == 0  # no draft pass ran eagerly
+
+
+class ReplayedFunctionGraphs(FunctionGraphs):
+    """`FunctionGraphs`' contract without CUDA: a replay reruns the captured function on the
+    captured inputs and writes its result into the captured outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.replays = 0
+
+    def capture(self, function, inputs) -> Captured:
+        out = function(*inputs)
+        graphs = self
+
+        class Replay:
+            def replay(self):
+                graphs.replays += 1
+                for mine, theirs in zip(out, function(*inputs)):
+                    mine.copy_(theirs)
+
+        return Captured(Replay(), inputs, out)
+
+
+@pytest.mark.parametrize("tree, tree_size", [("dynamic", 6), ("dynamic", 12), (CHOICES, None)])
+def test_medusas_heads_replay_their_graphs(prompt_ids, tree, tree_size):
+    """With graphs of the heads beside the target's, every proposal after the prompt's pass
+    replays one, and each pass proposes the very tree the eager heads propose: the answer is the
+    eager one, AR's."""
+    target = make_tiny_model()
+    heads = random_heads(target)
+    graphs = ReplayedFunctionGraphs()
+    runs = [list(medusa.generate(target, prompt_ids, heads=heads, tree=tree, tree_size=tree_size, max_new_tokens=24,
+                                 eos_token_ids=(), passes=graphed(target), heads_passes=given))
+            for given in (None, graphs)]
+    proposed = [[event.proposed for event in run[:-1]] for run in runs]
+    assert proposed[0] == proposed[1] and final_summary(runs[0]).tokens == final_summary(runs[1]).tokens
+    assert graphs.replays == len(proposed[1]) - 1 > 2  # every pass but the prompt's
+
+
+def test_a_function_graph_returns_its_outputs_own_copies():
+    """A call's outputs outlive the next call of the same graph, which overwrites the graph's."""
+    graphs = ReplayedFunctionGraphs()
+    double = lambda x: (2 * x,)  # noqa: E731
+    first = graphs("double", double, torch.ones(3))
+    second = graphs("double", double, torch.full((3,), 5.0))
+    assert first[0].tolist() == [2.0] * 3 and second[0].tolist() == [10.0] * 3
+    assert len(graphs.graphs) == 1 and graphs.replays == 2
+    graphs("double", double, torch.ones(4))  # another shape: a graph of its own
+    assert len(graphs.graphs) == 2

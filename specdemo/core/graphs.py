@@ -15,6 +15,9 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
   lease ends when the request drops its view. A request that finds it lent, or needs more
   positions, gets a buffer of its own and runs the static pass eagerly: slower, never wrong.
 - All graphs share one memory pool: they never run at once, so their scratch memory can overlap.
+
+A companion's small layers outside any decoder pass (Medusa's heads) are graphs too
+(`FunctionGraphs`): no KV buffer, fixed-shape inputs, outputs copied out under a lock.
 """
 
 import gc
@@ -91,20 +94,67 @@ class CudaGraphs:
         return graph.out
 
     def capture(self, forward, decoder, cache, inputs, positions, sees, head, layers) -> Graph:
-        """Warm the pass up on a side stream, then record it (PyTorch's recipe). Both write keys and
-        values at `cache.start` and on, past the valid length, as the pass itself does."""
+        """Record the pass (`recorded`). Both its warm-up and its capture write keys and values at
+        `cache.start` and on, past the valid length, as the pass itself does."""
         inputs, positions, sees = inputs.clone(), positions.clone(), sees.clone()
-        stream = torch.cuda.Stream(device=inputs.device)
-        stream.wait_stream(torch.cuda.current_stream(inputs.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward(decoder, cache, inputs, positions, sees, head, layers)
-        torch.cuda.current_stream(inputs.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = forward(decoder, cache, inputs, positions, sees, head, layers)
+        graph, out = recorded(lambda: forward(decoder, cache, inputs, positions, sees, head, layers), inputs.device,
+                              self.pool)
         return Graph(graph, inputs, positions, sees, out)
+
+
+def recorded(run, device: torch.device, pool) -> tuple["torch.cuda.CUDAGraph", object]:
+    """A CUDA graph of `run()` and the output it writes: warmed up twice on a side stream, then
+    recorded into `pool` (PyTorch's recipe)."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = run()
+    return graph, out
+
+
+@dataclass
+class Captured:
+    """One captured function: the tensors it reads and the outputs it writes."""
+
+    graph: "torch.cuda.CUDAGraph"
+    inputs: tuple[torch.Tensor, ...]
+    out: tuple[torch.Tensor, ...]
+
+
+class FunctionGraphs:
+    """CUDA graphs of a companion's small layers outside any decoder pass (Medusa's heads and
+    their top tokens): a few dozen launches a step, each a graph of one launch here. One graph
+    per kind of call (`key`: the function and whatever else fixes its work) and its inputs'
+    shapes and dtypes, captured at its first call. A call copies its inputs into the graph's,
+    replays it and returns copies of its outputs, under a lock: requests may share the graphs."""
+
+    def __init__(self):
+        self.graphs: dict[tuple, Captured] = {}
+        self.pool = None  # the memory pool the graphs share, made at the first capture
+        self.lock = threading.Lock()
+
+    def __call__(self, key, function, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`function(*inputs)`, a tuple of tensors, replayed from its graph."""
+        kind = (key, *((tuple(tensor.shape), tensor.dtype) for tensor in inputs))
+        with self.lock:
+            captured = self.graphs.get(kind)
+            if captured is None:
+                captured = self.graphs[kind] = self.capture(function, tuple(tensor.clone() for tensor in inputs))
+            for mine, given in zip(captured.inputs, inputs):
+                mine.copy_(given)
+            captured.graph.replay()
+            return tuple(tensor.clone() for tensor in captured.out)
+
+    def capture(self, function, inputs: tuple[torch.Tensor, ...]) -> Captured:
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        graph, out = recorded(lambda: function(*inputs), inputs[0].device, self.pool)
+        return Captured(graph, inputs, out)
 
 
 def padded_inputs(inputs: torch.Tensor, bucket: int) -> torch.Tensor:

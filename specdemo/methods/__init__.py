@@ -20,6 +20,7 @@ from types import MappingProxyType
 from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.static import DRAFT_BUCKETS, CompiledPass, compile_passes
 from specdemo.methods import ar, beam, cllm, contrastive, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft, load_draft
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 
 COMMON = frozenset({"max_new_tokens", "sampling", "eos_token_ids", "stop"})  # what every method takes
 # companions `method_options` loads, the target's compiled pass, and internals
-LOADED = frozenset({"draft", "draft_passes", "heads", "cllm_model", "cllm_passes", "amateur", "datastore",
-                    "method_name", "passes"})
+LOADED = frozenset({"draft", "draft_passes", "heads", "heads_passes", "cllm_model", "cllm_passes", "amateur",
+                    "datastore", "method_name", "passes"})
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,8 @@ def load_options(name: str, target: LoadedModel) -> dict:
         tree = getattr(preset_for(target.spec), "medusa_tree", None)
         heads = medusa.load_heads(companion(target, "medusa_heads"), target.model,
                                   tree and [list(path) for path in tree])
-        return {"heads": heads, **datastore_of(target)}
+        graphs = FunctionGraphs() if target.passes and target.passes.graphs else None  # CUDA graphs of the heads
+        return {"heads": heads, "heads_passes": graphs, **datastore_of(target)}
     if name == "cllm":
         model = target.companions.get("cllm", lambda: cllm.load_cllm(companion(target, "cllm"), target))
         passes = compile_passes(model, progress=log.info) if target.passes else None

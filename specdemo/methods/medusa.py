@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary
+from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass, fitted_size
@@ -68,6 +69,7 @@ def generate(
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     passes: CompiledPass | None = None,
+    heads_passes: FunctionGraphs | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L], verifying a tree of the heads' candidates each pass.
     `tree`: "dynamic" (each pass, the `tree_size` nodes of highest value by the heads'
@@ -85,7 +87,8 @@ def generate(
     Heads that read their path (Hydra) grow a dynamic tree as EAGLE-2 grows a draft's
     (`draft_tree.expand`): level by level, the `tree_top_k` nodes of highest value each get their
     `tree_top_k` likeliest children, then the `tree_size` best nodes stay.
-    `passes`: the model's compiled static pass (None: eager)."""
+    `passes`: the model's compiled static pass (None: eager); `heads_passes`: CUDA graphs of the
+    heads (`MedusaHeads.ranked`), run only beside the target's compiled pass."""
     check_acceptance(sampling, typical_acceptance, typical_epsilon, typical_alpha)
     if tree == "dynamic":
         static, dynamic_size = None, check_dynamic_size(heads, tree_size)
@@ -96,7 +99,7 @@ def generate(
     typical = (typical_epsilon, typical_alpha) if typical_acceptance else None
     check_whole("tree_top_k", tree_top_k, 1, MAX_TREE_SIZE)
     proposer = MedusaTree(heads, static, dynamic_size, check_copy_length(copy_length), typical, tree_top_k,
-                          datastore if retrieve else None)
+                          datastore if retrieve else None, heads_passes if passes else None)
     return decode(model, input_ids, proposer, method="medusa", max_new_tokens=max_new_tokens, sampling=sampling,
                   eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
@@ -108,10 +111,11 @@ class MedusaTree(Proposer):
     features = True  # the heads read the target's last hidden state
 
     def __init__(self, heads: MedusaHeads, static: Proposal | None, dynamic_size: int, copy_length: int,
-                 typical: tuple[float, float] | None, top_k: int = 3, datastore: Datastore | None = None):
+                 typical: tuple[float, float] | None, top_k: int = 3, datastore: Datastore | None = None,
+                 graphs: FunctionGraphs | None = None):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = (heads, static, dynamic_size,
                                                                                       copy_length, typical)
-        self.datastore = datastore
+        self.datastore, self.graphs = datastore, graphs
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
 
@@ -139,12 +143,12 @@ class MedusaTree(Proposer):
             return Proposed(filled(shape, [*(token_at[path] for path in rank_paths(shape)), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
-            top, log_probs = self.heads.ranked(self.hidden, size, self.token(root))
+            top, log_probs = self.heads.ranked(self.hidden, size, self.token(root), self.graphs)
             # sorted: one cache entry per shape
             paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))
         else:
             paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
-            top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root))
+            top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)
         shape = cached_tree(paths, len(copied))
         return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))
 

@@ -9,6 +9,7 @@ ours do. Heads may further read the tokens of their tree path before their own (
 sequentially dependent heads, `reads_path`): their tree then grows a level a call (`medusa.grow`).
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
+from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.prepack import linear, prepack
 from specdemo.methods.draft import ASSETS
 from specdemo.models import local_folder
@@ -150,21 +152,35 @@ class MedusaHeads(nn.Module):
         """Token ids of indices into the heads' proposal vocabulary."""
         return indices if self.vocab is None else self.vocab.to(indices.device)[indices]
 
-    def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None) -> list[list[int]]:
+    def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None,
+                   graphs: FunctionGraphs | None = None) -> list[list[int]]:
         """Head k's top_k[k] token ids, best first, for one hidden state [H] (and the token it predicted)."""
-        ranked, _ = self.ranked(hidden, max(top_k), token)
+        ranked, _ = self.ranked(hidden, max(top_k), token, graphs)
         return [row[:k] for row, k in zip(ranked, top_k)]
 
-    def ranked(self, hidden: torch.Tensor, k: int, token: int | None = None) -> tuple[list[list[int]], torch.Tensor]:
+    def ranked(self, hidden: torch.Tensor, k: int, token: int | None = None,
+               graphs: FunctionGraphs | None = None) -> tuple[list[list[int]], torch.Tensor]:
         """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
-        the heads' vocabulary), for one hidden state [H] (and the token it predicted)."""
+        the heads' vocabulary), for one hidden state [H] (and the token it predicted). `graphs`:
+        the heads run as CUDA graphs (`methods.method_options` makes them beside a graphed
+        target), one a k: their few dozen launches cost one."""
         if self.reads_path:
             raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or "
                                 "`medusa.path_tokens`")
         tokens = None if token is None else torch.tensor(token, device=hidden.device)
+        if graphs is None:
+            ids, values = self.best(hidden, tokens, k=k)
+        else:
+            ids, values = graphs(("medusa heads", k), functools.partial(self.best, k=k), hidden,
+                                 *([] if tokens is None else [tokens]))
+        return ids.tolist(), values
+
+    def best(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None, *,
+             k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ranked`'s token ids and log-probabilities [K, k], as tensors on the heads' device."""
         log_probs = torch.log_softmax(self(hidden, tokens).float(), dim=-1)  # [K, S]
         best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
-        return self.token_ids(best.indices).tolist(), best.values
+        return self.token_ids(best.indices), best.values
 
     def load_trained(self, tensors: dict[str, torch.Tensor]) -> None:
         """The blocks and, for heads that read the token, the mixers from the tensors `save` wrote
