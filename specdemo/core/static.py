@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
@@ -222,20 +223,22 @@ def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int,
                   look_back: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A pass's positions [1, bucket] and `sees` [w, back + w] padded to `bucket` nodes and a
     look-back window of `look_back` >= back cached positions: [bucket, look_back + bucket], on
-    the device they came from (a pass's layout is built on the CPU from a tree's parents: padding
-    it there costs no GPU launch). A padded node sits at the last position and sees only itself
-    among the fed nodes; no real node sees it, and what it writes into the cache lies past the
-    valid length. Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an
-    earlier pass fed that slot. The window's added columns come first and are seen by every
-    node: they hold cached positions before the first one some node may not see."""
+    the CPU (a pass's layout is built there from a tree's parents, in numpy, whose small
+    operations cost the host less than torch's, and moves to the device as one copy each). A
+    padded node sits at the last position and sees only itself among the fed nodes; no real
+    node sees it, and what it writes into the cache lies past the valid length. Its input is
+    `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that slot. The
+    window's added columns come first and are seen by every node: they hold cached positions
+    before the first one some node may not see."""
     width = positions.shape[1]
     back = sees.shape[1] - width
-    at = positions[:, -1:].repeat(1, bucket)
-    at[:, :width] = positions
-    seen = torch.ones(bucket, look_back + bucket, dtype=torch.bool, device=sees.device)
-    seen[:, look_back:] = torch.eye(bucket, dtype=torch.bool, device=sees.device)
-    seen[:width, look_back - back : look_back + width] = sees
-    return at, seen
+    fed = positions.numpy(force=True)[0]
+    at = np.full((1, bucket), fed[-1])
+    at[0, :width] = fed
+    seen = np.ones((bucket, look_back + bucket), dtype=bool)
+    seen[:, look_back:] = np.eye(bucket, dtype=bool)
+    seen[:width, look_back - back : look_back + width] = sees.numpy(force=True)
+    return torch.from_numpy(at), torch.from_numpy(seen)
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
