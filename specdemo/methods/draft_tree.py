@@ -83,10 +83,13 @@ def grow(
     top_k: int,
     size: int,
     eos: tuple[int, ...] = (),
+    first: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> tuple[Proposal, int]:
     """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank, `expand`) and the draft's
-    passes that grew it. The draft's cache ends holding the prefix only: the branches it fed are dropped."""
-    logits, state = first_logits(draft, cache, sequence, features)
+    passes that grew it. The draft's cache ends holding the prefix only: the branches it fed are dropped.
+    `first`: `first_logits`' result where the caller asked for it already (on a GPU its pass then
+    runs while the host does other work, until the first level reads its top tokens)."""
+    logits, state = first or first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
     fed = []  # nodes in the draft's cache after the prefix, in cache order
 

@@ -136,13 +136,15 @@ class DraftProposer(Proposer):
         a guess below its likeliest branch, and the draft's passes that grew it."""
         length = min(self.copy_length, room - 1)
         text = sequence[0].cpu()  # what the guesses read, copied from a GPU once
+        # the draft's first pass is queued before the host guesses a branch, so on a GPU they overlap
+        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
         size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
         tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
-                                             top_k=top_k, size=size, eos=context.eos)
+                                             top_k=top_k, size=size, eos=context.eos, first=first)
         tree = draft_tree.add_copy(tree, copied, source=source)
         tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
         return tree, draft_passes
