@@ -1,6 +1,8 @@
-"""Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`): what the
-host spends outside the target's pass (cProfile of one speculative answer, by function) and which
-kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
+"""Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`):
+- for AR, speculative decoding and Medusa, a step's time against the time the GPU is busy in it
+  (torch.profiler's kernels and copies): what is left is the device waiting for the host;
+- what the host spends outside the target's pass (cProfile of one answer of --method, by function);
+- which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
 
     python scripts/gpu_profile.py [--dtype bfloat16] [--method speculative]
 """
@@ -9,6 +11,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -47,6 +50,25 @@ def kernels(model, width: int, context: int = 256) -> str:
     return profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
 
 
+def busy(target, name: str, tokens: int) -> str:
+    """One line: a step's time in an answer of `name`, and the time the GPU is busy a step in a
+    second, profiled answer, with its kernels (a CUDA graph's count as the kernels it replays)."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    summary = answer(target, name, tokens)
+    torch.cuda.synchronize()
+    step_ms = 1000 * (time.perf_counter() - started) / summary.target_forwards
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        profiled = answer(target, name, tokens)
+        torch.cuda.synchronize()
+    device = [row for row in profiler.key_averages() if row.device_type == torch.autograd.DeviceType.CUDA]
+    busy_ms = sum(row.self_device_time_total for row in device) / 1000 / profiled.target_forwards
+    kernels = sum(row.count for row in device) / profiled.target_forwards
+    return (f"{name}: a step {step_ms:.2f} ms; the GPU busy {busy_ms:.2f} ms of it ({kernels:.0f} kernels and copies), "
+            f"waiting for the host {step_ms - busy_ms:.2f} ms; {len(summary.tokens) / summary.target_forwards:.2f} "
+            "tokens a pass")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16")
@@ -56,6 +78,12 @@ def main() -> None:
     target = load_model(dtype=args.dtype)
     target = compiled(target) if default_compile(target.device) else target  # graphs with CUDA, as the page runs
     answer(target, args.method, 16)  # loads and captures the companions' passes
+    for name in ("ar", "speculative", "medusa") if target.model.device.type == "cuda" else ():
+        answer(target, name, 16)
+        try:
+            print(busy(target, name, args.tokens), flush=True)
+        except Exception as error:  # noqa: BLE001 -- a profiler of another torch: the other tables still print
+            print(f"{name}: the GPU's busy time could not be read: {type(error).__name__}: {error}", flush=True)
     profiler = cProfile.Profile()
     profiler.enable()
     summary = answer(target, args.method, args.tokens)

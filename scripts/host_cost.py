@@ -1,0 +1,136 @@
+"""The host's share of a step on the CUDA-graph path, measured on a CPU. On a GPU a small model's
+step outside the target's pass is host work: Python, and one launch per torch operation outside a
+graph. Here every graph of the target, the draft, the CLLM and Medusa's heads runs through the
+replaying stand-ins of tests/test_graphs.py, and for each method this prints the time a step
+outside the replays and the torch operations a step outside them: all, then those that do more
+than make a view (on a GPU, a launch each where they act on its tensors), by kind:
+
+    PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16]
+
+The operations do not depend on the machine. The time does, and on a CPU it also holds the eager
+products (a draft's logits, the target's argmax) that a GPU runs in microseconds, so compare it
+only between runs on one machine. Trees are sized as on a CPU (`static.fitted_size`).
+"""
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_graphs import ReplayedFunctionGraphs, ReplayedGraphs  # noqa: E402
+
+from specdemo.core.events import final_summary  # noqa: E402
+from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, static_forward, warm_up  # noqa: E402
+from specdemo.methods import get_method, method_options  # noqa: E402
+from specdemo.models import load_model  # noqa: E402
+
+# operations that only make a view, or read a tensor on the host: no kernel a GPU runs
+VIEWS = frozenset({"alias", "as_strided", "detach", "detach_", "expand", "lift_fresh", "permute", "resolve_conj",
+                   "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold", "unsqueeze",
+                   "view", "_unsafe_view"})
+PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
+           "Explain how a refrigerator works, step by step, for a ten-year-old.")
+
+
+class Clock:
+    """Seconds spent inside replays, and whether one runs now."""
+
+    def __init__(self):
+        self.inside, self.replaying = 0.0, False
+
+    def timed(self, replay):
+        def run():
+            self.replaying, started = True, time.perf_counter()
+            try:
+                replay()
+            finally:
+                self.inside += time.perf_counter() - started
+                self.replaying = False
+        return run
+
+
+class Operations(TorchDispatchMode):
+    """Counts torch operations by kind, outside replays."""
+
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock, self.kinds = clock, Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.clock.replaying:
+            self.kinds[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def stand_ins(clock: Clock):
+    """The replaying graphs, their replays timed by `clock`."""
+
+    class Graphs(ReplayedGraphs):
+        def capture(self, *args):
+            graph = super().capture(*args)
+            graph.graph.replay = clock.timed(graph.graph.replay)
+            return graph
+
+    class Functions(ReplayedFunctionGraphs):
+        def capture(self, function, inputs):
+            captured = super().capture(function, inputs)
+            captured.graph.replay = clock.timed(captured.graph.replay)
+            return captured
+
+    def graphed(model, buckets, role):
+        passes = CompiledPass(static_forward, buckets, "cuda-graphs", graphs=Graphs(model, 4096))
+        warm_up(model, passes, None, role)
+        return passes
+
+    return graphed, Functions
+
+
+def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None):
+    """(seconds outside replays, target passes) of `name` answering PROMPTS."""
+    options = dict(method_options(name, target))
+    if options.get("draft_passes") is None and "draft" in options:
+        options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
+    if "cllm_model" in options:
+        options["cllm_passes"] = graphed(options["cllm_model"], BUCKETS, "target")
+    if "heads" in options:
+        options["heads_passes"] = functions()
+    outside, steps = 0.0, 0
+    for prompt in PROMPTS:
+        clock.inside, started = 0.0, time.perf_counter()
+        with ops or torch.inference_mode():
+            summary = final_summary(get_method(name).generate(target.model, target.encode_chat(prompt),
+                                                              max_new_tokens=tokens, passes=passes, **options))
+        outside += time.perf_counter() - started - clock.inside
+        steps += summary.target_forwards
+    return outside, steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", default="ar,speculative,medusa,lookahead,cllm")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    target = load_model(dtype=args.dtype)
+    clock = Clock()
+    graphed, functions = stand_ins(clock)
+    passes = graphed(target.model, BUCKETS, "target")
+    for name in args.methods.split(","):
+        measure(target, name, passes, graphed, functions, clock, 16, None)  # loads the companions, captures
+        outside, steps = measure(target, name, passes, graphed, functions, clock, args.tokens, None)
+        ops = Operations(clock)
+        _, counted = measure(target, name, passes, graphed, functions, clock, args.tokens, ops)
+        work = Counter({kind: count for kind, count in ops.kinds.items() if kind not in VIEWS})
+        kinds = ", ".join(f"{kind} {count / counted:.1f}" for kind, count in work.most_common(8))
+        print(f"{name}: {1000 * outside / steps:.2f} ms a step outside the replays; torch operations a step outside "
+              f"them {sum(ops.kinds.values()) / counted:.1f}, {sum(work.values()) / counted:.1f} besides views "
+              f"({kinds}, ...)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
