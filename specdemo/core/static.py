@@ -314,22 +314,27 @@ def rows_of(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     return logits[rows]
 
 
-def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, allowed: torch.Tensor | None = None,
+def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, sees: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """A draft's pass: the last hidden states [1, w, H] of `model`'s decoder over `inputs` (ids
-    [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `allowed` is None;
-    else token i attends to cached position or new token j where `allowed[i, j]` ([w, cached + w]:
-    the branches of a draft tree), at `position_ids`; both may lie on the CPU, where a tree's
-    layout is built. On a `StaticKV` the static path (compiled when the cache carries a compiled
-    pass, `request_cache`); on any other cache transformers' pass."""
+    [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `sees` is None; else
+    token i attends to every cached position but the last `back` and, among those and the new
+    tokens, to j where `sees[i, j]` ([w, back + w]: the branches of a draft tree, the last `back`
+    cached positions holding the branches fed before), at `position_ids`; both may lie on the
+    CPU, where a tree's layout is built. On a `StaticKV` the static path (compiled when the cache
+    carries a compiled pass, `request_cache`); on any other cache transformers' pass."""
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
-        tree = {} if allowed is None else {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
-                                           "position_ids": position_ids.to(inputs.device)}
+        tree = {}
+        if sees is not None:
+            before = cached + width - sees.shape[1]  # cached positions every new token sees
+            allowed = torch.cat([torch.ones(width, before, dtype=torch.bool), sees.cpu()], dim=1)
+            tree = {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
+                    "position_ids": position_ids.to(inputs.device)}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
-    if allowed is None:
+    if sees is None:
         sees = torch.ones(width, width, dtype=torch.bool).tril()
         return static_pass(model, cache, inputs, torch.arange(cached, cached + width)[None], sees)
-    hidden_from = (~allowed[:, :cached].all(dim=0)).nonzero()  # cached positions some new token may not see
-    back = cached - int(hidden_from[0]) if len(hidden_from) else 0  # the window `sees` spells out
-    return static_pass(model, cache, inputs, position_ids, allowed[:, cached - back :])
+    back = sees.shape[1] - width
+    hidden_from = (~sees[:, :back].all(dim=0)).nonzero()  # the window's first position some new token may not see
+    return static_pass(model, cache, inputs, position_ids, sees[:, int(hidden_from[0]) if len(hidden_from) else back :])

@@ -43,7 +43,7 @@ class Draft:
 
     def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1, **tree) -> torch.Tensor:
         """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions.
-        `tree`: `allowed` and `position_ids` when the tokens are branches of a draft tree
+        `tree`: `sees` and `position_ids` when the tokens are branches of a draft tree
         (`static.decoder_pass`, which takes the compiled static path on a `StaticKV`).
         Without a cache: a whole text at once."""
         if cache is None:

@@ -64,7 +64,7 @@ def branch_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's logits [q, K] after each of `tokens` [q] (drafted tokens appended to the
     cache), and a feature draft's predicted features [q, H]; `states` [q, H] are the predicted
-    features each token followed. `tree`: `allowed` and `position_ids` when the tokens are
+    features each token followed. `tree`: `sees` and `position_ids` when the tokens are
     branches rather than a chain (`static.decoder_pass`)."""
     if isinstance(draft, FeatureDraft):
         predicted = draft.features(states[None], tokens[None], cache, **tree)[0]  # [q, H]
@@ -94,10 +94,10 @@ def grow(
     fed = []  # nodes in the draft's cache after the prefix, in cache order
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
-        allowed = branch_visibility(tree, fed, nodes, prefix)  # on the CPU, as the positions: the pass moves them
+        sees = branch_visibility(tree, fed, nodes)  # on the CPU, as the positions: the pass moves them
         positions = torch.full((1, len(nodes)), prefix + level - 2)
         fed.extend(nodes)
-        return branch_logits(draft, cache, tokens, states, allowed=allowed, position_ids=positions)
+        return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=positions)
 
     grown = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos)
     keep_prefix(cache, prefix)
@@ -172,9 +172,10 @@ def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[
     return Proposal(tuple(tokens), tuple(hung), (*tree.sources, *("draft",) * added), scores=tuple(scores))
 
 
-def branch_visibility(tree: Proposal, fed: list[int], expand: list[int], prefix: int) -> torch.Tensor:
-    """allowed [q, prefix + len(fed) + q] (on the CPU): each expanded node sees the prefix, those of
-    its ancestors already in the draft's cache, and itself."""
+def branch_visibility(tree: Proposal, fed: list[int], expand: list[int]) -> torch.Tensor:
+    """sees [q, len(fed) + q] (on the CPU): among the branches already in the draft's cache (`fed`,
+    after the prefix, which every node sees) and the expanded nodes, each of these sees its own
+    ancestors and itself."""
     cache_slot = {node: i for i, node in enumerate(fed)}
     rows = []
     for row, node in enumerate(expand):
@@ -183,8 +184,7 @@ def branch_visibility(tree: Proposal, fed: list[int], expand: list[int], prefix:
             seen[cache_slot[ancestor]] = True
         seen[len(fed) + row] = True
         rows.append(seen)
-    after = torch.tensor(rows, dtype=torch.bool).reshape(len(expand), len(fed) + len(expand))
-    return torch.cat([torch.ones(len(expand), prefix, dtype=torch.bool), after], dim=1)
+    return torch.tensor(rows, dtype=torch.bool).reshape(len(expand), len(fed) + len(expand))
 
 
 def best_nodes(tree: Proposal, size: int) -> Proposal:

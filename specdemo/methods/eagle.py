@@ -70,7 +70,7 @@ class FeatureDraft(nn.Module):
 
     def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: Cache | None, **tree) -> torch.Tensor:
         """Predicted features [1, n, H] at positions t+1 from pairs (f_t [1, n, H], x_{t+1} [1, n]).
-        `tree`: `allowed` and `position_ids` when the pairs are branches of a draft tree
+        `tree`: `sees` and `position_ids` when the pairs are branches of a draft tree
         (`static.decoder_pass`, which takes the compiled static path on a `StaticKV`)."""
         fused = self.fuse(features, next_tokens)
         if cache is None:  # training: whole sequences at once
