@@ -31,8 +31,8 @@ from specdemo.models import load_model  # noqa: E402
 
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
 VIEWS = frozenset({"alias", "as_strided", "detach", "detach_", "expand", "lift_fresh", "permute", "resolve_conj",
-                   "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold", "unsqueeze",
-                   "view", "_unsafe_view"})
+                   "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold",
+                   "unsqueeze", "view", "_unsafe_view"})
 PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
            "Explain how a refrigerator works, step by step, for a ten-year-old.")
 
