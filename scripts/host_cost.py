@@ -2,8 +2,9 @@
 step outside the target's pass is host work: Python, and one launch per torch operation outside a
 graph. Here every graph of the target, the draft, the CLLM and Medusa's heads runs through the
 replaying stand-ins of tests/test_graphs.py, and for each method this prints the time a step
-outside the replays and the torch operations a step outside them: all, then those that do more
-than make a view (on a GPU, a launch each where they act on its tensors), by kind:
+outside the replays and the torch operations a step outside them (the prompt's pass is no step's
+work): all, then those that do more than make a view (on a GPU, a launch each where they act on
+its tensors), by kind:
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16]
 
@@ -13,12 +14,12 @@ only between runs on one machine. Trees are sized as on a CPU (`static.fitted_si
 """
 
 import argparse
+import contextlib
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -44,10 +45,11 @@ class Clock:
         self.inside, self.replaying = 0.0, False
 
     def timed(self, replay):
-        def run():
+        """`replay`, its time and operations not the host's (a capture too: once, not a step's)."""
+        def run(*args):
             self.replaying, started = True, time.perf_counter()
             try:
-                replay()
+                return replay(*args)
             finally:
                 self.inside += time.perf_counter() - started
                 self.replaying = False
@@ -72,13 +74,13 @@ def stand_ins(clock: Clock):
 
     class Graphs(ReplayedGraphs):
         def capture(self, *args):
-            graph = super().capture(*args)
+            graph = clock.timed(super().capture)(*args)
             graph.graph.replay = clock.timed(graph.graph.replay)
             return graph
 
     class Functions(ReplayedFunctionGraphs):
         def capture(self, function, inputs):
-            captured = super().capture(function, inputs)
+            captured = clock.timed(super().capture)(function, inputs)
             captured.graph.replay = clock.timed(captured.graph.replay)
             return captured
 
@@ -91,7 +93,8 @@ def stand_ins(clock: Clock):
 
 
 def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None):
-    """(seconds outside replays, target passes) of `name` answering PROMPTS."""
+    """(seconds outside replays, steps) of `name` answering PROMPTS; the prompt's pass (eager where
+    it is wider than every bucket) is no step's work and counts in neither."""
     options = dict(method_options(name, target))
     if options.get("draft_passes") is None and "draft" in options:
         options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
@@ -101,12 +104,14 @@ def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens:
         options["heads_passes"] = functions()
     outside, steps = 0.0, 0
     for prompt in PROMPTS:
+        events = get_method(name).generate(target.model, target.encode_chat(prompt), max_new_tokens=tokens,
+                                           passes=passes, **options)
+        first = next(events)
         clock.inside, started = 0.0, time.perf_counter()
-        with ops or torch.inference_mode():
-            summary = final_summary(get_method(name).generate(target.model, target.encode_chat(prompt),
-                                                              max_new_tokens=tokens, passes=passes, **options))
+        with ops or contextlib.nullcontext():
+            rest = list(events)
         outside += time.perf_counter() - started - clock.inside
-        steps += summary.target_forwards
+        steps += final_summary([first, *rest]).target_forwards - 1
     return outside, steps
 
 

@@ -213,3 +213,24 @@ def test_the_gpu_sweep_benches_each_candidate_against_ar(embedded, tmp_path):
     assert [row["settings"] for row in rows] == sweep.CANDIDATES["lookahead"]
     assert all(row["matches_ar"] == 1.0 and row["tokens_per_forward"] >= 1 and row["speedup"] > 0 for row in rows)
     assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
+    """`scripts/host_cost.py`, the host's share of a step on the graph path: every pass after the
+    prompt's replays a stand-in graph, Medusa's heads too, and what it counts excludes the replays
+    and the prompt's pass (a decoder layer's or a head's SiLU runs only inside them)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "host_cost.py"
+    spec = importlib.util.spec_from_file_location("host_cost", path)
+    host_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_cost)
+    clock = host_cost.Clock()
+    graphed, functions = host_cost.stand_ins(clock)
+    passes = graphed(embedded.model, (1, 8, 16), "target")
+    for name in ("ar", "medusa"):
+        ops = host_cost.Operations(clock)
+        outside, steps = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, ops)
+        assert steps >= len(host_cost.PROMPTS) and outside > 0 and sum(ops.kinds.values()) > 0
+        assert "silu" not in ops.kinds and clock.inside > 0  # no decoder layer ran outside a replay
