@@ -52,7 +52,7 @@ def kernels(model, width: int, context: int = 256) -> str:
 
 def busy(target, name: str, tokens: int) -> str:
     """One line: a step's time in an answer of `name`, and the time the GPU is busy a step in a
-    second, profiled answer, with its kernels (a CUDA graph's count as the kernels it replays)."""
+    second, profiled answer, with its kernels and copies as the profiler counts them."""
     torch.cuda.synchronize()
     started = time.perf_counter()
     summary = answer(target, name, tokens)

@@ -85,6 +85,7 @@ def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cud
                                             **options))
     assert summary.tokens == expected
     assert sum(passes.runs.values()) - before == summary.target_forwards and not passes.failed
+    assert "heads_passes" not in options or options["heads_passes"].graphs  # the heads' graphs were captured
     # all but the prompt's pass replayed a graph
     assert sum(passes.runs[width] for width in passes.buckets) - replayed >= summary.target_forwards - 1
 
