@@ -6,11 +6,12 @@
 #
 # 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
-# 3. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host;
-# 4. float32 exactness on 8 of them;
-# 5. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
+# 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs with grouped attention
+#    and with transformers' SDPA (`specdemo.passcost --sdpa`);
+# 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host;
+# 5. float32 exactness on 8 of them;
+# 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
 #    trees, wider windows) on 8 of them (one a category), each against graphed AR;
-# 6. the pass cost by width (1 to 64 tokens), eager and graphed (`specdemo.passcost`);
 # 7. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`),
 #    that tree's bench on 13 of them (one a category), so a change is measured in one call;
 # 8. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
@@ -47,20 +48,21 @@ say "2. bench, bfloat16"
 timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "3. where a step's time goes: the GPU busy against waiting for the host"
+say "3. pass cost by width, grouped attention against transformers' SDPA"
+timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --sdpa --repeats 10 --json "$OUT/passcost.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "4. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"
 head -c 2500 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
 
-say "4. float32 exactness, 8 questions"
+say "5. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
     --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "5. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
 timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$OUT/sweep.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-
-say "6. pass cost by width"
-timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --repeats 10 --json "$OUT/passcost.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     say "7. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"

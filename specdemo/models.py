@@ -215,7 +215,7 @@ def load_model(
         torch_device = placement.execution_device(placed)  # it fits one device: an ordinary load there
     model.to(torch_device).eval()
     prepack(model)  # on a CPU: its linear layers' weights laid out for oneDNN once (float32; bfloat16 where native)
-    use_grouped_attention(model)  # on a CPU: a few tokens' attention reads the cache once per key/value head
+    use_grouped_attention(model)  # a few tokens' attention reads the cache once per key/value head, with no copy
     return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 

@@ -5,7 +5,9 @@ producing one does. Where that holds (a launch-bound GPU pass, weights streamed 
 wide proposals are nearly free; where each fed token costs compute (a small CPU) they are not.
 This measures it: a pass of w tokens after `--context` cached positions, the median of
 `--repeats` timed passes after warm-ups, on the eager path; with `--graphs`, on the compiled
-static path too (CUDA graphs with CUDA, `static.compile_passes`); with `--offloaded`, on the same
+static path too (CUDA graphs with CUDA, `static.compile_passes`), and with `--sdpa` that path
+again with transformers' SDPA in place of grouped attention (`core.grouped_attention`, which the
+loaded model runs); with `--offloaded`, on the same
 model with every decoder layer offloaded to disk (`placement`, the weights streamed in at every pass).
 
     python -m specdemo.passcost --dtype float32 --widths 1,4,8,16,32 --json out.json
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--graphs", action="store_true",
                         help="also measure the compiled static pass (CUDA graphs with CUDA)")
+    parser.add_argument("--sdpa", action="store_true",
+                        help="with --graphs, the compiled pass again with transformers' SDPA, not grouped attention")
     parser.add_argument("--offloaded", action="store_true",
                         help="also measure the model with every decoder layer offloaded to disk")
     parser.add_argument("--offload-folder", type=Path, default=None, help="where --offloaded writes the layers")
@@ -77,6 +81,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.graphs:
         passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
         report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
+        if args.sdpa:  # the alternative, for a choice by measurement; this process's model is not used after it
+            target.model.set_attn_implementation("sdpa")
+            passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
+            report["graphed-sdpa"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
     if args.offloaded:
         offloaded = load_model(args.model, args.dtype, args.device, device_map="disk",
                                offload_folder=args.offload_folder)
@@ -92,7 +100,7 @@ def device_name(device: torch.device) -> str:
 
 
 def format_table(report: dict) -> str:
-    kinds = [kind for kind in ("eager", "graphed", "offloaded") if kind in report]
+    kinds = [kind for kind in ("eager", "graphed", "graphed-sdpa", "offloaded") if kind in report]
     lines = [f"pass cost by width: {report['device']}, {report['dtype']}, torch {report['torch']}, after "
              f"{report['context']} cached positions",
              "| tokens fed | " + " | ".join(f"{kind} ms | {kind} vs 1 token" for kind in kinds) + " |",

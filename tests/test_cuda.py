@@ -4,7 +4,10 @@ eager and through the CUDA graphs (`specdemo.core.graphs`), and sampling runs. S
 
 import pytest
 import torch
+from test_grouped_attention import Attention, inputs, tree_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specdemo.core import grouped_attention
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.sampling import SamplingConfig
@@ -62,9 +65,11 @@ def test_sampling_runs_on_cuda(models, cuda_prompt):
 @pytest.fixture(scope="module")
 def compiled_models():
     """Fresh tiny models on the GPU with the compiled pass: hand-captured CUDA graphs, one a bucket."""
+    from specdemo.core.grouped_attention import use_grouped_attention
     from specdemo.core.static import compile_passes
 
     model, other = make_tiny_model().cuda(), make_tiny_model(seed=1).cuda()
+    assert use_grouped_attention(model) == 1  # as `models.load_model` does: a graph's wide passes take its path
     passes = compile_passes(model, buckets=(1, 8, 16, 32))
     assert passes.mode == "cuda-graphs" and not passes.failed
     assert sorted(key[0] for key in passes.graphs.graphs) == [1, 8, 16, 32]
@@ -104,3 +109,15 @@ def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cu
     assert summary.tokens == expected
     assert any(key[1] > key[0] for key in draft_passes.graphs.graphs)  # a look-back graph was captured and replayed
     assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("queries", [2, 8, 64])
+def test_grouped_rows_give_sdpa_values_on_cuda(dtype, queries):
+    """A wide pass with CUDA reads the cache once per key/value head, with transformers' values."""
+    query, key, value = (t.cuda() for t in inputs(dtype, 1, 6, 2, queries, cached=300))
+    mask = tree_mask(queries, 300, dtype).cuda()
+    assert grouped_attention.takes_grouped_path(query, key, mask, 0.0, {})
+    got, _ = grouped_attention.grouped_attention_forward(Attention(3), query, key, value, mask)
+    want, _ = sdpa_attention_forward(Attention(3), query, key, value, mask)
+    torch.testing.assert_close(got, want)

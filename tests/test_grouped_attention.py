@@ -78,10 +78,25 @@ def test_what_keeps_transformers_path():
     assert not grouped_attention.takes_grouped_path(prompt[0], prompt[1], None, 0.0, {})
     # several tokens need their causal mask
     assert not grouped_attention.takes_grouped_path(small[0], small[1], None, 0.0, {})
+    # a device other than a CPU or CUDA
+    assert not grouped_attention.takes_grouped_path(*(t.to("meta") for t in small[:2]), mask.to("meta"), 0.0, {})
     # a mask per head
     assert not grouped_attention.takes_grouped_path(small[0], small[1], mask.repeat(1, 6, 1, 1), 0.0, {})
     assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.1, {})
     assert not grouped_attention.takes_grouped_path(small[0], small[1], mask, 0.0, {"sinks": torch.zeros(6)})
+
+
+def test_every_graphed_width_but_one_takes_the_grouped_path_with_cuda():
+    """With CUDA, `repeat_kv` would copy a graph's whole buffer in every layer of a wide pass; one
+    token transformers packs by key/value head itself. On a CPU prompts keep transformers' path."""
+    from specdemo.core.static import BUCKETS
+
+    cuda = grouped_attention.grouped_widths("cuda", torch.bfloat16)
+    assert [width for width in BUCKETS if width in cuda] == [width for width in BUCKETS if width > 1]
+    assert grouped_attention.grouped_widths("cuda", torch.float32) == cuda
+    assert grouped_attention.grouped_widths("cpu", torch.bfloat16) == range(1, grouped_attention.MAX_QUERIES + 1)
+    assert grouped_attention.grouped_widths("cpu", torch.float32) == range(2, grouped_attention.MAX_QUERIES + 1)
+    assert not grouped_attention.grouped_widths("mps", torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -22,6 +22,7 @@ def test_widths_take_turns_and_every_pass_is_rolled_back(tiny_model, monkeypatch
 
 def test_the_table_gives_each_kind_against_its_own_one_token_pass():
     report = {"device": "cpu", "dtype": "float32", "torch": "x", "context": 8,
-              "eager": {1: 10.0, 8: 15.0}, "offloaded": {1: 100.0, 8: 110.0}}
+              "eager": {1: 10.0, 8: 15.0}, "offloaded": {1: 100.0, 8: 110.0}, "graphed-sdpa": {1: 2.0, 8: 3.0}}
     table = passcost.format_table(report)
-    assert "| 8 | 15.00 | 1.50x | 110.00 | 1.10x |" in table
+    assert "| 8 | 15.00 | 1.50x | 3.00 | 1.50x | 110.00 | 1.10x |" in table
+    assert "graphed-sdpa ms" in table

@@ -1,21 +1,23 @@
-"""Attention on a CPU with the query heads grouped by the key/value head they share.
+"""Attention with the query heads grouped by the key/value head they share.
 
 SmolLM2-135M has 9 query heads and 3 key/value heads (grouped-query attention, Ainslie et al.
-2023). For a pass of one or a few tokens, transformers' SDPA on a CPU gives torch's flash kernel
-either all 9 heads with `enable_gqa` (no mask: every decoding step of AR) or the key/value heads
-copied to 9 (`repeat_kv`, with a mask: every verification pass). In bfloat16 that kernel pads each
-head's few queries to a whole block, so it reads each cached key and value once per query head
-(docs/history/benchmarks-log.md measures what that costs). Here the queries that share a
-key/value head are laid out as rows of one head, [B, H, q, D] -> [B, H_kv, (H / H_kv) q, D], and
-the same kernel reads the cache once per key/value head (transformers does this for one token
-with a mask). Each row is computed as before, in float32 inside the kernel, so a pass of several
-tokens gives exactly the values of transformers' path (`repeat_kv`), sooner. (The products are not
-written out in bfloat16, as transformers' eager attention does: scores rounded to bfloat16 cost
-speculative decoding accepted tokens.)
-Everything else goes to transformers' SDPA unchanged: one token in float32 (its `enable_gqa`
-kernel is faster there), CUDA, a graph being compiled, a prompt's pass, a dropout, another
-attention's extras. `use_grouped_attention(model)` selects it by name through transformers' attention
-registry (`core.process`): nothing else of the model changes.
+2023). With a mask (every verification pass), transformers' SDPA copies the key/value heads to 9
+(`repeat_kv`) for a pass of several tokens: every layer of every such pass copies the cached keys
+and values, on a CPU and with CUDA alike (a graphed pass's whole buffer). On a CPU, in bfloat16,
+torch's flash kernel then pads each head's few queries to a whole block, so it reads each cached
+key and value once per query head (docs/history/benchmarks-log.md measures what that costs).
+Here the queries that share a key/value head are laid out as rows of one head, [B, H, q, D] ->
+[B, H_kv, (H / H_kv) q, D], and the same kernel reads the cache once per key/value head, with no
+copy (transformers does this for one token with a mask, `pack_gqa`). Each row is computed as
+before, in float32 inside the kernel, so a pass of several tokens gives exactly the values of
+transformers' path (`repeat_kv`). (The products are not written out in bfloat16, as
+transformers' eager attention does: scores rounded to bfloat16 cost speculative decoding
+accepted tokens.)
+Everything else goes to transformers' SDPA unchanged: one token in float32 on a CPU (its
+`enable_gqa` kernel is faster there) and one token with CUDA (`pack_gqa`), other devices, a
+graph being compiled, a pass wider than `grouped_widths` allows (a prompt's), a dropout, another
+attention's extras. `use_grouped_attention(model)` selects it by name through transformers'
+attention registry (`core.process`): nothing else of the model changes.
 """
 
 import torch
@@ -26,7 +28,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specdemo.core.process import register_attention
 
 NAME = "grouped_sdpa"  # the attention implementation's name in transformers' registries
-MAX_QUERIES = 32  # queries a pass may hold to take the grouped path; a prompt's pass keeps transformers'
+MAX_QUERIES = 32  # queries a pass may hold to take the grouped path on a CPU; a prompt's pass keeps transformers'
+CUDA_MAX_QUERIES = 64  # with CUDA: the widest graphed pass (`static.BUCKETS`)
 # mask -> (groups, version, tiled)
 _TILED: "WeakIdKeyDictionary[torch.Tensor, tuple[int, int, torch.Tensor]]" = WeakIdKeyDictionary()
 
@@ -45,19 +48,26 @@ def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 def takes_grouped_path(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float,
                        extras: dict) -> bool:
-    """A pass of 2 to MAX_QUERIES tokens on a CPU (one in bfloat16 or float16), outside a compiled
-    graph, with a mask shared by the heads (or, for one token, none: it sees the whole cache)."""
+    """A pass of as many tokens as `grouped_widths` allows, outside a compiled graph, with a mask
+    shared by the heads (or, for one token, none: it sees the whole cache)."""
     q = query.shape[2]
     return (
-        query.device.type == "cpu"
-        and (q > 1 or query.dtype in (torch.bfloat16, torch.float16))
+        q in grouped_widths(query.device.type, query.dtype)
         and not torch.compiler.is_compiling()
         and dropout == 0.0
-        and q <= MAX_QUERIES
         and query.shape[1] % key.shape[1] == 0
         and (mask.shape[1] == 1 if mask is not None else q == 1)
         and not any(extras.get(name) is not None for name in ("position_bias", "softcap", "cache", "sinks", "s_aux"))
     )
+
+
+def grouped_widths(device_type: str, dtype: torch.dtype) -> range:
+    """The passes' widths that take the grouped path: on a CPU 2 to MAX_QUERIES tokens (from one in
+    bfloat16 or float16); with CUDA 2 to CUDA_MAX_QUERIES (one token transformers packs itself);
+    none elsewhere."""
+    if device_type == "cpu":
+        return range(1 if dtype in (torch.bfloat16, torch.float16) else 2, MAX_QUERIES + 1)
+    return range(2, CUDA_MAX_QUERIES + 1) if device_type == "cuda" else range(0)
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -89,15 +99,14 @@ def tiled_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def use_grouped_attention(module: torch.nn.Module) -> int:
-    """Have every transformers model in `module` (itself included) that runs SDPA on a CPU run
+    """Have every transformers model in `module` (itself included) that runs SDPA run
     `grouped_attention_forward` instead (the passes it does not take go to SDPA as before);
     returns how many it switched (a model and its inner decoder share one switch). The name is
     registered with transformers first (`process.register_attention`)."""
     register_attention(NAME, grouped_attention_forward)
     switched = 0
     for model in module.modules():
-        if (isinstance(model, PreTrainedModel) and model.device.type == "cpu"
-                and model.config._attn_implementation == "sdpa"):
+        if isinstance(model, PreTrainedModel) and model.config._attn_implementation == "sdpa":
             model.set_attn_implementation(NAME)
             switched += 1
     return switched
