@@ -23,9 +23,8 @@ from specdemo.models import compiled, load_model
 # the CPU's defaults first (for our heads, a Medusa tree of 8), then deeper and wider: on a GPU a pass of 64 tokens
 # costs about what one of 8 does; a candidate sets what it changes from the device's set (`specdemo.defaults`)
 CANDIDATES = {
-    "speculative": [dict(gamma=2), dict(gamma=3, draft_tree_size=24, draft_tree_top_k=4),
-                    dict(gamma=4, draft_tree_size=31, draft_tree_top_k=6),
-                    dict(gamma=5, draft_tree_size=40, draft_tree_top_k=8),
+    "speculative": [dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),
+                    *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (2, 3, 4)),
                     dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
     "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=63)],
     "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7)],

@@ -46,6 +46,9 @@ GPU = Defaults(
     "the settings that commit the most tokens a pass (which no device changes) among those that only widen a pass, "
     "which on an NVIDIA H200 costs about the same at any width: docs/gpu.md",
     MappingProxyType({
+        # greedy decoding's draft tree, 2 deep (γ's default): beside a copy it fills the 64-token pass; sampling still
+        # drafts a chain
+        "speculative": MappingProxyType({"auto_tree_size": 31}),
         "medusa": MappingProxyType({"tree_size": 31}),  # beside a copy, a dynamic tree that fills the 64-token pass
         "lookahead": MappingProxyType({"window": 4, "candidates": 7}),
         "cllm": MappingProxyType({"window": 3, "candidates": 7}),  # lookahead's n-grams and candidates: the page's

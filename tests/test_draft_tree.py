@@ -139,9 +139,15 @@ def test_tree_size_follows_the_decoding_rule(tiny_model, prompt_ids):
     greedy = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
                                        gamma=2))
     assert isinstance(greedy.data, TreeStep)  # plain greedy: a tree
-    sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
-                                        sampling=SamplingConfig(do_sample=True, seed=0)))
-    assert isinstance(sampled.data, SamplingCheck)  # sampling: the chain and its rule
+    wider = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
+                                      gamma=2, auto_tree_size=12, copy_length=0))
+    draft_nodes = lambda event: sum(source == "draft" for source in event.data.tree.sources)  # noqa: E731
+    assert draft_nodes(greedy) == speculative.AUTO_TREE_SIZE and draft_nodes(wider) == 12  # where a GPU's set asks
+    for auto in (None, 12):  # sampling: the chain and its rule, whatever size the method would choose for a tree
+        sampled = next(speculative.generate(tiny_model, prompt_ids, draft=draft, max_new_tokens=8, draft_tree_size=None,
+                                            sampling=SamplingConfig(do_sample=True, seed=0),
+                                            **({} if auto is None else {"auto_tree_size": auto})))
+        assert isinstance(sampled.data, SamplingCheck)
     with pytest.raises(SpecDemoError, match="tree"):
         next(speculative.generate(tiny_model, prompt_ids, draft=draft, draft_tree_size=6,
                                   sampling=SamplingConfig(do_sample=True)))

@@ -47,6 +47,11 @@ EXTEND_LENGTH = 4  # tokens guessed below the draft's likeliest branch (docs/met
 RETRIEVED_SHARE = 0.5  # a retrieved guess goes on while at least half the earlier answers that agreed so far agree on
 # the next token: past that its nodes are seldom accepted, and on a CPU each node costs a few percent of an AR pass
 
+# a tree's nodes where the method chooses (`auto_tree_size`): with draft_tree_top_k = 3, 2 deep, 2.40 tokens a pass on
+# 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26, and a little faster; 10 nodes commit 2.43 but cost more
+# than that on a CPU (docs/methods/speculative.md); a GPU's set has its own (`specdemo.defaults`)
+AUTO_TREE_SIZE = 7
+
 
 def generate(
     model: PreTrainedModel,
@@ -59,6 +64,7 @@ def generate(
     adaptive_gamma: bool = False,
     draft_tree_size: int | None = None,
     draft_tree_top_k: int = 3,
+    auto_tree_size: int = AUTO_TREE_SIZE,
     copy_length: int | None = None,
     retrieve: bool = True,
     datastore: Datastore | None = None,
@@ -70,7 +76,7 @@ def generate(
     """Decode after `input_ids` [1, L]; each target pass verifies up to `gamma` draft tokens.
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
     `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
-    AUTO_TREE_SIZE nodes for plain greedy decoding, the chain otherwise (a tree is verified
+    `auto_tree_size` nodes for plain greedy decoding, the chain otherwise (a tree is verified
     greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
     that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree.
     Where the text offers no copy, `retrieve` takes the branch from `datastore` (earlier answers
@@ -79,7 +85,7 @@ def generate(
     `passes`, `draft_passes`: the target's and the draft's compiled static passes (None: eager); the
     draft's run only beside the target's."""
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
-    draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling)
+    draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling, auto_tree_size)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
     # the draft's cache holds the prompt, what may still come and a step's deepest feed; static, run by
     # the draft's compiled pass, beside a compiled target's
@@ -195,17 +201,16 @@ class DraftProposer(Proposer):
         return {"acceptance_by_position": acceptance_by_position(events)}
 
 
-# with draft_tree_top_k = 3, 2 deep: 2.40 tokens a pass on 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26,
-# and a little faster; 10 nodes commit 2.43 but cost more than that (docs/methods/speculative.md)
-AUTO_TREE_SIZE = 7
 
-
-def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampling: SamplingConfig) -> int:
-    """The number of tree nodes to draft (0: a chain), checked against the decoding rule."""
+def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampling: SamplingConfig,
+                      auto: int = AUTO_TREE_SIZE) -> int:
+    """The number of tree nodes to draft (0: a chain), checked against the decoding rule; None:
+    `auto` nodes for plain greedy decoding, else a chain."""
     plain_greedy = not sampling.do_sample and not logits_processors(sampling)
     check_whole("draft_tree_top_k", draft_tree_top_k, 1)
+    check_whole("auto_tree_size", auto, 1, what="draft tree nodes when the method chooses")
     if draft_tree_size is None:
-        return AUTO_TREE_SIZE if plain_greedy else 0
+        return auto if plain_greedy else 0
     check_whole("draft_tree_size", draft_tree_size, 0, what="draft tree nodes, 0 for a chain")
     if draft_tree_size and not plain_greedy:
         raise SpecDemoError(
