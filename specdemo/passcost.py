@@ -7,8 +7,8 @@ This measures it: a pass of w tokens after `--context` cached positions, the med
 `--repeats` timed passes after warm-ups, on the eager path; with `--graphs`, on the compiled
 static path too (CUDA graphs with CUDA, `static.compile_passes`), and with `--sdpa` that path
 again with transformers' SDPA in place of grouped attention (`core.grouped_attention`, which the
-loaded model runs); with `--offloaded`, on the same
-model with every decoder layer offloaded to disk (`placement`, the weights streamed in at every pass).
+loaded model runs); with `--offloaded`, on the same model with every decoder layer offloaded to
+disk (`placement`, the weights streamed in at every pass).
 
     python -m specdemo.passcost --dtype float32 --widths 1,4,8,16,32 --json out.json
 """

@@ -201,7 +201,6 @@ class DraftProposer(Proposer):
         return {"acceptance_by_position": acceptance_by_position(events)}
 
 
-
 def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampling: SamplingConfig,
                       auto: int = AUTO_TREE_SIZE) -> int:
     """The number of tree nodes to draft (0: a chain), checked against the decoding rule; None:
