@@ -26,3 +26,24 @@ def test_the_table_gives_each_kind_against_its_own_one_token_pass():
     table = passcost.format_table(report)
     assert "| 8 | 15.00 | 1.50x | 3.00 | 1.50x | 110.00 | 1.10x |" in table
     assert "graphed-sdpa ms" in table
+
+
+def test_sdpa_times_the_graphed_pass_again_with_transformers_attention(monkeypatch):
+    """`--graphs --sdpa`: the compiled pass of the loaded model (grouped attention), then the same
+    model's compiled pass with transformers' SDPA, each timed; the table shows both."""
+    from types import SimpleNamespace
+
+    from specdemo.core import grouped_attention
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    grouped_attention.use_grouped_attention(model)
+    compiled_with = []
+    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
+        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    monkeypatch.setattr(passcost, "compile_passes",
+                        lambda model, progress=None: compiled_with.append(model.config._attn_implementation))
+    report = passcost.main(["--graphs", "--sdpa", "--widths", "1,4", "--repeats", "1", "--context", "8"])
+    assert compiled_with == [grouped_attention.NAME, "sdpa"]
+    assert set(report["graphed"]) == set(report["graphed-sdpa"]) == {1, 4}
+    assert "graphed-sdpa ms" in passcost.format_table(report)
