@@ -158,7 +158,8 @@ def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[
     """The tree with each of `parents`' `top_k` best children by the drafter's log-probability
     (`logits` [q, K], one row per parent; `token_ids` maps their indices to token ids) appended,
     parent by parent, best first; a child's value is its parent's plus its own log-probability."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
+    # in float32 (`dtype` casts inside the one kernel, as `.float()` would before it)
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(min(top_k, logits.shape[-1]), dim=-1)
     # one copy from the device each, not one a row: on a GPU every copy waits for the device
     token_ids, values = token_ids(log_probs.indices).tolist(), log_probs.values.tolist()
     tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)

@@ -178,7 +178,7 @@ class MedusaHeads(nn.Module):
     def best(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None, *,
              k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`ranked`'s token ids and log-probabilities [K, k], as tensors on the heads' device."""
-        log_probs = torch.log_softmax(self(hidden, tokens).float(), dim=-1)  # [K, S]
+        log_probs = torch.log_softmax(self(hidden, tokens), dim=-1, dtype=torch.float32)  # [K, S], one kernel
         best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
         return self.token_ids(best.indices), best.values
 
