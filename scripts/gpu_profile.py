@@ -20,6 +20,7 @@ from specdemo.core.events import Summary, final_summary
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.static import default_compile, request_cache
 from specdemo.core.verify import EMPTY, Proposal, target_pass
+from specdemo.defaults import defaults_for, with_defaults
 from specdemo.methods import get_method, method_options
 from specdemo.models import compiled, load_model
 
@@ -27,7 +28,8 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def answer(target, name: str, tokens: int) -> Summary:
-    options = dict(method_options(name, target))
+    """An answer of `name` with the device's set of defaults (`specdemo.defaults`), as the bench runs it."""
+    options = {**method_options(name, target), **with_defaults(defaults_for(target.device), name, {})}
     events = get_method(name).generate(target.model, target.encode_chat(PROMPT), max_new_tokens=tokens,
                                        passes=target.passes, **options)
     return final_summary(events)
