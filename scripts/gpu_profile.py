@@ -1,5 +1,5 @@
 """Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`):
-- for AR, speculative decoding and Medusa, a step's time against the time the GPU is busy in it
+- for AR, speculative decoding, Medusa, lookahead and the CLLM, a step's time against the time the GPU is busy in it
   (torch.profiler's kernels and copies): what is left is the device waiting for the host;
 - what the host spends outside the target's pass (cProfile of one answer of --method, by function);
 - which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
@@ -80,7 +80,7 @@ def main() -> None:
     target = load_model(dtype=args.dtype)
     target = compiled(target) if default_compile(target.device) else target  # graphs with CUDA, as the page runs
     answer(target, args.method, 16)  # loads and captures the companions' passes
-    for name in ("ar", "speculative", "medusa") if target.model.device.type == "cuda" else ():
+    for name in ("ar", "speculative", "medusa", "lookahead", "cllm") if target.model.device.type == "cuda" else ():
         answer(target, name, 16)
         try:
             print(busy(target, name, args.tokens), flush=True)
