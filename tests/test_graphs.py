@@ -11,11 +11,12 @@ from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answer
 
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
-from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph
+from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph, layout_views, replayable
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import (
     DRAFT_BUCKETS,
     CompiledPass,
+    padded_layout,
     padded_width,
     request_cache,
     static_forward,
@@ -35,19 +36,20 @@ class ReplayedGraphs(CudaGraphs):
     """CUDA graphs' contract without CUDA: a replay reruns the captured pass on the captured
     tensors and writes its result into the captured outputs."""
 
-    def capture(self, forward, decoder, cache, inputs, positions, sees, head, layers) -> Graph:
-        inputs, positions, sees = inputs.clone(), positions.clone(), sees.clone()
-        out = forward(decoder, cache, inputs, positions, sees, head, layers)
-        cache = self.cache  # the buffer the view shares (a graph holds its addresses, not the request's view)
+    def capture(self, forward, decoder, cache, inputs, layout, bucket, head, layers) -> Graph:
+        inputs, layout = inputs.clone(), layout.clone()
+        # the buffer the view shares (a graph holds its addresses, not the request's view)
+        run = replayable(forward, decoder, self.cache, inputs, layout, bucket, head, layers)
+        out = run()
 
         class Replay:
             def replay(self):
-                new = forward(decoder, cache, inputs, positions, sees, head, layers)
+                new = run()
                 for mine, theirs in zip(out if isinstance(out, tuple) else (out,),
                                         new if isinstance(new, tuple) else (new,)):
                     mine.copy_(theirs)
 
-        return Graph(Replay(), inputs, positions, sees, out)
+        return Graph(Replay(), inputs, layout, out)
 
 
 def graphed(model, capacity: int = 256, buckets: tuple[int, ...] = BUCKETS, role: str = "target"):
@@ -199,3 +201,16 @@ def test_a_function_graph_returns_its_outputs_own_copies():
     assert len(graphs.graphs) == 1 and graphs.replays == 2
     graphs("double", double, torch.ones(4))  # another shape: a graph of its own
     assert len(graphs.graphs) == 2
+
+
+def test_a_layout_reads_back_as_the_positions_start_and_sees_it_was_built_from():
+    """A pass's layout reaches its graph as one buffer; its views give back the padded layout."""
+    positions = torch.tensor([[300, 301, 301]])
+    sees = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)) > 0.5  # 2 look back, 3 fed
+    at, start, seen = layout_views(padded_layout(positions, sees, 4, look_back=8, start=299), 4)
+    assert at.tolist() == [[300, 301, 301, 301]] and start.dim() == 0 and int(start) == 299
+    expected = torch.zeros(4, 12, dtype=torch.bool)
+    expected[:, :8] = True  # the window's columns, seen by every node but where `sees` says otherwise
+    expected[:3, 6:11] = sees
+    expected[3, 11] = True  # the padded node sees itself alone
+    assert torch.equal(seen, expected)

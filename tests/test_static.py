@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from specdemo.core.attention import additive_mask, chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
-from specdemo.core.graphs import padded_inputs
+from specdemo.core.graphs import layout_views, padded_inputs
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded_layout, request_cache, static_forward
 from specdemo.core.verify import Proposal, target_pass
@@ -82,7 +82,7 @@ def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(t
 def test_padding_masks_the_padded_nodes_out():
     sees = sees_from_parents(TREE)
     tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)
-    fed, (at, seen) = padded_inputs(tokens, 8), padded_layout(positions, sees, 8)
+    fed, (at, _, seen) = padded_inputs(tokens, 8), layout_views(padded_layout(positions, sees, 8), 8)
     assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
     assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions[0].tolist()
     assert torch.equal(seen[:6, :6], sees)
@@ -112,7 +112,7 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
             cache.length = n + 3
             cache.start.fill_(n + 3)
             if padded:
-                at, seen = padded_layout(positions, sees, 8, look_back=8)
+                at, _, seen = layout_views(padded_layout(positions, sees, 8, look_back=8), 8)
                 assert seen.shape == (8, 16) and seen[:, :5].all() and torch.equal(seen[:2, 5:10], sees)
                 outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), at, seen)[:, :2])
             else:

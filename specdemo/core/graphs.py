@@ -6,6 +6,9 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
 - A graph reads and writes fixed addresses. So the graphs of one model own one KV buffer
   (`StaticKV`, `GRAPH_CAPACITY` positions) and one set of input tensors per graph; a pass copies
   its padded inputs into them, replays, and copies the outputs out before the next replay.
+- A pass's layout (its positions, where it writes, what each node sees) is built on the host
+  and reaches its graph as one copy of one buffer (`static.padded_layout`), from pinned memory
+  and without waiting: a copy from pageable memory would wait for the device to finish its queue.
 - One graph per kind of pass: its width (a bucket of `static.BUCKETS`), how far back it looks
   at nodes fed before it (`static.LOOK_BACK`: a draft tree's deeper levels), whether it is fed
   token ids or embeddings (a feature draft), whether the LM head runs inside it (a target
@@ -39,8 +42,7 @@ class Graph:
 
     graph: "torch.cuda.CUDAGraph"
     inputs: torch.Tensor
-    positions: torch.Tensor
-    sees: torch.Tensor
+    layout: torch.Tensor  # `packed_layout`'s bytes: the pass's positions, its cache's start and what each node sees
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
@@ -74,33 +76,56 @@ class CudaGraphs:
         return isinstance(cache, StaticKV) and cache.start is self.cache.start
 
     def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
-                 positions: torch.Tensor, sees: torch.Tensor, head: torch.nn.Module | None, layers: tuple[int, ...]):
+                 layout: torch.Tensor, bucket: int, head: torch.nn.Module | None, layers: tuple[int, ...]):
         """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
-        replayed from its graph for this kind of pass, captured now if it is the first. `inputs`
-        [1, w] (ids, or embeddings [1, w, H]) fill the first w of the graph's `positions.shape[1]`
-        slots; the padded slots keep whatever an earlier pass fed them: each sees only itself
-        (`sees`), no real node sees it, and what it writes lies past the cache's valid length.
-        `positions` and `sees`, padded, may lie on the CPU: each is one copy into the graph."""
-        width, bucket = inputs.shape[1], positions.shape[1]
-        key = (bucket, sees.shape[1], inputs.dtype, head is not None, layers)
+        replayed from its graph for this kind of pass, captured now if it is the first, with the
+        positions, start and sees of `layout` (`static.padded_layout`, on the CPU) for a pass of
+        `bucket` nodes. `inputs` [1, w] (ids, or embeddings [1, w, H]) fill the first w of its
+        slots; the padded slots keep whatever an earlier pass fed them: each sees only itself, no
+        real node sees it, and what it writes lies past the cache's valid length."""
+        width = inputs.shape[1]
+        span = (layout.shape[0] - 8 * (bucket + 1)) // bucket  # what a node may see: look-back and fed
+        key = (bucket, span, inputs.dtype, head is not None, layers)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self.capture(forward, decoder, cache, padded_inputs(inputs, bucket),
-                                                    positions.to(inputs.device), sees.to(inputs.device), head, layers)
+                                                    layout.to(inputs.device), bucket, head, layers)
         graph.inputs[:, :width].copy_(inputs)
-        graph.positions.copy_(positions)
-        graph.sees.copy_(sees)
+        if inputs.device.type == "cuda":  # pinned, the copy waits for nothing and the host goes on
+            layout = layout.pin_memory()
+        graph.layout.copy_(layout, non_blocking=True)
         graph.graph.replay()
         return graph.out
 
-    def capture(self, forward, decoder, cache, inputs, positions, sees, head, layers) -> Graph:
+    def capture(self, forward, decoder, cache, inputs, layout, bucket, head, layers) -> Graph:
         """Record the pass (`recorded`). Both its warm-up and its capture write keys and values at
-        `cache.start` and on, past the valid length, as the pass itself does."""
-        inputs, positions, sees = inputs.clone(), positions.clone(), sees.clone()
+        the layout's start and on, past the valid length, as the pass itself does."""
+        inputs, layout = inputs.clone(), layout.clone()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        graph, out = recorded(lambda: forward(decoder, cache, inputs, positions, sees, head, layers), inputs.device,
+        graph, out = recorded(replayable(forward, decoder, cache, inputs, layout, bucket, head, layers), inputs.device,
                               self.pool)
-        return Graph(graph, inputs, positions, sees, out)
+        return Graph(graph, inputs, layout, out)
+
+
+def layout_views(layout: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pass's layout (`static.padded_layout`'s bytes) as views: its positions [1, b], the start [] where
+    it writes in its cache and sees [b, s]."""
+    split = 8 * (bucket + 1)
+    head = layout[:split].view(torch.int64)
+    return head[:bucket].view(1, bucket), head[bucket], layout[split:].view(torch.bool).view(bucket, -1)
+
+
+def replayable(forward, decoder, cache: StaticKV, inputs: torch.Tensor, layout: torch.Tensor, bucket: int, head,
+               layers: tuple[int, ...]):
+    """The pass a graph records: it sets `cache.start` from its `layout` (`static.padded_layout`), then
+    runs `forward` on its own tensors."""
+    positions, start, sees = layout_views(layout, bucket)
+
+    def run():
+        cache.start.copy_(start)
+        return forward(decoder, cache, inputs, positions, sees, head, layers)
+
+    return run
 
 
 def recorded(run, device: torch.device, pool) -> tuple["torch.cuda.CUDAGraph", object]:

@@ -31,7 +31,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, padded_inputs
+from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, layout_views, padded_inputs
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.process import compiling_on_cpu
 
@@ -219,26 +219,30 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | No
     return max(width - 1 - copied, least)
 
 
-def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int,
-                  look_back: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pass's positions [1, bucket] and `sees` [w, back + w] padded to `bucket` nodes and a
-    look-back window of `look_back` >= back cached positions: [bucket, look_back + bucket], on
-    the CPU (a pass's layout is built there from a tree's parents, in numpy, whose small
-    operations cost the host less than torch's, and moves to the device as one copy each). A
-    padded node sits at the last position and sees only itself among the fed nodes; no real
-    node sees it, and what it writes into the cache lies past the valid length. Its input is
-    `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that slot. The
-    window's added columns come first and are seen by every node: they hold cached positions
-    before the first one some node may not see."""
+def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int, look_back: int = 0,
+                  start: int = 0) -> torch.Tensor:
+    """A pass's layout padded to `bucket` nodes and a look-back window of `look_back` >= back cached
+    positions, as one byte buffer on the CPU (`graphs.layout_views` reads it back): its positions
+    [1, bucket] and `start` (where it writes in its cache) as int64, then `sees` [w, back + w]
+    padded to [bucket, look_back + bucket] (bool). A pass's layout is built on the host from a
+    tree's parents, in numpy, whose small operations cost the host less than torch's, and moves to
+    the device as one copy. A padded node sits at the last position and sees only itself among the
+    fed nodes; no real node sees it, and what it writes into the cache lies past the valid length.
+    Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that
+    slot. The window's added columns come first and are seen by every node: they hold cached
+    positions before the first one some node may not see."""
     width = positions.shape[1]
     back = sees.shape[1] - width
-    fed = positions.numpy(force=True)[0]
-    at = np.full((1, bucket), fed[-1])
-    at[0, :width] = fed
-    seen = np.ones((bucket, look_back + bucket), dtype=bool)
+    split = 8 * (bucket + 1)
+    layout = np.empty(split + bucket * (look_back + bucket), dtype=np.uint8)
+    head = layout[:split].view(np.int64)
+    head[:width] = positions.numpy(force=True)[0]
+    head[width:bucket], head[bucket] = head[width - 1], start
+    seen = layout[split:].view(bool).reshape(bucket, look_back + bucket)
+    seen[:, :look_back] = True
     seen[:, look_back:] = np.eye(bucket, dtype=bool)
     seen[:width, look_back - back : look_back + width] = sees.numpy(force=True)
-    return torch.from_numpy(at), torch.from_numpy(seen)
+    return torch.from_numpy(layout)
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
@@ -250,7 +254,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     fits, when compiling failed, or when the pass looks back at earlier branches (back > 0) without
     CUDA graphs (inductor would compile each look-back anew) or further than LOOK_BACK's widest.
     `positions` and `sees` may lie on the CPU, where a pass's layout is built: they move to the
-    model's device here (into a CUDA graph's own tensors), so building them costs no GPU launch.
+    model's device here (into a CUDA graph's own buffer, as one copy that waits for nothing), so
+    building them costs no GPU launch.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
     head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
     wider than every bucket) from the head over these rows alone. `layers`: the hidden states
@@ -264,7 +269,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
                             f"{cache.length + (bucket or width)}")
-    cache.start.fill_(cache.length)
+    if bucket is None or passes.graphs is None:  # a CUDA graph sets `start` from the layout copied into it
+        cache.start.fill_(cache.length)
     seen = (cache if passes and passes.mode
             else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP))
     lm_head = None if rows is None else model.get_output_embeddings()
@@ -272,7 +278,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     if bucket is not None:
         try:
             out = bucketed(passes, model.get_decoder(), seen, inputs, positions, sees, bucket, lm_head, layers,
-                           look_back)
+                           look_back, cache.length)
             hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
@@ -282,6 +288,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:
+        cache.start.fill_(cache.length)
         positions, sees = positions.to(inputs.device), sees.to(inputs.device)
         hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees, layers=layers)
         out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows), -model.config.hidden_size :]).float())
@@ -293,14 +300,15 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
 
 def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
              positions: torch.Tensor, sees: torch.Tensor, bucket: int, head: torch.nn.Module | None,
-             layers: tuple[int, ...], look_back: int = 0):
+             layers: tuple[int, ...], look_back: int = 0, start: int = 0):
     """`static_forward`'s output for a pass padded to `bucket` nodes (and `look_back` cached
-    positions, `padded_layout`), run by the compiled pass: a CUDA graph (which takes the fed
-    inputs as they are and the padded layout from wherever it was built), or the compiled
-    function over fresh padded tensors on the model's device."""
-    at, seen = padded_layout(positions, sees, bucket, look_back)
+    positions, `padded_layout`) writing at `start`, run by the compiled pass: a CUDA graph (which
+    takes the fed inputs as they are and the padded layout as one copy), or the compiled function
+    over fresh padded tensors on the model's device (where the caller set the cache's start)."""
+    layout = padded_layout(positions, sees, bucket, look_back, start)
     if passes.graphs is not None:
-        return passes.graphs(passes.forward, decoder, cache, inputs, at, seen, head, layers)
+        return passes.graphs(passes.forward, decoder, cache, inputs, layout, bucket, head, layers)
+    at, _, seen = layout_views(layout, bucket)
     return passes.forward(decoder, cache, padded_inputs(inputs, bucket), at.to(inputs.device), seen.to(inputs.device),
                           head, layers)
 
