@@ -113,13 +113,18 @@ class Datastore:
         guessed = []
         for _ in range(length):
             following = self.tokens[follow]
-            values, counts = np.unique(following, return_counts=True)
-            best = counts.argmax()
-            token = int(values[best])  # ties: the smallest token id
-            if token == self.end or counts[best] < least_share * len(follow):
+            agree = following == following[0]
+            if agree.all():  # the occurrences agree so far, as they mostly do: no need to count
+                token, count = int(following[0]), len(following)
+            else:
+                values, counts = np.unique(following, return_counts=True)
+                best = counts.argmax()
+                token, count = int(values[best]), counts[best]  # ties: the smallest token id
+                agree = following == token
+            if token == self.end or count < least_share * len(follow):
                 break
             guessed.append(token)
-            follow = follow[following == token] + 1
+            follow = follow[agree] + 1
         return tuple(guessed)
 
     def save(self, folder: Path, about: dict | None = None) -> None:
