@@ -303,3 +303,33 @@ def test_grow_skips_only_nodes_the_rerank_would_drop(tiny_model, prompt_ids, dep
 def test_kept_value_is_the_size_th_best():
     assert draft_tree.kept_value([-1.0, -3.0, -2.0], 2) == -2.0
     assert draft_tree.kept_value([-1.0, -3.0], 3) == float("-inf")
+
+
+@pytest.mark.parametrize("draft_kind", ["token", "feature"])
+def test_a_second_level_queued_ahead_grows_the_tree_fed_a_level_at_a_time(tiny_model, prompt_ids, draft_kind):
+    """`grow` queues the second level for every child of the root before it reads the first; the
+    tree equals the one grown a level at a time, feeding each level only the nodes it expands,
+    also where a child of the root ends the answer (not expanded, its row unread) and a third
+    level looks back at the second level's branches."""
+    draft = Draft("other", tiny_model) if draft_kind == "token" else feature_draft(tiny_model)
+    features = None if draft_kind == "token" else torch.randn(1, prompt_ids.shape[1] - 1, tiny_model.config.hidden_size)
+    root_children = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prompt_ids, features, depth=1,
+                                    top_k=3, size=3)[0].tokens
+    for eos in [(), (root_children[1],)]:
+        tree, passes = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prompt_ids, features, depth=3,
+                                       top_k=3, size=10**6, eos=eos)
+        cache = DynamicCache(config=tiny_model.config)
+        logits, state = draft_tree.first_logits(draft, cache, prompt_ids, features)
+        prefix, fed = cache.get_seq_length(), []
+
+        def level_logits(tree, nodes, tokens, states, level, cache=cache, prefix=prefix, fed=fed):
+            sees = draft_tree.branch_visibility(tree, fed, nodes)
+            fed.extend(nodes)
+            return draft_tree.branch_logits(draft, cache, tokens, states, sees=sees,
+                                            position_ids=torch.full((1, len(nodes)), prefix + level - 2))
+
+        reference, _ = draft_tree.expand(draft.token_ids, logits, state, level_logits, depth=3, top_k=3,
+                                         size=10**6, eos=eos)
+        assert (tree.tokens, tree.parents) == (reference.tokens, reference.parents) and passes == 3
+        assert tree.scores == pytest.approx(reference.scores, abs=1e-5)
+        assert sum(1 for node in range(tree.size) if tree.parents[node] == 1) == (0 if eos else 3)

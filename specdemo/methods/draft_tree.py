@@ -88,10 +88,15 @@ def grow(
     """The draft tree after `sequence` [1, n] (EAGLE-2's expand and rerank, `expand`) and the draft's
     passes that grew it. The draft's cache ends holding the prefix only: the branches it fed are dropped.
     `first`: `first_logits`' result where the caller asked for it already (on a GPU its pass then
-    runs while the host does other work, until the first level reads its top tokens)."""
+    runs while the host does other work, until the first level reads its top tokens).
+    The second level's pass is queued before the host reads the first level (`second_level`), so
+    on a GPU the two passes run back to back and the host waits once for both."""
     logits, state = first or first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
-    fed = []  # nodes in the draft's cache after the prefix, in cache order
+    best = best_children(logits, top_k)
+    ahead = second_level(draft, cache, best, state, prefix) if depth > 1 else None
+    # nodes in the draft's cache after the prefix, in cache order: the second level fed every child of the root
+    fed = [] if ahead is None else list(range(ahead[0].shape[0]))
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
         sees = branch_visibility(tree, fed, nodes)  # on the CPU, as the positions: the pass moves them
@@ -99,13 +104,36 @@ def grow(
         fed.extend(nodes)
         return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=positions)
 
-    grown = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos)
+    grown, passes = expand(draft.token_ids, logits, state, level_logits, depth=depth, top_k=top_k, size=size, eos=eos,
+                           best=best, ahead=ahead)
     keep_prefix(cache, prefix)
-    return grown
+    return grown, max(passes, 1 if ahead is None else 2)
+
+
+def picked(rows: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+    """`rows[nodes]`: a slice where the nodes are the first ones in order (no index to move to the device)."""
+    if nodes == list(range(len(nodes))):
+        return rows[: len(nodes)]
+    return rows[torch.tensor(nodes, device=rows.device)]
+
+
+def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.Tensor | None,
+                 prefix: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft's logits [k, K] (and a feature draft's predicted features [k, H]) after each of
+    the root's k children (`best`: `best_children` of the root), in their order, from one pass
+    queued without reading them on the host: each child sees the prefix and itself. `expand`
+    then takes the rows of the children it expands: all of them but those that end the answer
+    or that the rerank would drop, whose rows cost nothing it reads."""
+    tokens = draft.token_ids(best.indices[0])  # [k], on the device
+    k = tokens.shape[0]
+    states = None if state is None else state.expand(k, -1)
+    sees = torch.eye(k, dtype=torch.bool)
+    return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=torch.full((1, k), prefix))
 
 
 def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int,
-           size: int, eos: tuple[int, ...] = (), first_k: int | None = None) -> tuple[Proposal, int]:
+           size: int, eos: tuple[int, ...] = (), first_k: int | None = None, best=None,
+           ahead: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Proposal, int]:
     """EAGLE-2's expand and rerank for any drafter, and the drafter's passes it took (one a level):
     `logits` [1, K] are its guesses for the root's children (`state` [1, H]: what their own
     children's guesses read, or None); level by level, `level_logits(tree, nodes, tokens, states,
@@ -113,8 +141,12 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
     [q]; `states` [q, H] the states they were guessed from) and the states [q, H] their children
     read. `token_ids` maps indices into the drafter's vocabulary to token ids. A feature draft's
     state is its predicted feature; a Hydra head's, the path it read. `first_k`: the root's
-    children, if not `top_k`."""
-    tree, passes = add_children(EMPTY, token_ids, logits, [-1], first_k or top_k), 1
+    children, if not `top_k`; `best`: their `best_children`, where the caller has them already.
+    `ahead`: the second level's guesses [k, K] and states [k, H] after each of the root's k
+    children, in order, where the caller queued that level before the first was read
+    (`second_level`): the level takes the rows of the nodes it expands."""
+    first = best if best is not None else best_children(logits, first_k or top_k)
+    tree, passes = add_children(EMPTY, token_ids, first, [-1]), 1
     frontier = range(tree.size)  # the nodes the last level added, as many children to each row of `state`
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
@@ -122,12 +154,15 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
                        key=lambda n: -tree.scores[n])[:top_k]
         if not nodes:
             break
-        tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
-        # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
-        parent_states = None if state is None else state[[(n - frontier.start) * len(state) // len(frontier)
-                                                          for n in nodes]]
-        logits, state = level_logits(tree, nodes, tokens, parent_states, level)
-        grown, passes = add_children(tree, token_ids, logits, nodes, top_k), level
+        if level == 2 and ahead is not None:
+            logits, state = (None if rows is None else picked(rows, nodes) for rows in ahead)
+        else:
+            tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
+            # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
+            parent_states = None if state is None else state[[(n - frontier.start) * len(state) // len(frontier)
+                                                              for n in nodes]]
+            logits, state = level_logits(tree, nodes, tokens, parent_states, level)
+        grown, passes = add_children(tree, token_ids, best_children(logits, top_k), nodes), level
         tree, frontier = grown, range(tree.size, grown.size)
     return best_nodes(tree, size), passes
 
@@ -154,14 +189,19 @@ def children_to_fill(size: int, depth: int, top_k: int) -> int:
     return top_k
 
 
-def add_children(tree: Proposal, token_ids, logits: torch.Tensor, parents: list[int], top_k: int) -> Proposal:
-    """The tree with each of `parents`' `top_k` best children by the drafter's log-probability
-    (`logits` [q, K], one row per parent; `token_ids` maps their indices to token ids) appended,
-    parent by parent, best first; a child's value is its parent's plus its own log-probability."""
+def best_children(logits: torch.Tensor, top_k: int):
+    """The `top_k` best children of each row of `logits` [q, K] by the drafter's log-probability, best
+    first (`torch.topk`'s values [q, k] and indices [q, k] into the drafter's vocabulary), on its device."""
     # in float32 (`dtype` casts inside the one kernel, as `.float()` would before it)
-    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(min(top_k, logits.shape[-1]), dim=-1)
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(min(top_k, logits.shape[-1]), dim=-1)
+
+
+def add_children(tree: Proposal, token_ids, best, parents: list[int]) -> Proposal:
+    """The tree with each of `parents`' best children (`best`: `best_children`, one row per parent;
+    `token_ids` maps their indices to token ids) appended, parent by parent, best first; a child's
+    value is its parent's plus its own log-probability."""
     # one copy from the device each, not one a row: on a GPU every copy waits for the device
-    token_ids, values = token_ids(log_probs.indices).tolist(), log_probs.values.tolist()
+    token_ids, values = token_ids(best.indices).tolist(), best.values.tolist()
     tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)
     for row, parent in enumerate(parents):
         parent_score = 0.0 if parent < 0 else tree.scores[parent]
