@@ -100,13 +100,14 @@ def generate(
 @dataclass(frozen=True)
 class DraftPass:
     """What one pass drafted, beside its proposal: γ for this pass (0: nothing, the first pass of a
-    feature draft), whether the proposal is a draft tree (else a chain), the draft's passes it took
-    and a sampled chain's distributions q."""
+    feature draft), whether the proposal is a draft tree (else a chain) and the token it hangs
+    from, the draft's passes it took and a sampled chain's distributions q."""
 
     gamma: int
     tree: bool = False
     draft_passes: int = 0  # a tree's: one a level grown; a chain's: one a token
     q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
+    root: int = -1  # a tree's root: the text's last token, read on the host where the tree was grown
 
 
 class DraftProposer(Proposer):
@@ -130,16 +131,16 @@ class DraftProposer(Proposer):
         ready = self.target_features is not None or not self.features
         gamma = min(self.gamma, room - 1) if ready else 0
         if self.tree_size and gamma:
-            tree, draft_passes = self.grown_tree(context, sequence, room, gamma)
-            return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes))
+            tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
+            return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes, root=root))
         tokens, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose, context.eos,
                             context.model.config.vocab_size)
         drafted = tokens[0].tolist()  # one draft pass a token
         return Proposed(Proposal.chain(drafted, "draft"), DraftPass(gamma, draft_passes=len(drafted), q=q))
 
-    def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> tuple[Proposal, int]:
+    def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> tuple[Proposal, int, int]:
         """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
-        a guess below its likeliest branch, and the draft's passes that grew it."""
+        a guess below its likeliest branch, the draft's passes that grew it and its root token."""
         length = min(self.copy_length, room - 1)
         text = sequence[0].cpu()  # what the guesses read, copied from a GPU once
         # the draft's first pass is queued before the host guesses a branch, so on a GPU they overlap
@@ -153,7 +154,7 @@ class DraftProposer(Proposer):
                                              top_k=top_k, size=size, eos=context.eos, first=first)
         tree = draft_tree.add_copy(tree, copied, source=source)
         tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
-        return tree, draft_passes
+        return tree, draft_passes, int(text[-1])
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
@@ -183,7 +184,7 @@ class DraftProposer(Proposer):
         proposal, drafted = proposed.proposal, proposed.step
         if drafted.tree:
             turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
-            data = TreeStep(proposal, int(sequence[0, n - 1]), path, [*path, *turned_down],
+            data = TreeStep(proposal, drafted.root, path, [*path, *turned_down],
                             gamma=max(proposal.depths), target_token=verdict.token)
             rejected = [proposal.tokens[node] for node in turned_down]
         else:
