@@ -3,6 +3,7 @@ length, passes padded to buckets, and every method's greedy answer unchanged thr
 (float32, tiny random models; the embedded model's is `test_static_embedded`)."""
 
 import logging
+import random
 
 import pytest
 import torch
@@ -333,3 +334,18 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(prompt_ids, caplog):
     assert passes.failed and "no C++ compiler" in passes.failed
     assert len([r for r in caplog.records if "eagerly" in r.message]) == 1
     assert isinstance(request_cache(model, 40, passes), DynamicCache)  # the next request is eager from the start
+
+
+def test_sees_from_parents_is_the_brute_force_ancestry():
+    """Token i sees token j exactly when j is i or one of its ancestors; a parent must come first."""
+    rng = random.Random(0)
+    for n in (0, 1, 5, 17, 64):
+        parents = [rng.randrange(-1, i) for i in range(n)]
+        expected = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            j = i
+            while j >= 0:
+                expected[i, j], j = True, parents[j]
+        assert torch.equal(sees_from_parents(parents), expected)
+    with pytest.raises(ValueError):
+        sees_from_parents([-1, 1])

@@ -7,6 +7,7 @@ as if it were the only continuation (Medusa's tree attention, Cai et al. 2024, S
 Lookahead decoding's two branches, Fu et al. 2024, Fig. 3).
 """
 
+import numpy as np
 import torch
 
 
@@ -32,13 +33,13 @@ def chain_positions(sees: torch.Tensor, prefix_length: int) -> torch.Tensor:
 
 def sees_from_parents(parents: list[int]) -> torch.Tensor:
     """`sees` [q, q] for a forest given as each new token's parent index (-1: the prefix):
-    a token sees itself and its ancestors. Built on the CPU from Python lists, a row from its
-    parent's, then made a tensor once."""
-    rows: list[list[bool]] = []
+    a token sees itself and its ancestors. Built on the CPU in numpy, each row a copy of its
+    parent's: a few operations a row, not one a token."""
+    sees = np.zeros((len(parents), len(parents)), dtype=bool)
     for i, parent in enumerate(parents):
         if parent >= i:
             raise ValueError(f"token {i}'s parent {parent} must come before it")
-        row = rows[parent][:] if parent >= 0 else [False] * len(parents)
-        row[i] = True
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.bool).reshape(len(parents), len(parents))
+        if parent >= 0:
+            sees[i] = sees[parent]
+        sees[i, i] = True
+    return torch.from_numpy(sees)
