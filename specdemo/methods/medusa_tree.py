@@ -72,19 +72,16 @@ def dynamic_paths(log_probs: list[list[float]], size: int) -> tuple[tuple[int, .
     Best-first search over the paths: each path enters the frontier when its elder sibling
     (for rank r > 0) or its parent (for rank 0) is taken, and neither is worth less than it,
     so paths are taken in order of value and every prefix of the result is a tree."""
-    value = lambda path: sum(log_probs[depth][rank] for depth, rank in enumerate(path))  # noqa: E731
-    frontier, chosen = [(-value((0,)), (0,))], []
+    # (-value, path, its parent's value): a value is summed root first, as a path's own sum would be
+    frontier, chosen = [(-(0.0 + log_probs[0][0]), (0,), 0.0)], []
     while frontier and len(chosen) < size:
-        _, path = heapq.heappop(frontier)
+        value, path, above = heapq.heappop(frontier)
         chosen.append(path)
         depth, rank = len(path) - 1, path[-1]
-        successors = []
-        if rank + 1 < len(log_probs[depth]):
-            successors.append((*path[:-1], rank + 1))  # the next sibling: this head's next token
-        if depth + 1 < len(log_probs):
-            successors.append((*path, 0))  # the first child: the next head's best token
-        for successor in successors:
-            heapq.heappush(frontier, (-value(successor), successor))
+        if rank + 1 < len(log_probs[depth]):  # the next sibling: this head's next token
+            heapq.heappush(frontier, (-(above + log_probs[depth][rank + 1]), (*path[:-1], rank + 1), above))
+        if depth + 1 < len(log_probs):  # the first child: the next head's best token
+            heapq.heappush(frontier, (value - log_probs[depth + 1][0], (*path, 0), -value))
     return tuple(chosen)
 
 
