@@ -11,6 +11,7 @@ from specdemo.core import grouped_attention
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.sampling import SamplingConfig
+from specdemo.core.transfer import tensor_on
 from specdemo.methods import ar, jacobi, lookahead, medusa, speculative
 from specdemo.methods.draft import Draft
 
@@ -121,3 +122,15 @@ def test_grouped_rows_give_sdpa_values_on_cuda(dtype, queries):
     got, _ = grouped_attention.grouped_attention_forward(Attention(3), query, key, value, mask)
     want, _ = sdpa_attention_forward(Attention(3), query, key, value, mask)
     torch.testing.assert_close(got, want)
+
+
+def test_tensors_copied_without_waiting_arrive_whole():
+    """`transfer.tensor_on` copies from pinned memory without waiting: each tensor arrives with its
+    own values, though the host lets go of its pinned copy at once and makes the next."""
+    device = torch.device("cuda")
+    busy = torch.randn(2048, 2048, device=device)
+    for _ in range(3):
+        busy = busy @ busy / 2048  # queue work, so the copies wait behind it on the device
+    arrived = [tensor_on(list(range(i, i + 64)), device) for i in range(200)]
+    torch.cuda.synchronize()
+    assert all(tensor.tolist() == list(range(i, i + 64)) for i, tensor in enumerate(arrived))

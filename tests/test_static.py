@@ -15,6 +15,7 @@ from specdemo.core.events import final_summary
 from specdemo.core.graphs import layout_views, padded_inputs
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded_layout, request_cache, static_forward
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar, medusa, speculative
 
@@ -349,3 +350,8 @@ def test_sees_from_parents_is_the_brute_force_ancestry():
         assert torch.equal(sees_from_parents(parents), expected)
     with pytest.raises(ValueError):
         sees_from_parents([-1, 1])
+
+
+def test_a_tensor_made_on_the_host_for_a_cpu_stays_a_plain_tensor():
+    made = tensor_on([[3, 1, 2]], torch.device("cpu"))
+    assert made.tolist() == [[3, 1, 2]] and made.dtype == torch.long and not made.is_pinned()

@@ -13,6 +13,8 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from specdemo.core.transfer import tensor_on
+
 
 def keep_prefix(cache: Cache, length: int) -> None:
     """Keep the first `length` positions of every layer; drop the rest (rejected proposals)."""
@@ -31,7 +33,7 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     branches at once (a Medusa tree, a lookahead window beside its candidates)."""
     positions = list(positions)
     if positions != list(range(length, length + len(positions))):
-        index = torch.tensor(positions, device=cache.layers[0].keys.device)
+        index = tensor_on(positions, cache.layers[0].keys.device)
         if isinstance(cache, StaticKV):  # every layer's keys and values in one buffer: two kernels, not four a layer
             cache.buffer[..., length : length + len(positions), :] = cache.buffer.index_select(-2, index)
         else:

@@ -28,6 +28,7 @@ from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import SamplingConfig, TokenChooser
 from specdemo.core.static import CompiledPass, padded_width, request_cache
 from specdemo.core.steps import Payload
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
 
@@ -153,7 +154,7 @@ def decode(
         accepted = [proposal.tokens[node] for node in verdict.path]
         committed = [*accepted, verdict.token]
         kept = recorder.kept(committed)
-        sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
+        sequence = torch.cat([sequence, tensor_on([committed], sequence.device)], dim=-1)
         # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows.
         learned = proposer.learn(context, sequence, proposed, verified, verdict, kept)
         events.append(recorder.step(

@@ -34,6 +34,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, layout_views, padded_inputs
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.process import compiling_on_cpu
+from specdemo.core.transfer import tensor_on
 
 log = logging.getLogger(__name__)
 
@@ -315,11 +316,11 @@ def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, in
 
 def rows_of(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     """`logits[rows]` as a tensor of its own: a slice where the rows run in a row (one copy, no
-    index to move to the device), else indexed by the list."""
+    index to move to the device), else indexed by the list (copied without waiting for the pass)."""
     rows = list(rows)
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return logits[rows[0] : rows[0] + len(rows)].clone()
-    return logits[rows]
+    return logits.index_select(0, tensor_on(rows, logits.device))
 
 
 def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, sees: torch.Tensor | None = None,

@@ -30,6 +30,7 @@ from specdemo.core.attention import additive_mask, chain_positions, sees_from_pa
 from specdemo.core.kvcache import StaticKV, keep_positions
 from specdemo.core.sampling import TokenChooser
 from specdemo.core.static import CompiledPass, request_cache, static_pass, with_layers
+from specdemo.core.transfer import tensor_on
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     layers = features if isinstance(features, tuple) else ()
     fed = sequence[:, cached:]  # [1, pending + size]: AR's pass feeds the last token alone
     if proposal.size:
-        fed = torch.cat([fed, sequence.new_tensor([proposal.tokens])], dim=-1)
+        fed = torch.cat([fed, tensor_on([proposal.tokens], sequence.device)], dim=-1)
     kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):

@@ -29,6 +29,7 @@ import torch
 from transformers import Cache
 
 from specdemo.core.kvcache import keep_prefix
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import EMPTY, Proposal
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
@@ -114,7 +115,7 @@ def picked(rows: torch.Tensor, nodes: list[int]) -> torch.Tensor:
     """`rows[nodes]`: a slice where the nodes are the first ones in order (no index to move to the device)."""
     if nodes == list(range(len(nodes))):
         return rows[: len(nodes)]
-    return rows[torch.tensor(nodes, device=rows.device)]
+    return rows.index_select(0, tensor_on(nodes, rows.device))
 
 
 def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.Tensor | None,
@@ -157,7 +158,7 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         if level == 2 and ahead is not None:
             logits, state = (None if rows is None else picked(rows, nodes) for rows in ahead)
         else:
-            tokens = torch.tensor([tree.tokens[n] for n in nodes], device=logits.device)
+            tokens = tensor_on([tree.tokens[n] for n in nodes], logits.device)
             # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
             parent_states = None if state is None else state[[(n - frontier.start) * len(state) // len(frontier)
                                                               for n in nodes]]

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.prepack import linear, prepack
+from specdemo.core.transfer import tensor_on
 from specdemo.methods.draft import ASSETS
 from specdemo.models import local_folder
 
@@ -167,7 +168,7 @@ class MedusaHeads(nn.Module):
         if self.reads_path:
             raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or "
                                 "`medusa.path_tokens`")
-        tokens = None if token is None else torch.tensor(token, device=hidden.device)
+        tokens = None if token is None else tensor_on(token, hidden.device)
         if graphs is None:
             ids, values = self.best(hidden, tokens, k=k)
         else:

@@ -35,6 +35,7 @@ from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, de
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
 from specdemo.core.static import CompiledPass, fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
@@ -175,9 +176,10 @@ class DraftProposer(Proposer):
         # Roll back the draft: it keeps what it saw of the committed tokens and the accepted draft
         # tokens (a feature draft: only the pairs fed the target's features).
         if self.features:
-            kept_rows = [*range(verified.pending), *(verified.pending + node for node in path)]
+            kept_rows = tensor_on([*range(verified.pending), *(verified.pending + node for node in path)],
+                                  verified.hidden.device)
             self.target_features = torch.cat([*([] if self.target_features is None else [self.target_features]),
-                                              verified.hidden[:, kept_rows]], dim=1)
+                                              verified.hidden.index_select(1, kept_rows)], dim=1)
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
