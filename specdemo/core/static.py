@@ -341,9 +341,11 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
             tree = {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
                     "position_ids": position_ids.to(inputs.device)}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
-    if sees is None:
-        sees = torch.ones(width, width, dtype=torch.bool).tril()
-        return static_pass(model, cache, inputs, torch.arange(cached, cached + width)[None], sees)
+    if sees is None:  # built in numpy, as a tree's layout: no torch operation for the host to dispatch
+        sees = torch.from_numpy(np.tri(width, dtype=bool))
+        return static_pass(model, cache, inputs, torch.from_numpy(np.arange(cached, cached + width)[None]), sees)
     back = sees.shape[1] - width
-    hidden_from = (~sees[:, :back].all(dim=0)).nonzero()  # the window's first position some new token may not see
-    return static_pass(model, cache, inputs, position_ids, sees[:, int(hidden_from[0]) if len(hidden_from) else back :])
+    if back:  # from the window's first position some new token may not see
+        hidden_from = np.flatnonzero(~sees[:, :back].numpy(force=True).all(axis=0))
+        sees = sees[:, int(hidden_from[0]) if len(hidden_from) else back :]
+    return static_pass(model, cache, inputs, position_ids, sees)
