@@ -42,7 +42,7 @@ class Graph:
 
     graph: "torch.cuda.CUDAGraph"
     inputs: torch.Tensor
-    layout: torch.Tensor  # `packed_layout`'s bytes: the pass's positions, its cache's start and what each node sees
+    layout: torch.Tensor  # `static.padded_layout`'s bytes: the pass's positions, its cache's start, what each node sees
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 

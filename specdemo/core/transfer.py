@@ -13,9 +13,9 @@ import torch
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`host` (a tensor on the CPU) on `device`: with CUDA through pinned memory, without waiting."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host if host.device == device else host.to(device)
 
 
 def tensor_on(data, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:

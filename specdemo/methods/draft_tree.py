@@ -160,8 +160,8 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         else:
             tokens = tensor_on([tree.tokens[n] for n in nodes], logits.device)
             # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
-            parent_states = None if state is None else state[[(n - frontier.start) * len(state) // len(frontier)
-                                                              for n in nodes]]
+            parent_states = None if state is None else state.index_select(0, tensor_on(
+                [(n - frontier.start) * len(state) // len(frontier) for n in nodes], state.device))
             logits, state = level_logits(tree, nodes, tokens, parent_states, level)
         grown, passes = add_children(tree, token_ids, best_children(logits, top_k), nodes), level
         tree, frontier = grown, range(tree.size, grown.size)

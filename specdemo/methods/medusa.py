@@ -30,6 +30,7 @@ from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Ve
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass, fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, deepest, first_leaf_path, scores_after
 from specdemo.methods.draft_tree import expand
 
@@ -197,7 +198,7 @@ def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, to
     of 8 gains (26 Spec-Bench questions, bfloat16: 2.44 tokens a pass, against 2.34 with at most
     3 children at the root as at every other level)."""
     # [1, 2H]
-    joined = torch.cat([hidden, heads.embedded(torch.tensor(token, device=hidden.device), hidden.dtype)])[None]
+    joined = torch.cat([hidden, heads.embedded(tensor_on(token, hidden.device), hidden.dtype)])[None]
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor, level: int):
         joined = torch.cat([states, heads.embedded(tokens, states.dtype)], dim=-1)  # [q, (1 + level) H]
@@ -225,7 +226,7 @@ def path_tokens(heads: MedusaHeads, hidden: torch.Tensor, token: int,
                 paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
     """The token at each rank path of a static tree for heads that read their path: head d - 1's
     r-th best guess after the node's parent's path, one call a level."""
-    embed = lambda t: heads.embedded(torch.tensor(t, device=hidden.device), hidden.dtype)  # noqa: E731
+    embed = lambda t: heads.embedded(tensor_on(t, hidden.device), hidden.dtype)  # noqa: E731
     joined, token_at = {(): torch.cat([hidden, embed(token)])}, {}
     for depth in range(1, max(map(len, paths), default=0) + 1):
         level = [path for path in paths if len(path) == depth]
