@@ -1,6 +1,7 @@
 """Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`):
 - for AR, speculative decoding, Medusa, lookahead and the CLLM, a step's time against the time the GPU is busy in it
-  (torch.profiler's kernels and copies): what is left is the device waiting for the host;
+  (torch.profiler's kernels and copies): what is left is the device waiting for the host; and the CUDA calls the
+  host makes a step (kernel launches, graph replays, copies, waits for the device);
 - what the host spends outside the target's pass (cProfile of one answer of --method, by function);
 - which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
 
@@ -25,6 +26,10 @@ from specdemo.methods import get_method, method_options
 from specdemo.models import compiled, load_model
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+# CUDA runtime calls the host makes, by what they cost it: a launch, a graph's replay, a copy, a wait for the device
+RUNTIME_CALLS = {"kernel launches": ("cudaLaunchKernel", "cuLaunchKernel"), "graph replays": ("cudaGraphLaunch",),
+                 "copies": ("cudaMemcpy",), "waits": ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                     "cudaEventSynchronize")}
 
 
 def answer(target, name: str, tokens: int) -> Summary:
@@ -60,15 +65,18 @@ def busy(target, name: str, tokens: int) -> str:
     summary = answer(target, name, tokens)
     torch.cuda.synchronize()
     step_ms = 1000 * (time.perf_counter() - started) / summary.target_forwards
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
         profiled = answer(target, name, tokens)
         torch.cuda.synchronize()
-    device = [row for row in profiler.key_averages() if row.device_type == torch.autograd.DeviceType.CUDA]
+    rows = profiler.key_averages()
+    device = [row for row in rows if row.device_type == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(row.self_device_time_total for row in device) / 1000 / profiled.target_forwards
     kernels = sum(row.count for row in device) / profiled.target_forwards
+    calls = {kind: sum(row.count for row in rows if row.key.startswith(prefixes)) / profiled.target_forwards
+             for kind, prefixes in RUNTIME_CALLS.items()}
     return (f"{name}: a step {step_ms:.2f} ms; the GPU busy {busy_ms:.2f} ms of it ({kernels:.0f} kernels and copies), "
             f"waiting for the host {step_ms - busy_ms:.2f} ms; {len(summary.tokens) / summary.target_forwards:.2f} "
-            "tokens a pass")
+            "tokens a pass; the host a step: " + ", ".join(f"{count:.1f} {kind}" for kind, count in calls.items()))
 
 
 def main() -> None:
