@@ -10,7 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdemo import final_summary
 from specdemo.core import grouped_attention
-from specdemo.core.attention import additive_mask, sees_from_parents
+from specdemo.core.attention import additive, additive_mask, sees_from_parents
 from specdemo.core.static import compile_passes
 from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar
@@ -133,18 +133,32 @@ def test_a_grouped_model_compiles_and_keeps_ars_answer(prompt_ids):
     assert passes.runs[1] == 11 and passes.runs[8] == 1  # the prompt's pass and every step ran a graph
 
 
-@pytest.mark.parametrize("inference", [False, True])
-def test_a_pass_tiles_its_mask_once(inference):
-    """Every layer of a pass gets the same mask: it is tiled for the grouped rows once, and again
-    only for another mask, another grouping, or (where a version counter tracks it) a change in place."""
-    with torch.inference_mode(inference):
-        mask = tree_mask(5, 40, torch.bfloat16)
-        first = grouped_attention.tiled_mask(mask, 3)
-        assert grouped_attention.tiled_mask(mask, 3) is first
+def test_a_pass_tiles_its_mask_once():
+    """Every layer of a pass gets the same mask: with the pass's own dict (`per_pass`) it is tiled
+    for the grouped rows once, and again only for another mask or grouping; without one every
+    layer tiles it, to the same values."""
+    with torch.inference_mode():
+        mask, other = tree_mask(5, 40, torch.bfloat16), tree_mask(5, 40, torch.bfloat16)
+        tiled = grouped_attention.per_pass()[grouped_attention.TILED]
+        first = grouped_attention.tiled_mask(mask, 3, tiled)
+        assert grouped_attention.tiled_mask(mask, 3, tiled) is first
         torch.testing.assert_close(first, mask.repeat(1, 1, 3, 1), rtol=0, atol=0)
-        assert grouped_attention.tiled_mask(mask, 2).shape == (1, 1, 10, 45)
-        other = tree_mask(5, 40, torch.bfloat16)
-        assert grouped_attention.tiled_mask(other, 3) is not first
-    if not inference:
-        mask[..., 0] = torch.finfo(torch.bfloat16).min
-        torch.testing.assert_close(grouped_attention.tiled_mask(mask, 3), mask.repeat(1, 1, 3, 1), rtol=0, atol=0)
+        assert grouped_attention.tiled_mask(mask, 2, tiled).shape == (1, 1, 10, 45)
+        assert grouped_attention.tiled_mask(other, 3, tiled) is not first
+        alone = grouped_attention.tiled_mask(mask, 3)
+        assert alone is not first and torch.equal(alone, first)
+
+
+def test_the_layers_of_a_pass_share_one_tiled_mask(prompt_ids):
+    """A pass's dict reaches every layer's attention through transformers: its layers tile their
+    mask once between them, and the answer is the one without the dict."""
+    model = make_tiny_model()
+    grouped_attention.use_grouped_attention(model)
+    fed = prompt_ids[:, :6]
+    sees = torch.ones(6, 6, dtype=torch.bool).tril()
+    mask = additive(sees, model.dtype)
+    extras = grouped_attention.per_pass()
+    with torch.inference_mode():
+        shared = model(fed, attention_mask=mask, **extras).logits
+        alone = model(fed, attention_mask=mask).logits
+    assert len(extras[grouped_attention.TILED]) == 1 and torch.equal(shared, alone)

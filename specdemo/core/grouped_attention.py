@@ -21,7 +21,6 @@ attention registry (`core.process`): nothing else of the model changes.
 """
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -30,8 +29,14 @@ from specdemo.core.process import register_attention
 NAME = "grouped_sdpa"  # the attention implementation's name in transformers' registries
 MAX_QUERIES = 32  # queries a pass may hold to take the grouped path on a CPU; a prompt's pass keeps transformers'
 CUDA_MAX_QUERIES = 64  # with CUDA: the widest graphed pass (`static.BUCKETS`)
-# mask -> (groups, version, tiled)
-_TILED: "WeakIdKeyDictionary[torch.Tensor, tuple[int, int, torch.Tensor]]" = WeakIdKeyDictionary()
+TILED = "grouped_masks"  # the keyword a pass gives its layers (`per_pass`)
+
+
+def per_pass() -> dict:
+    """The keyword arguments one pass of a model gives its layers' attention: a dict of its own in
+    which they share the mask tiled once (`tiled_mask`). A call without it tiles the mask in
+    every layer: the same values, more work."""
+    return {TILED: {}}
 
 
 def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -42,7 +47,8 @@ def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if not takes_grouped_path(query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    out = grouped_attention(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
+    out = grouped_attention(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling,
+                            kwargs.get(TILED))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -71,31 +77,30 @@ def grouped_widths(device_type: str, dtype: torch.dtype) -> range:
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
+                      scale: float, tiled: dict | None = None) -> torch.Tensor:
     """softmax(q k^T scale + mask) v for query [B, H, q, D] and key, value [B, H_kv, k, D], query
-    head h reading key/value head h // (H / H_kv); returns [B, H, q, D]."""
+    head h reading key/value head h // (H / H_kv); returns [B, H, q, D]. `tiled`: the pass's
+    masks tiled so far (`per_pass`)."""
     batch, heads, q, dim = query.shape
     groups = heads // key.shape[1]
     rows = query.reshape(batch, key.shape[1], groups * q, dim)  # row g q + i: query head h_kv groups + g, token i
     if mask is not None:
-        mask = tiled_mask(mask, groups)
+        mask = tiled_mask(mask, groups, tiled)
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scale)
     return out.reshape(batch, heads, q, dim)
 
 
-def tiled_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+def tiled_mask(mask: torch.Tensor, groups: int, tiled: dict | None = None) -> torch.Tensor:
     """`mask` [B or 1, 1, q, k] with row i repeated for every query head of a group: [B or 1, 1,
-    groups q, k]. Every layer of a pass gets the same mask, so it is tiled once a pass and kept
-    while the mask lives. A mask changed in place is tiled again where its version counter shows it; one made
-    under `torch.inference_mode` (every decoding pass) has none, but no pass changes its mask:
-    transformers and `core.attention` build a new one for every pass."""
-    version = 0 if mask.is_inference() else mask._version
-    kept = _TILED.get(mask)
-    if kept is not None and kept[:2] == (groups, version):
-        return kept[2]
-    tiled = mask.repeat(1, 1, groups, 1)
-    _TILED[mask] = (groups, version, tiled)
-    return tiled
+    groups q, k]. Every layer of a pass gets the same mask: where the pass gives its own dict
+    (`tiled`, from `per_pass`), the first layer tiles it and the others take that one. The dict
+    holds the mask it was tiled from, so another mask (or grouping) is tiled anew."""
+    if tiled is None:
+        return mask.repeat(1, 1, groups, 1)
+    kept = tiled.get((id(mask), groups))
+    if kept is None or kept[0] is not mask:
+        kept = tiled[(id(mask), groups)] = (mask, mask.repeat(1, 1, groups, 1))
+    return kept[1]
 
 
 def use_grouped_attention(module: torch.nn.Module) -> int:

@@ -32,6 +32,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, layout_views, padded_inputs
+from specdemo.core.grouped_attention import per_pass
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.process import compiling_on_cpu
 from specdemo.core.transfer import tensor_on
@@ -70,7 +71,7 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
     out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                  output_hidden_states=bool(layers))
+                  output_hidden_states=bool(layers), **per_pass())
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
 
@@ -340,7 +341,8 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
             allowed = torch.cat([torch.ones(width, before, dtype=torch.bool), sees.cpu()], dim=1)
             tree = {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
                     "position_ids": position_ids.to(inputs.device)}
-        return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree).last_hidden_state
+        return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree,
+                                   **per_pass()).last_hidden_state
     if sees is None:  # built in numpy, as a tree's layout: no torch operation for the host to dispatch
         sees = torch.from_numpy(np.tri(width, dtype=bool))
         return static_pass(model, cache, inputs, torch.from_numpy(np.arange(cached, cached + width)[None]), sees)
