@@ -139,7 +139,7 @@ def test_a_pass_tiles_its_mask_once():
     layer tiles it, to the same values."""
     with torch.inference_mode():
         mask, other = tree_mask(5, 40, torch.bfloat16), tree_mask(5, 40, torch.bfloat16)
-        tiled = grouped_attention.per_pass()[grouped_attention.TILED]
+        tiled = {}
         first = grouped_attention.tiled_mask(mask, 3, tiled)
         assert grouped_attention.tiled_mask(mask, 3, tiled) is first
         torch.testing.assert_close(first, mask.repeat(1, 1, 3, 1), rtol=0, atol=0)
@@ -157,8 +157,11 @@ def test_the_layers_of_a_pass_share_one_tiled_mask(prompt_ids):
     fed = prompt_ids[:, :6]
     sees = torch.ones(6, 6, dtype=torch.bool).tril()
     mask = additive(sees, model.dtype)
-    extras = grouped_attention.per_pass()
+    extras = grouped_attention.per_pass(model)
     with torch.inference_mode():
         shared = model(fed, attention_mask=mask, **extras).logits
         alone = model(fed, attention_mask=mask).logits
     assert len(extras[grouped_attention.TILED]) == 1 and torch.equal(shared, alone)
+    # a model that runs another attention, or any module without a config, is given nothing
+    assert grouped_attention.per_pass(make_tiny_model()) == {}
+    assert grouped_attention.per_pass(torch.nn.Linear(2, 2)) == {}

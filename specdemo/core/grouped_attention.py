@@ -32,11 +32,13 @@ CUDA_MAX_QUERIES = 64  # with CUDA: the widest graphed pass (`static.BUCKETS`)
 TILED = "grouped_masks"  # the keyword a pass gives its layers (`per_pass`)
 
 
-def per_pass() -> dict:
-    """The keyword arguments one pass of a model gives its layers' attention: a dict of its own in
-    which they share the mask tiled once (`tiled_mask`). A call without it tiles the mask in
-    every layer: the same values, more work."""
-    return {TILED: {}}
+def per_pass(model: torch.nn.Module) -> dict:
+    """The keyword arguments one pass of `model` gives its layers' attention where they run this
+    one (`use_grouped_attention`; else none): a dict of the pass's own in which they share the
+    mask tiled once (`tiled_mask`). A call without it tiles the mask in every layer: the same
+    values, more work."""
+    config = getattr(model, "config", None)
+    return {TILED: {}} if getattr(config, "_attn_implementation", None) == NAME else {}
 
 
 def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -71,7 +71,7 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
     out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                  output_hidden_states=bool(layers), **per_pass())
+                  output_hidden_states=bool(layers), **per_pass(decoder))
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
 
@@ -342,7 +342,7 @@ def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, 
             tree = {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
                     "position_ids": position_ids.to(inputs.device)}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree,
-                                   **per_pass()).last_hidden_state
+                                   **per_pass(model)).last_hidden_state
     if sees is None:  # built in numpy, as a tree's layout: no torch operation for the host to dispatch
         sees = torch.from_numpy(np.tri(width, dtype=bool))
         return static_pass(model, cache, inputs, torch.from_numpy(np.arange(cached, cached + width)[None]), sees)

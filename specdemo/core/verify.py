@@ -175,13 +175,13 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
                 "position_ids": chain_positions(sees, cached)}
     if features:
         out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True,
-                                  output_hidden_states=bool(layers), **tree, **per_pass())
+                                  output_hidden_states=bool(layers), **tree, **per_pass(model))
         logits = model.get_output_embeddings()(out.last_hidden_state[0, rows]).float()
         return TargetPass(logits, with_layers(out, layers), cached, pending)  # hidden [1, f, (len(layers) + 1) * H]
     # the rows as a count from the end where they are the last ones, else as indices
     keep = (len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1
             else torch.tensor(rows, device=fed.device))
-    logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree, **per_pass()).logits[0]
+    logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree, **per_pass(model)).logits[0]
     return TargetPass(logits.float(), None, cached, pending)
 
 
