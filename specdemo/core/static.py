@@ -271,8 +271,6 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
                             f"{cache.length + (bucket or width)}")
-    if bucket is None or passes.graphs is None:  # a CUDA graph sets `start` from the layout copied into it
-        cache.start.fill_(cache.length)
     seen = (cache if passes and passes.mode
             else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP))
     lm_head = None if rows is None else model.get_output_embeddings()
@@ -289,7 +287,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         except Exception as error:  # noqa: BLE001 -- any compiler failure: warn once, run eagerly from now on
             passes.failed = f"{type(error).__name__}: {error}"
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
-    if out is None:
+    if out is None:  # eagerly: the start set here, as a graph sets it from its layout
         cache.start.fill_(cache.length)
         positions, sees = positions.to(inputs.device), sees.to(inputs.device)
         hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees, layers=layers)
@@ -306,10 +304,12 @@ def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, in
     """`static_forward`'s output for a pass padded to `bucket` nodes (and `look_back` cached
     positions, `padded_layout`) writing at `start`, run by the compiled pass: a CUDA graph (which
     takes the fed inputs as they are and the padded layout as one copy), or the compiled function
-    over fresh padded tensors on the model's device (where the caller set the cache's start)."""
+    over fresh padded tensors on the model's device, the cache's start set first (a CUDA graph
+    sets it from the layout)."""
     layout = padded_layout(positions, sees, bucket, look_back, start)
     if passes.graphs is not None:
         return passes.graphs(passes.forward, decoder, cache, inputs, layout, bucket, head, layers)
+    cache.start.fill_(start)
     at, _, seen = layout_views(layout, bucket)
     return passes.forward(decoder, cache, padded_inputs(inputs, bucket), at.to(inputs.device), seen.to(inputs.device),
                           head, layers)

@@ -180,7 +180,7 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
         return TargetPass(logits, with_layers(out, layers), cached, pending)  # hidden [1, f, (len(layers) + 1) * H]
     # the rows as a count from the end where they are the last ones, else as indices
     keep = (len(rows) if rows[-1] == fed.shape[1] - 1 and len(rows) == rows[-1] - rows[0] + 1
-            else torch.tensor(rows, device=fed.device))
+            else tensor_on(rows, fed.device))
     logits = model(fed, past_key_values=cache, use_cache=True, logits_to_keep=keep, **tree, **per_pass(model)).logits[0]
     return TargetPass(logits.float(), None, cached, pending)
 

@@ -94,7 +94,7 @@ def grow(
     on a GPU the two passes run back to back and the host waits once for both."""
     logits, state = first or first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
-    best = best_children(logits, top_k)
+    best = best_children(logits, top_k, draft.token_ids)
     ahead = second_level(draft, cache, best, state, prefix) if depth > 1 else None
     # nodes in the draft's cache after the prefix, in cache order: the second level fed every child of the root
     fed = [] if ahead is None else list(range(ahead[0].shape[0]))
@@ -121,11 +121,11 @@ def picked(rows: torch.Tensor, nodes: list[int]) -> torch.Tensor:
 def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.Tensor | None,
                  prefix: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's logits [k, K] (and a feature draft's predicted features [k, H]) after each of
-    the root's k children (`best`: `best_children` of the root), in their order, from one pass
+    the root's k children (`best`: the root's `best_children`), in their order, from one pass
     queued without reading them on the host: each child sees the prefix and itself. `expand`
     then takes the rows of the children it expands: all of them but those that end the answer
     or that the rerank would drop, whose rows cost nothing it reads."""
-    tokens = draft.token_ids(best.indices[0])  # [k], on the device
+    tokens = best[0][0]  # [k], on the device
     k = tokens.shape[0]
     states = None if state is None else state.expand(k, -1)
     sees = torch.eye(k, dtype=torch.bool)
@@ -146,8 +146,8 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
     `ahead`: the second level's guesses [k, K] and states [k, H] after each of the root's k
     children, in order, where the caller queued that level before the first was read
     (`second_level`): the level takes the rows of the nodes it expands."""
-    first = best if best is not None else best_children(logits, first_k or top_k)
-    tree, passes = add_children(EMPTY, token_ids, first, [-1]), 1
+    first = best if best is not None else best_children(logits, first_k or top_k, token_ids)
+    tree, passes = add_children(EMPTY, first, [-1]), 1
     frontier = range(tree.size)  # the nodes the last level added, as many children to each row of `state`
     for level in range(2, depth + 1):
         bar = kept_value(tree.scores, size)
@@ -163,7 +163,7 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
             parent_states = None if state is None else state.index_select(0, tensor_on(
                 [(n - frontier.start) * len(state) // len(frontier) for n in nodes], state.device))
             logits, state = level_logits(tree, nodes, tokens, parent_states, level)
-        grown, passes = add_children(tree, token_ids, best_children(logits, top_k), nodes), level
+        grown, passes = add_children(tree, best_children(logits, top_k, token_ids), nodes), level
         tree, frontier = grown, range(tree.size, grown.size)
     return best_nodes(tree, size), passes
 
@@ -190,19 +190,20 @@ def children_to_fill(size: int, depth: int, top_k: int) -> int:
     return top_k
 
 
-def best_children(logits: torch.Tensor, top_k: int):
+def best_children(logits: torch.Tensor, top_k: int, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
     """The `top_k` best children of each row of `logits` [q, K] by the drafter's log-probability, best
-    first (`torch.topk`'s values [q, k] and indices [q, k] into the drafter's vocabulary), on its device."""
+    first: their token ids [q, k] (`token_ids` maps indices into the drafter's vocabulary to them)
+    and log-probabilities [q, k], on its device."""
     # in float32 (`dtype` casts inside the one kernel, as `.float()` would before it)
-    return torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(min(top_k, logits.shape[-1]), dim=-1)
+    best = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(min(top_k, logits.shape[-1]), dim=-1)
+    return token_ids(best.indices), best.values
 
 
-def add_children(tree: Proposal, token_ids, best, parents: list[int]) -> Proposal:
-    """The tree with each of `parents`' best children (`best`: `best_children`, one row per parent;
-    `token_ids` maps their indices to token ids) appended, parent by parent, best first; a child's
-    value is its parent's plus its own log-probability."""
+def add_children(tree: Proposal, best: tuple[torch.Tensor, torch.Tensor], parents: list[int]) -> Proposal:
+    """The tree with each of `parents`' best children (`best`: `best_children`, one row per parent)
+    appended, parent by parent, best first; a child's value is its parent's plus its own log-probability."""
     # one copy from the device each, not one a row: on a GPU every copy waits for the device
-    token_ids, values = token_ids(best.indices).tolist(), best.values.tolist()
+    token_ids, values = best[0].tolist(), best[1].tolist()
     tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)
     for row, parent in enumerate(parents):
         parent_score = 0.0 if parent < 0 else tree.scores[parent]
