@@ -37,8 +37,8 @@ def test_packed_layers_give_the_plain_products(dtype, rows):
         if dtype == torch.bfloat16:
             assert torch.equal(packed(x), plain(x))
         torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-6)
-    # the packed path ran
-    assert all(layer.weight in prepack._PACKED for layer in packed if isinstance(layer, nn.Linear))
+    # the packed path ran, each layer holding its own weight's layout
+    assert all(layer.packed.layout is not None for layer in packed if isinstance(layer, nn.Linear))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -77,7 +77,7 @@ def test_training_goes_through_the_plain_product(dtype):
     x = torch.randn(1, 4, 64, dtype=dtype)
     packed(x).float().sum().backward()
     assert packed[0].weight.grad is not None and packed[0].weight.grad.abs().sum() > 0
-    assert not any(layer.weight in prepack._PACKED for layer in packed if isinstance(layer, nn.Linear))
+    assert not any(layer.packed.layout is not None for layer in packed if isinstance(layer, nn.Linear))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,28 +90,35 @@ def test_weights_made_in_inference_mode_take_the_plain_path(dtype):
         model(x)
         model[0].weight.mul_(-0.5)
         assert torch.equal(model(x), model[2](model[1](nn.functional.linear(x, model[0].weight, model[0].bias))))
-    assert not any(layer.weight in prepack._PACKED for layer in model if isinstance(layer, nn.Linear))
+    assert [type(layer) for layer in model] == [nn.Linear, nn.SiLU, nn.Linear]  # left as they were
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_weight_that_is_no_layers_gives_the_plain_product(dtype):
-    """`linear(x, rows)`: the rows of an LM head that a draft proposes from, a tensor of no layer,
-    multiplied through their packed layout (bfloat16: the very same values), packed again once
-    changed in place; with gradients on, the plain product."""
+    """`linear(x, rows, packed=...)`: the rows of an LM head that a draft proposes from, a tensor of
+    no layer, multiplied through the layout their holder keeps beside them (bfloat16: the very same
+    values), packed again once changed in place; with gradients on, or without a layout to keep, the
+    plain product."""
     torch.manual_seed(0)
     rows, x = torch.randn(300, 64, dtype=dtype), torch.randn(4, 64, dtype=dtype)
+    packed = prepack.Packed()
     with torch.inference_mode():
         if dtype == torch.bfloat16:
-            assert torch.equal(prepack.linear(x, rows), nn.functional.linear(x, rows))
-        torch.testing.assert_close(prepack.linear(x, rows), nn.functional.linear(x, rows), rtol=1e-5, atol=1e-5)
-    assert rows in prepack._PACKED
+            assert torch.equal(prepack.linear(x, rows, packed=packed), nn.functional.linear(x, rows))
+        torch.testing.assert_close(prepack.linear(x, rows, packed=packed), nn.functional.linear(x, rows),
+                                   rtol=1e-5, atol=1e-5)
+        assert torch.equal(prepack.linear(x, rows), nn.functional.linear(x, rows))
+    assert packed.layout is not None
+    first = packed.layout
     with torch.no_grad():
         rows.mul_(-1)
     with torch.inference_mode():
-        torch.testing.assert_close(prepack.linear(x, rows), nn.functional.linear(x, rows), rtol=1e-5, atol=1e-5)
-    trained = rows.clone().requires_grad_()
-    prepack.linear(x, trained).float().sum().backward()
-    assert trained.grad is not None and trained not in prepack._PACKED
+        torch.testing.assert_close(prepack.linear(x, rows, packed=packed), nn.functional.linear(x, rows),
+                                   rtol=1e-5, atol=1e-5)
+    assert packed.layout is not first
+    trained, kept = rows.clone().requires_grad_(), prepack.Packed()
+    prepack.linear(x, trained, packed=kept).float().sum().backward()
+    assert trained.grad is not None and kept.layout is None
 
 
 def test_other_dtypes_stay_as_they_are():

@@ -17,19 +17,15 @@ which layers take this path. How much faster it is, by CPU and dtype: docs/bench
 CUDA, other dtypes, training (gradients on) and a graph being compiled go through
 `torch.nn.functional.linear` as before, as does a model loaded under `torch.inference_mode`
 (`packable`). A weight changed in place (merged adapters, a `load_state_dict`) is packed again
-at its next call. `linear(x, weight)` is the same product for a weight that is no layer's: the
-rows of the LM head a draft or Medusa's heads propose from. Packed layouts are kept beside their weights
-(`_PACKED`, weakly: a weight that goes frees its layout), never on a model.
+at its next call. A packed layout is held by whoever holds its weight (`Packed`): a `PackedLinear`
+for its own, a draft or Medusa's heads beside the rows of the LM head they propose from, which no
+layer owns, passed to `linear` as a value. Nothing is kept at module level.
 """
 
 import functools
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
-
-# weight -> (stamp, packed)
-_PACKED: "WeakIdKeyDictionary[torch.Tensor, tuple[tuple[int, int], torch.Tensor]]" = WeakIdKeyDictionary()
 
 
 def cpu_multiplies_bfloat16() -> bool:
@@ -38,18 +34,42 @@ def cpu_multiplies_bfloat16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+class Packed:
+    """One weight's prepacked layout, kept by whoever holds the weight: packed at its first use in
+    a product and again whenever the weight changed since (in place, or moved to a new tensor).
+    A copy (of a model: `copy.deepcopy`, pickling) starts empty and packs its own weight at its first
+    use: oneDNN's layout is no tensor that copies."""
+
+    def __init__(self):
+        self.stamp: tuple[int, int, int] | None = None  # the weight it was packed from, and that weight's version
+        self.layout: torch.Tensor | None = None
+
+    def __reduce__(self):
+        return Packed, ()
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        """`weight` in oneDNN's blocked layout. No batch-size hint: a hint of 1 picks a layout for
+        one-row products that slows the products of a few rows in float32 (docs/benchmarks.md)."""
+        stamp = (id(weight), weight.data_ptr(), weight._version)
+        if stamp != self.stamp:
+            self.stamp, self.layout = stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        return self.layout
+
+
 class PackedLinear(nn.Linear):
     """An `nn.Linear` whose product runs through its weight's prepacked layout (`linear`). It
-    holds the very parameters of the layer it replaces (`of`), so tied weights stay tied."""
+    holds the very parameters of the layer it replaces (`of`), so tied weights stay tied, and
+    their layout (`packed`)."""
 
     @classmethod
     def of(cls, layer: nn.Linear) -> "PackedLinear":
         packed = cls(layer.in_features, layer.out_features, bias=False, device="meta", dtype=layer.weight.dtype)
         packed.weight, packed.bias = layer.weight, layer.bias
+        packed.packed = Packed()
         return packed.train(layer.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 def prepack(module: nn.Module) -> int:
@@ -77,21 +97,12 @@ def packed_dtypes() -> frozenset[torch.dtype]:
     return frozenset({torch.float32, torch.bfloat16} if cpu_multiplies_bfloat16() else {torch.float32})
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`torch.nn.functional.linear`, through `weight`'s prepacked layout where nothing needs the
-    plain product (no gradient, no graph being compiled, a packable weight of x's dtype)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != weight.dtype or not packable(weight):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed: Packed | None = None) -> torch.Tensor:
+    """`torch.nn.functional.linear`, through `weight`'s prepacked layout (`packed`, held beside the
+    weight) where nothing needs the plain product (no gradient, no graph being compiled, a packable
+    weight of x's dtype). Without `packed`, the plain product."""
+    if (packed is None or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != weight.dtype
+            or not packable(weight)):
         return nn.functional.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
-
-
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` in oneDNN's blocked layout, packed again when it changed in place. No batch-size
-    hint: a hint of 1 picks a layout for one-row products that slows the products of a few rows
-    in float32 (docs/benchmarks.md)."""
-    stamp = (weight.data_ptr(), weight._version)
-    cached = _PACKED.get(weight)
-    if cached is None or cached[0] != stamp:
-        cached = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-        _PACKED[weight] = cached
-    return cached[1]
+    return torch.ops.mkldnn._linear_pointwise(x, packed.of(weight), bias, "none", [], "")

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
-from specdemo.core.prepack import linear, prepack
+from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
 
@@ -40,6 +40,7 @@ class Draft:
             head = self.model.get_output_embeddings().weight  # [V, H]
             self.vocab = self.vocab.to(head.device)
             self.head = head[self.vocab]  # [K, H]: the rows the draft may propose
+            self.head_packed = Packed()  # their layout for a CPU's products (`prepack`)
 
     def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1, **tree) -> torch.Tensor:
         """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions.
@@ -51,7 +52,9 @@ class Draft:
         else:
             hidden = decoder_pass(self.model, cache, input_ids, **tree)
         hidden = hidden[:, -logits_to_keep:]
-        return self.model.get_output_embeddings()(hidden) if self.vocab is None else linear(hidden, self.head)
+        if self.vocab is None:
+            return self.model.get_output_embeddings()(hidden)
+        return linear(hidden, self.head, packed=self.head_packed)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of positions in the draft's vocabulary."""

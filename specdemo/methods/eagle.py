@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
-from specdemo.core.prepack import linear, prepack
+from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.methods.draft import ASSETS, spread
 
@@ -60,13 +60,14 @@ class FeatureDraft(nn.Module):
         self.model = LlamaModel(config)
         self.model.norm = nn.Identity()  # the target's features are already normalised; the LM head reads f̂ as is
         del self.model.embed_tokens  # shared with the target, kept outside this module's weights
-        self.shared = {"embed": target.get_input_embeddings()}  # a dict: not a submodule, so never saved
+        # a dict: not submodules, so never saved
+        self.shared = {"embed": target.get_input_embeddings(), "head": target.get_output_embeddings()}
         # [K] token ids it may propose, ascending (None: all)
         self.vocab = None if vocab is None else vocab.to(target.device)
         self.to(device=target.device, dtype=target.dtype)
-        head = target.get_output_embeddings().weight  # [V, H]
         # the rows it may propose, gathered once: slicing 8,192 of 49,152 rows each step cost 5x the matmul
-        self.head = head if vocab is None else head[self.vocab]  # [K, H], not a parameter
+        self.head = None if vocab is None else target.get_output_embeddings().weight[self.vocab]  # [K, H], no parameter
+        self.head_packed = Packed()  # their layout for a CPU's products (`prepack`)
 
     def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: Cache | None, **tree) -> torch.Tensor:
         """Predicted features [1, n, H] at positions t+1 from pairs (f_t [1, n, H], x_{t+1} [1, n]).
@@ -96,7 +97,9 @@ class FeatureDraft(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [..., K] of the draft's vocabulary from (predicted) features [..., H]."""
-        return linear(features, self.head)
+        if self.head is None:
+            return self.shared["head"](features)
+        return linear(features, self.head, packed=self.head_packed)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         return indices if self.vocab is None else self.vocab[indices]

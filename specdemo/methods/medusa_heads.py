@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import FunctionGraphs
-from specdemo.core.prepack import linear, prepack
+from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.transfer import tensor_on
 from specdemo.methods.draft import ASSETS
 from specdemo.models import local_folder
@@ -110,6 +110,7 @@ class MedusaHeads(nn.Module):
         if shared_lm_head is not None:  # a buffer, so .to() moves it, but never saved with the blocks
             weight = shared_lm_head.weight.detach()
             self.register_buffer("proposal_weight", weight if vocab is None else weight[vocab], persistent=False)
+            self.proposal_packed = Packed()  # its layout for a CPU's products (`prepack`)
         self.choices: list[list[int]] | None = None  # tree paths that came with the heads, best first
         self.default_tree_size: int | None = None  # how many of them make the default tree
 
@@ -137,7 +138,8 @@ class MedusaHeads(nn.Module):
         if self.lm_heads is not None:
             return torch.stack([lm_head(block(x)) for x, block, lm_head in zip(inputs, self.blocks, self.lm_heads)])
         # one product for all heads
-        return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight)
+        return linear(torch.stack([block(x) for x, block in zip(inputs, self.blocks)]), self.proposal_weight,
+                      packed=self.proposal_packed)
 
     def embedded(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The target's embeddings of `tokens` [...] -> [..., H], in `dtype`."""
@@ -147,7 +149,9 @@ class MedusaHeads(nn.Module):
         """Head k's logits [q, S] for heads that read their path: `joined` [q, (2 + k) H] is
         [h; e(x); e(y_1); ...; e(y_k)], the hidden state and the tokens of each node's path."""
         x = self.blocks[k](self.mixers[k](joined))
-        return self.lm_heads[k](x) if self.lm_heads is not None else linear(x, self.proposal_weight)
+        if self.lm_heads is not None:
+            return self.lm_heads[k](x)
+        return linear(x, self.proposal_weight, packed=self.proposal_packed)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into the heads' proposal vocabulary."""
