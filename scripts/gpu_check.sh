@@ -6,8 +6,9 @@
 #
 # 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
-# 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs with grouped attention
-#    and with transformers' SDPA (`specdemo.passcost --sdpa`);
+# 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
+#    and over the window that holds the pass, with grouped attention and with transformers' SDPA
+#    (`specdemo.passcost --windowed --sdpa`);
 # 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host;
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
@@ -48,8 +49,9 @@ say "2. bench, bfloat16"
 timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
     --methods ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "3. pass cost by width, grouped attention against transformers' SDPA"
-timeout $(cap 60) $PY -m specdemo.passcost --dtype bfloat16 --graphs --sdpa --repeats 10 --json "$OUT/passcost.json" \
+say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
+timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
+    --json "$OUT/passcost.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "4. where a step's time goes: the GPU busy against waiting for the host"

@@ -5,10 +5,12 @@ producing one does. Where that holds (a launch-bound GPU pass, weights streamed 
 wide proposals are nearly free; where each fed token costs compute (a small CPU) they are not.
 This measures it: a pass of w tokens after `--context` cached positions, the median of
 `--repeats` timed passes after warm-ups, on the eager path; with `--graphs`, on the compiled
-static path too (CUDA graphs with CUDA, `static.compile_passes`), and with `--sdpa` that path
-again with transformers' SDPA in place of grouped attention (`core.grouped_attention`, which the
-loaded model runs); with `--offloaded`, on the same model with every decoder layer offloaded to
-disk (`placement`, the weights streamed in at every pass).
+static path too (CUDA graphs with CUDA, `static.compile_passes`), with `--windowed` that path
+again attending over the window of the graphs' buffer that holds the pass rather than the whole
+buffer (`graphs.GRAPH_WINDOWS`), and with `--sdpa` again with transformers' SDPA in place of
+grouped attention (`core.grouped_attention`, which the loaded model runs); with `--offloaded`,
+on the same model with every decoder layer offloaded to disk (`placement`, the weights streamed
+in at every pass).
 
     python -m specdemo.passcost --dtype float32 --widths 1,4,8,16,32 --json out.json
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from specdemo.core.graphs import GRAPH_WINDOWS
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import seconds_since
 from specdemo.core.static import CompiledPass, compile_passes, request_cache
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--graphs", action="store_true",
                         help="also measure the compiled static pass (CUDA graphs with CUDA)")
+    parser.add_argument("--windowed", action="store_true",
+                        help="with --graphs, the compiled pass again over a window of the graphs' buffer")
     parser.add_argument("--sdpa", action="store_true",
                         help="with --graphs, the compiled pass again with transformers' SDPA, not grouped attention")
     parser.add_argument("--offloaded", action="store_true",
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.graphs:
         passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
         report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
+        if args.windowed:
+            passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True),
+                                    windows=GRAPH_WINDOWS)
+            report["graphed-window"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
         if args.sdpa:  # the alternative, for a choice by measurement; this process's model is not used after it
             target.model.set_attn_implementation("sdpa")
             passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
@@ -100,7 +109,7 @@ def device_name(device: torch.device) -> str:
 
 
 def format_table(report: dict) -> str:
-    kinds = [kind for kind in ("eager", "graphed", "graphed-sdpa", "offloaded") if kind in report]
+    kinds = [kind for kind in ("eager", "graphed", "graphed-window", "graphed-sdpa", "offloaded") if kind in report]
     lines = [f"pass cost by width: {report['device']}, {report['dtype']}, torch {report['torch']}, after "
              f"{report['context']} cached positions",
              "| tokens fed | " + " | ".join(f"{kind} ms | {kind} vs 1 token" for kind in kinds) + " |",

@@ -112,6 +112,24 @@ def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cu
     assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
 
 
+def test_passes_replay_wider_windows_as_the_answer_grows_on_cuda(cuda_prompt):
+    """Graphs captured over windows of 16, 32 and 64 positions of the buffer, and the whole buffer:
+    an answer of 96 tokens replays each as it grows past the last, and is eager AR's answer."""
+    from specdemo.core.grouped_attention import use_grouped_attention
+    from specdemo.core.static import compile_passes
+
+    model = make_tiny_model().cuda()
+    use_grouped_attention(model)
+    passes = compile_passes(model, buckets=(1, 8, 16), windows=(16, 32, 64))
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=96, eos_token_ids=())).tokens
+    for method, options in ((ar, {}), (speculative, dict(draft=feature_draft(model), gamma=3, draft_tree_size=8))):
+        summary = final_summary(method.generate(model, cuda_prompt, max_new_tokens=96, eos_token_ids=(), passes=passes,
+                                                **options))
+        assert summary.tokens == expected
+    windows = {key[-1] for key in passes.graphs.graphs}
+    assert {16, 32, 64} < windows and not passes.failed  # and the whole buffer past 64 positions
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("queries", [2, 8, 64])
 def test_grouped_rows_give_sdpa_values_on_cuda(dtype, queries):

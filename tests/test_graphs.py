@@ -38,8 +38,8 @@ class ReplayedGraphs(CudaGraphs):
 
     def capture(self, forward, decoder, cache, inputs, layout, bucket, head, layers) -> Graph:
         inputs, layout = inputs.clone(), layout.clone()
-        # the buffer the view shares (a graph holds its addresses, not the request's view)
-        run = replayable(forward, decoder, self.cache, inputs, layout, bucket, head, layers)
+        # the window of the buffer the view shares (a graph holds its addresses, not the request's view)
+        run = replayable(forward, decoder, self.cache.window(cache.capacity), inputs, layout, bucket, head, layers)
         out = run()
 
         class Replay:
@@ -87,6 +87,25 @@ def test_every_method_gives_ars_answer_through_the_graphs(graphed_models, prompt
     # all but the prompt's pass replayed a graph
     assert sum(passes.runs[width] for width in BUCKETS) - before >= summary.target_forwards - 1
     assert not passes.failed
+
+
+@pytest.mark.parametrize("name", ["ar", "speculative, feature draft, tree", "medusa, dynamic tree", "lookahead"])
+def test_a_pass_attends_over_the_smallest_window_that_holds_it(graphed_models, prompt_ids, name):
+    """A graphed pass reads the buffer's first positions: the smallest window holding the valid
+    length and its padded nodes, else the whole buffer. As an answer grows its passes replay the
+    graphs of wider windows, captured at their first use, and it is still AR's answer."""
+    target, configs, expected, _ = graphed_models
+    generate, options, reference = configs[name]
+    passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(target, 256, (8, 16, 32)))
+    warm_up(target, passes, None, "target")
+    assert {key[-1] for key in passes.graphs.graphs} == {8, 16}  # 1 and 8 tokens from the start: 8; 16 tokens: 16
+    summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(),
+                                     passes=passes, **options))
+    assert summary.tokens == expected[name]
+    windows = {key[-1] for key in passes.graphs.graphs}
+    assert {8, 16, 32} <= windows <= {8, 16, 32, 256}  # the prompt and its answer reach 30 positions
+    assert (256 in windows) == (name != "ar")  # a pass of 8 or 16 tokens past 24 positions reads the whole buffer
+    assert not passes.failed and sum(passes.runs[width] for width in BUCKETS) >= summary.target_forwards - 1
 
 
 def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):

@@ -47,3 +47,23 @@ def test_sdpa_times_the_graphed_pass_again_with_transformers_attention(monkeypat
     assert compiled_with == [grouped_attention.NAME, "sdpa"]
     assert set(report["graphed"]) == set(report["graphed-sdpa"]) == {1, 4}
     assert "graphed-sdpa ms" in passcost.format_table(report)
+
+
+def test_windowed_times_the_graphed_pass_again_over_a_window_of_the_graphs_buffer(monkeypatch):
+    """`--graphs --windowed`: the compiled pass over the graphs' whole buffer, then over the window
+    that holds it (`graphs.GRAPH_WINDOWS`), each timed; the table shows both."""
+    from types import SimpleNamespace
+
+    from specdemo.core.graphs import GRAPH_WINDOWS
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    windows = []
+    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
+        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    monkeypatch.setattr(passcost, "compile_passes",
+                        lambda model, progress=None, **given: windows.append(given.get("windows", ())))
+    report = passcost.main(["--graphs", "--windowed", "--widths", "1,4", "--repeats", "1", "--context", "8"])
+    assert windows == [(), GRAPH_WINDOWS]
+    assert set(report["graphed"]) == set(report["graphed-window"]) == {1, 4}
+    assert "graphed-window ms" in passcost.format_table(report)

@@ -9,7 +9,12 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
 - A pass's layout (its positions, where it writes, what each node sees) is built on the host
   and reaches its graph as one copy of one buffer (`static.padded_layout`), from pinned memory
   and without waiting: a copy from pageable memory would wait for the device to finish its queue.
-- One graph per kind of pass: its width (a bucket of `static.BUCKETS`), how far back it looks
+- A pass attends over the whole buffer, or, where the graphs are given `windows`, over its first
+  positions: the smallest window holding the cache's valid length and the pass's padded nodes
+  (`window`). Attention reads every position it attends over, valid or masked; a window is a kind
+  of pass of its own, captured at its first use. None by default: `specdemo.passcost --windowed`
+  measures what a ladder of windows (`GRAPH_WINDOWS`) saves a pass.
+- One graph per kind of pass: its window, its width (a bucket of `static.BUCKETS`), how far back it looks
   at nodes fed before it (`static.LOOK_BACK`: a draft tree's deeper levels), whether it is fed
   token ids or embeddings (a feature draft), whether the LM head runs inside it (a target
   pass), and the layers whose hidden states it returns. Each is captured once per `CompiledPass`, at
@@ -34,6 +39,7 @@ from transformers import PreTrainedModel
 from specdemo.core.kvcache import StaticKV
 
 GRAPH_CAPACITY = 4096  # positions of the buffer the graphs own: a prompt, its answer and a pass's padding
+GRAPH_WINDOWS = (512, 1024, 2048)  # a ladder of windows of that buffer (`CudaGraphs.window`), measured by passcost
 
 
 @dataclass
@@ -49,8 +55,9 @@ class Graph:
 class CudaGraphs:
     """The CUDA graphs of one model's static pass and the KV buffer they own."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int):
+    def __init__(self, model: PreTrainedModel, capacity: int, windows: tuple[int, ...] = ()):
         self.cache = StaticKV(model, capacity)
+        self.windows = tuple(sorted(windows))
         self.pool = None  # the memory pool the graphs share, made at the first capture
         self.graphs: dict[tuple, Graph] = {}
         self.lock = threading.Lock()
@@ -71,6 +78,11 @@ class CudaGraphs:
             self.holder = weakref.ref(view)
             return view
 
+    def window(self, reach: int) -> int:
+        """The positions a pass reaching `reach` (the cache's valid length and the pass's padded
+        nodes) attends over: the smallest window holding it, else the whole buffer."""
+        return next((window for window in self.windows if reach <= window < self.cache.capacity), self.cache.capacity)
+
     def serves(self, cache) -> bool:
         """Whether `cache` is a view of the graphs' buffer (only such a pass may replay a graph)."""
         return isinstance(cache, StaticKV) and cache.start is self.cache.start
@@ -80,12 +92,13 @@ class CudaGraphs:
         """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
         replayed from its graph for this kind of pass, captured now if it is the first, with the
         positions, start and sees of `layout` (`static.padded_layout`, on the CPU) for a pass of
-        `bucket` nodes. `inputs` [1, w] (ids, or embeddings [1, w, H]) fill the first w of its
-        slots; the padded slots keep whatever an earlier pass fed them: each sees only itself, no
-        real node sees it, and what it writes lies past the cache's valid length."""
+        `bucket` nodes over `cache` (the buffer, or a window of it: `window`). `inputs` [1, w] (ids,
+        or embeddings [1, w, H]) fill the first w of its slots; the padded slots keep whatever an
+        earlier pass fed them: each sees only itself, no real node sees it, and what it writes lies
+        past the cache's valid length."""
         width = inputs.shape[1]
         span = (layout.shape[0] - 8 * (bucket + 1)) // bucket  # what a node may see: look-back and fed
-        key = (bucket, span, inputs.dtype, head is not None, layers)
+        key = (bucket, span, inputs.dtype, head is not None, layers, cache.capacity)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self.capture(forward, decoder, cache, padded_inputs(inputs, bucket),

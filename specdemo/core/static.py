@@ -119,17 +119,19 @@ def default_compile(device: torch.device) -> bool:
 
 
 def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS,
-                   progress: Callable[[str], None] | None = None, role: str = "target") -> CompiledPass:
+                   progress: Callable[[str], None] | None = None, role: str = "target",
+                   windows: tuple[int, ...] = ()) -> CompiledPass:
     """The compiled static pass of `model` for every bucket, each warmed up once (the compile
     happens now, not in a user's first answer), reporting through `progress`. A target's graphs
     hold its LM head (`verify.target_pass`); a draft's (`role` "draft") its decoder alone
     (`decoder_pass`). If compiling fails, it says so once and every pass runs eagerly.
     Each call compiles anew: the caller keeps the value. On a CPU the graphs hold the weights as
     constants (freezing): compile a model once its weights are final (a CLLM after its adapters
-    are merged)."""
+    are merged). `windows`: with CUDA, the windows of the graphs' buffer a pass may attend over
+    (`graphs.CudaGraphs.window`; none: the whole buffer)."""
     if model.device.type == "cuda":  # hand-captured CUDA graphs: no compiler, captured in milliseconds
         compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
-                                graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY)))
+                                graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY), windows))
     else:
         compiling_on_cpu()  # process-wide: dynamo's limits, inductor's freezing (`core.process` says why)
         compiled = CompiledPass(torch.compile(static_forward, dynamic=False), tuple(sorted(buckets)), None)
@@ -258,6 +260,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     `positions` and `sees` may lie on the CPU, where a pass's layout is built: they move to the
     model's device here (into a CUDA graph's own buffer, as one copy that waits for nothing), so
     building them costs no GPU launch.
+    It attends over the buffer's first positions, those that may be valid rounded up: with CUDA
+    graphs their window (`graphs.CudaGraphs.window`), else a multiple of WINDOW_STEP.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
     head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
     wider than every bucket) from the head over these rows alone. `layers`: the hidden states
@@ -271,8 +275,9 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     if cache.length + (bucket or width) > cache.capacity:
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
                             f"{cache.length + (bucket or width)}")
-    seen = (cache if passes and passes.mode
-            else cache.window(math.ceil((cache.length + (bucket or width)) / WINDOW_STEP) * WINDOW_STEP))
+    reach = cache.length + (bucket or width)
+    seen = cache.window(passes.graphs.window(reach) if passes and passes.graphs
+                        else math.ceil(reach / WINDOW_STEP) * WINDOW_STEP)
     lm_head = None if rows is None else model.get_output_embeddings()
     out = None
     if bucket is not None:
