@@ -61,11 +61,14 @@ class PackedLinear(nn.Linear):
     holds the very parameters of the layer it replaces (`of`), so tied weights stay tied, and
     their layout (`packed`)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.packed = Packed()
+
     @classmethod
     def of(cls, layer: nn.Linear) -> "PackedLinear":
         packed = cls(layer.in_features, layer.out_features, bias=False, device="meta", dtype=layer.weight.dtype)
         packed.weight, packed.bias = layer.weight, layer.bias
-        packed.packed = Packed()
         return packed.train(layer.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
