@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check, one call of about 9 minutes on a machine with torch and a GPU but no
-# network (docs/gpu.md). It writes OUT/gpu-check.md (every table) and the JSON reports:
+# network (docs/gpu.md). It writes OUT/gpu-check.md (every table), OUT/check.log, OUT/profile.txt and
+# OUT/reports.tar.gz (the JSON reports and the trace, bundled: a device call brings back at most 8 files):
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
 #
@@ -9,7 +10,8 @@
 # 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
 #    (`specdemo.passcost --windowed --sdpa`);
-# 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host;
+# 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
+#    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto);
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
 #    trees, wider windows) on 8 of them (one a category), each against graphed AR;
@@ -24,11 +26,12 @@ set -u
 OUT=${1:?output folder}; shift
 PY=${PYTHON:-python3}
 PAY=/tmp/gpu-pay
-mkdir -p "$OUT"
+R=/tmp/gpu-reports  # the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
+rm -rf "$R" && mkdir -p "$OUT" "$R"
 BEGAN=$(date +%s)
 TOTAL=${TOTAL:-585}  # seconds for the whole check: each stage gets at most what is left
 cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (left > 5 ? left : 5) : $1 )); }
-say() { echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
+say() { tar -czf "$OUT/reports.tar.gz" -C "$R" . 2>/dev/null; echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
 if [ $# -gt 0 ]; then
     rm -rf "$PAY" && mkdir -p "$PAY" && cat "$@" | xz -d | tar -x -C "$PAY" || exit 1
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$PAY/site" "$PAY"/wheels/*.whl || exit 1
@@ -47,23 +50,24 @@ timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/
 
 say "2. bench, bfloat16"
 timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
-    --methods ar,speculative,medusa,lookahead,cllm --json "$OUT/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
 timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
-    --json "$OUT/passcost.json" \
+    --json "$R/passcost.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "4. where a step's time goes: the GPU busy against waiting for the host"
-timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 > "$OUT/profile.txt" 2>>"$OUT/check.log"
+timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
+    2>>"$OUT/check.log"
 head -c 2500 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
 
 say "5. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
-    --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$OUT/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$OUT/sweep.json" \
+timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
@@ -71,14 +75,14 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
     (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
         --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
-        --json "$OUT/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+        --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
 say "8. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
-    --methods ar,ar_eager --json "$OUT/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
-    --methods ar,hf_assisted --json "$OUT/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --methods ar,hf_assisted --json "$R/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 say "done"

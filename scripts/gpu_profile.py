@@ -3,9 +3,11 @@
   (torch.profiler's kernels and copies): what is left is the device waiting for the host; and the CUDA calls the
   host makes a step (kernel launches, graph replays, copies, waits for the device);
 - what the host spends outside the target's pass (cProfile of one answer of --method, by function);
-- which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel).
+- which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel);
+- with --trace, a timeline of a short answer of --method (torch.profiler's Chrome trace, host and device), where the
+  device's idle gaps in a step show which host work they wait for.
 
-    python scripts/gpu_profile.py [--dtype bfloat16] [--method speculative]
+    python scripts/gpu_profile.py [--dtype bfloat16] [--method speculative] [--trace trace.json]
 """
 
 import argparse
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--method", default="speculative")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--trace", default=None, help="write a Chrome trace of a 24-token answer of --method here")
     args = parser.parse_args()
     target = load_model(dtype=args.dtype)
     target = compiled(target) if default_compile(target.device) else target  # graphs with CUDA, as the page runs
@@ -94,6 +97,11 @@ def main() -> None:
             print(busy(target, name, args.tokens), flush=True)
         except Exception as error:  # noqa: BLE001 -- a profiler of another torch: the other tables still print
             print(f"{name}: the GPU's busy time could not be read: {type(error).__name__}: {error}", flush=True)
+    if args.trace and target.model.device.type == "cuda":
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
+            answer(target, args.method, 24)
+            torch.cuda.synchronize()
+        traced.export_chrome_trace(args.trace)
     profiler = cProfile.Profile()
     profiler.enable()
     summary = answer(target, args.method, args.tokens)
