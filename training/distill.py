@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from specdemo.models import LoadedModel, default_device, load_model
 
+from .magpie import remake_command
 from .real_prompts import SHARED_TRAIN, SamplingPlan, bench_prompts, mixed_in, plan, read_prompts
 from .selfdistill import batch_decode, family_prompts
 
@@ -41,14 +42,6 @@ def machine() -> str:
     if default_device().type == "cuda":
         return f"one {torch.cuda.get_device_name()}"
     return f"{torch.get_num_threads()} CPU cores"
-
-
-def on_default_device() -> torch.device:
-    """Make every tensor a trainer creates live on the default device (CUDA when present): one path,
-    no `.to(device)` scattered through the training code."""
-    device = default_device()
-    torch.set_default_device(device)
-    return device
 
 
 def shard_path(out: Path, number: int) -> Path:
@@ -373,5 +366,4 @@ def command(out: Path, data: dict) -> str:
         words += ["--out", str(out)]
     own = recorded.get("own_files", [])
     answers = " ".join([".venv/bin/python -m training.distill --prompts ../shared/train/*.jsonl", *own, *words])
-    from .magpie import remake_command  # magpie imports this module: imported here, when a manifest is written
     return "\n    ".join([*filter(None, map(remake_command, own)), answers])

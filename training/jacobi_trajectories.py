@@ -28,7 +28,7 @@ from specdemo.core.attention import additive
 from specdemo.core.kvcache import keep_prefix
 from specdemo.models import load_model
 
-from . import distill
+from . import distill, selfdistill
 from .selfdistill import left_padded, load_split
 
 BLOCK_SIZE = 16  # specdemo.methods.jacobi's default block
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="answers iterated together, one pass an iteration (more on a GPU)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="join these parts' files (same other flags) into --out")
     args = parser.parse_args()
-    distill.on_default_device()
+    selfdistill.on_default_device()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     if args.prompts:  # the same split as the draft's and the heads' trained on these shards

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from specdemo.models import LoadedModel, load_model
 
-from .distill import on_default_device
+from .selfdistill import on_default_device
 
 DEFAULT_OUT = Path("build/magpie.jsonl")
 MIN_WORDS = 4

@@ -17,11 +17,19 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from specdemo.models import LoadedModel, load_model
+from specdemo.models import LoadedModel, default_device, load_model
 
 from .prompts import first_stage_prompts, passage_prompts, passage_requests, without_bench_prompts
 from .prompts_varied import varied_first_stage, varied_passage_prompts, varied_passage_requests
 from .real_prompts import bench_prompts
+
+
+def on_default_device() -> torch.device:
+    """Make every tensor a trainer creates live on the default device (CUDA when present): one path,
+    no `.to(device)` scattered through the training code."""
+    device = default_device()
+    torch.set_default_device(device)
+    return device
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

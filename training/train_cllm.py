@@ -47,7 +47,7 @@ from specdemo.methods import jacobi
 from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
-from . import distill
+from . import distill, selfdistill
 from .cllm_quality import check_quality, distinct_bigrams
 from .jacobi_trajectories import block_positions, block_states_mask
 from .schedule import Schedule
@@ -313,7 +313,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None, help="train for this long at most, the learning rate decaying over it")
     parser.add_argument("--answers-a-pass", type=int, default=1, help="answers packed into one pass (at most --accumulate; more on a GPU)")
     args = parser.parse_args()
-    distill.on_default_device()
+    selfdistill.on_default_device()
     trajectories = load_trajectories(args)
     target = load_model("embedded", "bfloat16")
     eval_prompts = trajectories["held_out_prompts"][: args.eval_prompts]

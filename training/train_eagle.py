@@ -44,7 +44,7 @@ from specdemo.methods.eagle import (
 )
 from specdemo.models import load_model
 
-from . import distill
+from . import distill, selfdistill
 from .schedule import Schedule, epochs_done
 from .selfdistill import draft_vocabulary, length_groups, load_split
 from .train_draft import answer_positions, label_targets
@@ -483,7 +483,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="*", default=[],
                         help="the target layers whose residual stream the draft reads too (EAGLE-3: a low and a middle one, e.g. 2 15)")
     args = parser.parse_args()
-    distill.on_default_device()
+    selfdistill.on_default_device()
     clock = time.time()
     report = train(args)
     report["total_minutes"] = (time.time() - clock) / 60

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from specdemo.methods.medusa_heads import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
 from specdemo.models import load_model
 
-from . import distill
+from . import distill, selfdistill
 from .schedule import Schedule, epochs_done
 from .selfdistill import (
     SAMPLED_COMMAND,
@@ -326,7 +326,7 @@ def main() -> None:
     parser.add_argument("--tree-size", type=int, default=8,
                         help="nodes of the static and the dynamic tree (8: with the heads that read the token, 1.80x AR on 26 Spec-Bench questions against 1.60x for 12, docs/methods/medusa.md)")
     args = parser.parse_args()
-    distill.on_default_device()
+    selfdistill.on_default_device()
     report = train(args)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
