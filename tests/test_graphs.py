@@ -4,6 +4,7 @@ and values written into the buffer the graph was captured on) by rerunning the p
 plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real graphs on a GPU."""
 
 import gc
+from collections import Counter
 
 import pytest
 import torch
@@ -92,20 +93,34 @@ def test_every_method_gives_ars_answer_through_the_graphs(graphed_models, prompt
 @pytest.mark.parametrize("name", ["ar", "speculative, feature draft, tree", "medusa, dynamic tree", "lookahead"])
 def test_a_pass_attends_over_the_smallest_window_that_holds_it(graphed_models, prompt_ids, name):
     """A graphed pass reads the buffer's first positions: the smallest window holding the valid
-    length and its padded nodes, else the whole buffer. As an answer grows its passes replay the
-    graphs of wider windows, captured at their first use, and it is still AR's answer."""
+    length and its padded nodes, else the whole buffer. Every bucket's graph over every window
+    that can hold it is captured at the start; as an answer grows its passes replay the graphs of
+    wider windows, and it is still AR's answer."""
     target, configs, expected, _ = graphed_models
     generate, options, reference = configs[name]
     passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(target, 256, (8, 16, 32)))
     warm_up(target, passes, None, "target")
-    assert {key[-1] for key in passes.graphs.graphs} == {8, 16}  # 1 and 8 tokens from the start: 8; 16 tokens: 16
+    captured = {(key[0], key[-1]) for key in passes.graphs.graphs}  # (width, window)
+    assert captured == {(width, span) for width in BUCKETS for span in (8, 16, 32, 256) if width <= span}
+    replays = Counter()
+    for graph in passes.graphs.graphs.values():
+        graph.graph.replay = counted(graph.graph.replay, replays, graph.out)
     summary = final_summary(generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(),
                                      passes=passes, **options))
     assert summary.tokens == expected[name]
-    windows = {key[-1] for key in passes.graphs.graphs}
-    assert {8, 16, 32} <= windows <= {8, 16, 32, 256}  # the prompt and its answer reach 30 positions
+    windows = {key[-1] for key in passes.graphs.graphs if replays[id(passes.graphs.graphs[key].out)]}
+    assert {16, 32} <= windows  # the prompt and its answer reach 30 positions
     assert (256 in windows) == (name != "ar")  # a pass of 8 or 16 tokens past 24 positions reads the whole buffer
+    assert {(key[0], key[-1]) for key in passes.graphs.graphs} == captured  # nothing captured mid-answer
     assert not passes.failed and sum(passes.runs[width] for width in BUCKETS) >= summary.target_forwards - 1
+
+
+def counted(replay, replays: Counter, out):
+    """`replay`, counting its calls in `replays` under its graph's output."""
+    def run():
+        replays[id(out)] += 1
+        return replay()
+    return run
 
 
 def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):

@@ -12,7 +12,7 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
 - A pass attends over the whole buffer, or, where the graphs are given `windows`, over its first
   positions: the smallest window holding the cache's valid length and the pass's padded nodes
   (`window`). Attention reads every position it attends over, valid or masked; a window is a kind
-  of pass of its own, captured at its first use. None by default: `specdemo.passcost --windowed`
+  of pass of its own, captured with the others. None by default: `specdemo.passcost --windowed`
   measures what a ladder of windows (`GRAPH_WINDOWS`) saves a pass.
 - One graph per kind of pass: its window, its width (a bucket of `static.BUCKETS`), how far back it looks
   at nodes fed before it (`static.LOOK_BACK`: a draft tree's deeper levels), whether it is fed
@@ -82,6 +82,10 @@ class CudaGraphs:
         """The positions a pass reaching `reach` (the cache's valid length and the pass's padded
         nodes) attends over: the smallest window holding it, else the whole buffer."""
         return next((window for window in self.windows if reach <= window < self.cache.capacity), self.cache.capacity)
+
+    def spans(self) -> tuple[int, ...]:
+        """The positions a pass may attend over, smallest first: each window, then the whole buffer."""
+        return (*(window for window in self.windows if window < self.cache.capacity), self.cache.capacity)
 
     def serves(self, cache) -> bool:
         """Whether `cache` is a view of the graphs' buffer (only such a pass may replay a graph)."""

@@ -141,20 +141,25 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS,
 
 def warm_up(model: PreTrainedModel, compiled: CompiledPass, progress: Callable[[str], None] | None, role: str) -> None:
     """Run one pass of every bucket, so that compiling (or capturing a CUDA graph) happens now,
-    not in a user's first answer."""
+    not in a user's first answer: with CUDA graphs given windows, one over each window (a pass
+    reaching its end) and over the whole buffer."""
     verb = "capturing a CUDA graph of" if compiled.graphs else "compiling"
+    spans = compiled.graphs.spans() if compiled.graphs else (None,)
+    kinds = [(span, width) for span in spans for width in compiled.buckets]
     with torch.inference_mode():
         cache = request_cache(model, 1 + max(compiled.buckets), compiled)
-        for number, width in enumerate(compiled.buckets, 1):
+        for number, (span, width) in enumerate(kinds, 1):
             if progress:
-                progress(f"{verb} the {role} pass for {width} token(s) ({number} of {len(compiled.buckets)})")
+                over = f" over {span} positions" if len(spans) > 1 else ""
+                progress(f"{verb} the {role} pass for {width} token(s){over} ({number} of {len(kinds)})")
+            cache.length = 0 if span in (None, spans[0]) else max(span - width, 0)
             static_pass(model, cache, warm_inputs(model, width),
                         torch.arange(width, device=model.device)[None],
                         torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
                         rows=range(width) if role == "target" else None)
-            cache.length = 0
             if compiled.failed:
                 break
+        cache.length = 0
     compiled.runs.clear()
 
 
