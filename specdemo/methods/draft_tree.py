@@ -90,14 +90,19 @@ def grow(
     passes that grew it. The draft's cache ends holding the prefix only: the branches it fed are dropped.
     `first`: `first_logits`' result where the caller asked for it already (on a GPU its pass then
     runs while the host does other work, until the first level reads its top tokens).
-    The second level's pass is queued before the host reads the first level (`second_level`), so
-    on a GPU the two passes run back to back and the host waits once for both."""
+    The second level's pass, and its best children of every child of the root, are queued before
+    the host reads the first level (`second_level`), so on a GPU the two passes run back to back
+    and the host waits once for both levels' top tokens."""
     logits, state = first or first_logits(draft, cache, sequence, features)
     prefix = cache.get_seq_length()
     best = best_children(logits, top_k, draft.token_ids)
-    ahead = second_level(draft, cache, best, state, prefix) if depth > 1 else None
+    if depth > 1:
+        second, states = second_level(draft, cache, best, state, prefix)
+        second = best_children(second, top_k, draft.token_ids)
+    best = on_host(best)  # the one wait, for both passes
+    ahead = (*on_host(second), states) if depth > 1 else None
     # nodes in the draft's cache after the prefix, in cache order: the second level fed every child of the root
-    fed = [] if ahead is None else list(range(ahead[0].shape[0]))
+    fed = [] if ahead is None else list(range(len(best[0][0])))
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
         sees = branch_visibility(tree, fed, nodes)  # on the CPU, as the positions: the pass moves them
@@ -124,7 +129,7 @@ def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.T
     the root's k children (`best`: the root's `best_children`), in their order, from one pass
     queued without reading them on the host: each child sees the prefix and itself. `expand`
     then takes the rows of the children it expands: all of them but those that end the answer
-    or that the rerank would drop, whose rows cost nothing it reads."""
+    or that the rerank would drop, whose rows cost nothing it waits for."""
     tokens = best[0][0]  # [k], on the device
     k = tokens.shape[0]
     states = None if state is None else state.expand(k, -1)
@@ -132,9 +137,9 @@ def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.T
     return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=torch.full((1, k), prefix))
 
 
-def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int, top_k: int,
-           size: int, eos: tuple[int, ...] = (), first_k: int | None = None, best=None,
-           ahead: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Proposal, int]:
+def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int,
+           top_k: int, size: int, eos: tuple[int, ...] = (), first_k: int | None = None, best=None,
+           ahead: tuple[list, list, torch.Tensor | None] | None = None) -> tuple[Proposal, int]:
     """EAGLE-2's expand and rerank for any drafter, and the drafter's passes it took (one a level):
     `logits` [1, K] are its guesses for the root's children (`state` [1, H]: what their own
     children's guesses read, or None); level by level, `level_logits(tree, nodes, tokens, states,
@@ -142,11 +147,12 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
     [q]; `states` [q, H] the states they were guessed from) and the states [q, H] their children
     read. `token_ids` maps indices into the drafter's vocabulary to token ids. A feature draft's
     state is its predicted feature; a Hydra head's, the path it read. `first_k`: the root's
-    children, if not `top_k`; `best`: their `best_children`, where the caller has them already.
-    `ahead`: the second level's guesses [k, K] and states [k, H] after each of the root's k
-    children, in order, where the caller queued that level before the first was read
-    (`second_level`): the level takes the rows of the nodes it expands."""
-    first = best if best is not None else best_children(logits, first_k or top_k, token_ids)
+    children, if not `top_k`; `best`: their `best_children` read on the host (`on_host`), where
+    the caller has them already. `ahead`: the second level's best children of each of the root's k
+    children, in order, read on the host, and their states [k, H], where the caller queued that
+    level before the first was read (`second_level`): the level takes the rows of the nodes it
+    expands."""
+    first = best if best is not None else on_host(best_children(logits, first_k or top_k, token_ids))
     tree, passes = add_children(EMPTY, first, [-1]), 1
     frontier = range(tree.size)  # the nodes the last level added, as many children to each row of `state`
     for level in range(2, depth + 1):
@@ -156,14 +162,17 @@ def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_lo
         if not nodes:
             break
         if level == 2 and ahead is not None:
-            logits, state = (None if rows is None else picked(rows, nodes) for rows in ahead)
+            ids, values, states = ahead
+            chosen = [ids[n] for n in nodes], [values[n] for n in nodes]
+            state = None if states is None or level == depth else picked(states, nodes)
         else:
             tokens = tensor_on([tree.tokens[n] for n in nodes], logits.device)
             # one index for the level, not a slice a node: on a GPU every tensor operation is a launch
             parent_states = None if state is None else state.index_select(0, tensor_on(
                 [(n - frontier.start) * len(state) // len(frontier) for n in nodes], state.device))
             logits, state = level_logits(tree, nodes, tokens, parent_states, level)
-        grown, passes = add_children(tree, best_children(logits, top_k, token_ids), nodes), level
+            chosen = on_host(best_children(logits, top_k, token_ids))
+        grown, passes = add_children(tree, chosen, nodes), level
         tree, frontier = grown, range(tree.size, grown.size)
     return best_nodes(tree, size), passes
 
@@ -199,11 +208,17 @@ def best_children(logits: torch.Tensor, top_k: int, token_ids) -> tuple[torch.Te
     return token_ids(best.indices), best.values
 
 
-def add_children(tree: Proposal, best: tuple[torch.Tensor, torch.Tensor], parents: list[int]) -> Proposal:
-    """The tree with each of `parents`' best children (`best`: `best_children`, one row per parent)
-    appended, parent by parent, best first; a child's value is its parent's plus its own log-probability."""
-    # one copy from the device each, not one a row: on a GPU every copy waits for the device
-    token_ids, values = best[0].tolist(), best[1].tolist()
+def on_host(best: tuple[torch.Tensor, torch.Tensor]) -> tuple[list[list[int]], list[list[float]]]:
+    """`best_children`' token ids and log-probabilities as lists: one copy from the device each,
+    not one a row (on a GPU every such copy waits for the device)."""
+    return best[0].tolist(), best[1].tolist()
+
+
+def add_children(tree: Proposal, best: tuple[list[list[int]], list[list[float]]], parents: list[int]) -> Proposal:
+    """The tree with each of `parents`' best children (`best`: `best_children` read by `on_host`, one
+    row per parent) appended, parent by parent, best first; a child's value is its parent's plus its
+    own log-probability."""
+    token_ids, values = best
     tokens, hung, scores = list(tree.tokens), list(tree.parents), list(tree.scores)
     for row, parent in enumerate(parents):
         parent_score = 0.0 if parent < 0 else tree.scores[parent]
