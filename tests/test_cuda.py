@@ -114,8 +114,7 @@ def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cu
 
 def test_passes_replay_wider_windows_as_the_answer_grows_on_cuda(cuda_prompt):
     """Graphs captured at the start over windows of 16, 32 and 64 positions of the buffer, and over
-    the whole buffer: an answer of 96 tokens replays each as it grows past the last, and is eager
-    AR's answer."""
+    the whole buffer: an answer of 96 tokens grows through each, and is eager AR's answer."""
     from specdemo.core.grouped_attention import use_grouped_attention
     from specdemo.core.static import compile_passes
 
