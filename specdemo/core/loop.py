@@ -64,6 +64,10 @@ class Verdict:
     token: int
     details: dict = field(default_factory=dict)  # the rule's numbers, for the event (p, q, thresholds...)
 
+    def committed(self, proposal: Proposal) -> list[int]:
+        """The tokens the pass commits: the accepted path's, then the target's own."""
+        return [*(proposal.tokens[node] for node in self.path), self.token]
+
 
 @dataclass
 class Learned:
@@ -151,8 +155,8 @@ def decode(
         verdict = proposer.accept(context, sequence, proposed, verified)
         # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
         commit(cache, verified, verdict.path)
-        accepted = [proposal.tokens[node] for node in verdict.path]
-        committed = [*accepted, verdict.token]
+        committed = verdict.committed(proposal)
+        accepted = committed[:-1]
         kept = recorder.kept(committed)
         sequence = torch.cat([sequence, tensor_on([committed], sequence.device)], dim=-1)
         # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows.

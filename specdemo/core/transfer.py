@@ -1,4 +1,4 @@
-"""Tensors made on the host for a device, copied without waiting.
+"""Tensors made on the host for a device, copied without waiting; and the host's copy of a text.
 
 PyTorch's copy from pageable host memory to a GPU waits until the device has run everything
 queued before it; a copy from pinned memory does not, and the host goes on while the device
@@ -6,6 +6,10 @@ copies. A step makes a few small tensors on the host (the tokens a pass feeds, t
 keeps): each goes to the device this way, so the host never waits for a pass it just queued.
 The pinned memory comes from PyTorch's caching host allocator, which keeps it until the copy
 has run. Off CUDA a tensor stays where it is made.
+
+The other way, every read of a device tensor on the host waits for all queued before it. A
+proposer that reads the text every pass (its guesses copy from it) keeps the host's copy of it
+(`HostText`): read once, then grown by the tokens each pass commits, which the host knows.
 """
 
 import torch
@@ -21,3 +25,24 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def tensor_on(data, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """`torch.tensor(data, dtype=dtype)` on `device`, copied without waiting (`to_device`)."""
     return to_device(torch.tensor(data, dtype=dtype), device)
+
+
+class HostText:
+    """The host's copy of a request's text (`sequence` [1, n], token ids), kept across passes by a
+    proposer that reads it: read from the device once, then grown by each pass's committed tokens
+    (`extend`), as the loop grows the text. A copy that holds another number of tokens than the
+    text is read again."""
+
+    def __init__(self):
+        self.tokens: torch.Tensor | None = None  # [n] on the CPU
+
+    def of(self, sequence: torch.Tensor) -> torch.Tensor:
+        """The text [n] on the CPU."""
+        if self.tokens is None or self.tokens.shape[0] != sequence.shape[1]:
+            self.tokens = sequence[0].cpu()
+        return self.tokens
+
+    def extend(self, committed: list[int]) -> None:
+        """Append the tokens a pass committed (`loop.Verdict.committed`)."""
+        if self.tokens is not None:
+            self.tokens = torch.cat([self.tokens, torch.tensor(committed, dtype=self.tokens.dtype)])
