@@ -1,6 +1,6 @@
-"""The host's copy of a request's text (`transfer.HostText`): a proposer that reads the text every
-pass reads it from the device once, and its copy, grown by each pass's committed tokens, is the
-text itself at every pass."""
+"""The host's copy of a request's text (`transfer.HostText`, the loop's `Context.text`): the
+proposers that read the text every pass read it from the device once, and the copy, grown by the
+loop with each pass's committed tokens, is the text itself at every pass."""
 
 import pytest
 import torch
@@ -24,7 +24,7 @@ def test_a_copy_is_read_once_and_grows_with_the_text():
 
 @pytest.mark.parametrize("name", ["speculative, feature draft, tree", "medusa, dynamic tree", "lookahead",
                                   "cllm, lookahead"])
-def test_a_proposers_copy_is_the_text_at_every_pass(monkeypatch, prompt_ids, name):
+def test_the_copy_proposers_read_is_the_text_at_every_pass(monkeypatch, prompt_ids, name):
     target, other = make_tiny_model(), make_tiny_model(seed=1)
     generate, options, reference = configurations(target, other)[name]
     reads, seen = [], []

@@ -28,7 +28,7 @@ from specdemo.core.recorder import StepRecorder, resolve_eos
 from specdemo.core.sampling import SamplingConfig, TokenChooser
 from specdemo.core.static import CompiledPass, padded_width, request_cache
 from specdemo.core.steps import Payload
-from specdemo.core.transfer import tensor_on
+from specdemo.core.transfer import HostText, tensor_on
 from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
 
 
@@ -41,6 +41,8 @@ class Context:
     eos: tuple[int, ...]  # end-of-sequence token ids
     # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
     bucket: Callable[[int], int] | None = None
+    # the host's copy of the text, for the proposers whose guesses read it; the loop grows it as it grows the text
+    text: HostText = field(default_factory=HostText)
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,6 @@ class Verdict:
     path: list[int]
     token: int
     details: dict = field(default_factory=dict)  # the rule's numbers, for the event (p, q, thresholds...)
-
-    def committed(self, proposal: Proposal) -> list[int]:
-        """The tokens the pass commits: the accepted path's, then the target's own."""
-        return [*(proposal.tokens[node] for node in self.path), self.token]
 
 
 @dataclass
@@ -155,10 +153,11 @@ def decode(
         verdict = proposer.accept(context, sequence, proposed, verified)
         # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
         commit(cache, verified, verdict.path)
-        committed = verdict.committed(proposal)
-        accepted = committed[:-1]
+        accepted = [proposal.tokens[node] for node in verdict.path]
+        committed = [*accepted, verdict.token]
         kept = recorder.kept(committed)
         sequence = torch.cat([sequence, tensor_on([committed], sequence.device)], dim=-1)
+        context.text.extend(committed)
         # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows.
         learned = proposer.learn(context, sequence, proposed, verified, verdict, kept)
         events.append(recorder.step(

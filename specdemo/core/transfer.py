@@ -7,9 +7,9 @@ keeps): each goes to the device this way, so the host never waits for a pass it 
 The pinned memory comes from PyTorch's caching host allocator, which keeps it until the copy
 has run. Off CUDA a tensor stays where it is made.
 
-The other way, every read of a device tensor on the host waits for all queued before it. A
-proposer that reads the text every pass (its guesses copy from it) keeps the host's copy of it
-(`HostText`): read once, then grown by the tokens each pass commits, which the host knows.
+The other way, every read of a device tensor on the host waits for all queued before it. The
+proposers whose guesses read the text every pass read the host's copy of it (`HostText`, the
+loop's `Context.text`): read once, then grown by the tokens each pass commits, which the host knows.
 """
 
 import torch
@@ -28,10 +28,10 @@ def tensor_on(data, device: torch.device, dtype: torch.dtype = torch.long) -> to
 
 
 class HostText:
-    """The host's copy of a request's text (`sequence` [1, n], token ids), kept across passes by a
-    proposer that reads it: read from the device once, then grown by each pass's committed tokens
-    (`extend`), as the loop grows the text. A copy that holds another number of tokens than the
-    text is read again."""
+    """The host's copy of a request's text (`sequence` [1, n], token ids): read from the device at
+    its first use, then grown by each pass's committed tokens (`extend`, by the loop as it grows
+    the text; nothing until something read it). A copy that holds another number of tokens than
+    the text is read again."""
 
     def __init__(self):
         self.tokens: torch.Tensor | None = None  # [n] on the CPU
@@ -43,6 +43,6 @@ class HostText:
         return self.tokens
 
     def extend(self, committed: list[int]) -> None:
-        """Append the tokens a pass committed (`loop.Verdict.committed`)."""
+        """Append the tokens a pass committed."""
         if self.tokens is not None:
             self.tokens = torch.cat([self.tokens, torch.tensor(committed, dtype=self.tokens.dtype)])

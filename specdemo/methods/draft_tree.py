@@ -98,9 +98,9 @@ def grow(
     best = best_children(logits, top_k, draft.token_ids)
     if depth > 1:
         second, states = second_level(draft, cache, best, state, prefix)
-        second = best_children(second, top_k, draft.token_ids)
+        second_best = best_children(second, top_k, draft.token_ids)
     best = on_host(best)  # the one wait, for both passes
-    ahead = (*on_host(second), states) if depth > 1 else None
+    ahead = (*on_host(second_best), states) if depth > 1 else None
     # nodes in the draft's cache after the prefix, in cache order: the second level fed every child of the root
     fed = [] if ahead is None else list(range(len(best[0][0])))
 

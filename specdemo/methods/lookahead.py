@@ -37,7 +37,6 @@ from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, de
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
 from specdemo.core.steps import LookaheadStep
-from specdemo.core.transfer import HostText
 from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
 from specdemo.methods.prompt_lookup import copy_from_text, until_eos
@@ -135,10 +134,9 @@ class Lookahead(Proposer):
         if copy_length:  # text n-grams: the prompt's go into the pool too
             self.pool.insert_text(input_ids[0].tolist())
         self.levels = initial_window(input_ids, window, ngram - 1)  # [N - 1][W] Jacobi iterates, oldest first
-        self.text = HostText()  # what the guesses read
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
-        text = self.text.of(sequence)
+        text = context.text.of(sequence)
         tried = Tried(*choose_candidates(self.pool, text, self.limit, self.copy_length, room - 1, self.datastore,
                                          context.eos))
         return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
@@ -154,9 +152,8 @@ class Lookahead(Proposer):
         best = candidate_of(tried, verdict.path[-1]) if verdict.path else 0
         accept_length = len(verdict.path)
         committed = len(verdict.path) + 1
-        self.text.extend(verdict.committed(proposed.proposal))
         if self.copy_length:  # the n-grams that end in the tokens just committed
-            self.pool.insert_text(self.text.of(sequence)[-(self.ngram + committed - 1) :].tolist())
+            self.pool.insert_text(context.text.of(sequence)[-(self.ngram + committed - 1) :].tolist())
         learned = Learned(
             rejected=list(tried[best][accept_length:]) if tried else [],
             data=LookaheadStep(

@@ -30,7 +30,7 @@ from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Ve
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass, fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
-from specdemo.core.transfer import HostText, tensor_on
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, deepest, first_leaf_path, scores_after
 from specdemo.methods.draft_tree import expand
 
@@ -119,7 +119,6 @@ class MedusaTree(Proposer):
         self.datastore, self.graphs = datastore, graphs
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
-        self.text = HostText()  # what the guesses read
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         if self.hidden is None:  # the prefill: its last hidden state gives the first token and the first proposals
@@ -129,7 +128,7 @@ class MedusaTree(Proposer):
         # end of the answer no path goes deeper than what can still be committed, so no node sits past
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
-        text = self.text.of(sequence)
+        text = context.text.of(sequence)
         copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         root = int(text[-1])
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
@@ -176,11 +175,10 @@ class MedusaTree(Proposer):
         node = verdict.path[-1] if verdict.path else -1  # the accepted node, -1 the root
         self.hidden = verified.hidden[0, verified.row(node)]
         proposal = proposed.proposal
-        self.text.extend(verdict.committed(proposal))
         if not proposal.size:  # the prefill: an empty chain
             return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))
         best = first_leaf_path(proposal.parents, node)
-        root = int(self.text.of(sequence)[-len(verdict.path) - 2])  # the last token before this pass committed
+        root = int(context.text.of(sequence)[-len(verdict.path) - 2])  # the last token before this pass committed
         return Learned(
             rejected=[proposal.tokens[i] for i in best[len(verdict.path) :]],
             data=TreeStep(

@@ -35,7 +35,7 @@ from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, de
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
 from specdemo.core.static import CompiledPass, fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
-from specdemo.core.transfer import HostText, tensor_on
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
@@ -125,7 +125,6 @@ class DraftProposer(Proposer):
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache = cache  # the draft's own KV cache for the request
-        self.text = HostText()  # what the guesses read
         # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
         self.target_features: torch.Tensor | None = None
 
@@ -144,7 +143,7 @@ class DraftProposer(Proposer):
         """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
         a guess below its likeliest branch, the draft's passes that grew it and its root token."""
         length = min(self.copy_length, room - 1)
-        text = self.text.of(sequence)
+        text = context.text.of(sequence)
         # the draft's first pass is queued before the host guesses a branch, so on a GPU they overlap
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
@@ -174,7 +173,6 @@ class DraftProposer(Proposer):
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:
         n, path = verified.cached + verified.pending, verdict.path  # n: the text's length before this pass committed
-        self.text.extend(verdict.committed(proposed.proposal))
         # Roll back the draft: it keeps what it saw of the committed tokens and the accepted draft
         # tokens (a feature draft: only the pairs fed the target's features).
         if self.features:
