@@ -4,7 +4,9 @@ graph. Here every graph of the target, the draft, the CLLM and Medusa's heads ru
 replaying stand-ins of tests/test_graphs.py, and for each method this prints the time a step
 outside the replays and the torch operations a step outside them (the prompt's pass is no step's
 work): all, then those that do more than make a view (on a GPU, a launch each where they act on
-its tensors), by kind:
+its tensors), by kind; and the operations inside the replays, besides views and casts: the
+kernels a step's graphs hold on a GPU, where each costs a few microseconds whatever it computes
+(AR's: one target pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16]
 
@@ -33,7 +35,7 @@ from specdemo.models import load_model  # noqa: E402
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
 VIEWS = frozenset({"alias", "as_strided", "detach", "detach_", "expand", "lift_fresh", "permute", "resolve_conj",
                    "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold",
-                   "unsqueeze", "view", "_unsafe_view"})
+                   "unsqueeze", "view", "_unsafe_view", "reshape", "_reshape_alias"})
 PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
            "Explain how a refrigerator works, step by step, for a ten-year-old.")
 
@@ -57,15 +59,14 @@ class Clock:
 
 
 class Operations(TorchDispatchMode):
-    """Counts torch operations by kind, outside replays."""
+    """Counts torch operations by kind, outside replays (`kinds`) and inside them (`graphed`)."""
 
     def __init__(self, clock: Clock):
         super().__init__()
-        self.clock, self.kinds = clock, Counter()
+        self.clock, self.kinds, self.graphed = clock, Counter(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.clock.replaying:
-            self.kinds[func.overloadpacket.__name__] += 1
+        (self.graphed if self.clock.replaying else self.kinds)[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -132,9 +133,10 @@ def main() -> None:
         _, counted = measure(target, name, passes, graphed, functions, clock, args.tokens, ops)
         work = Counter({kind: count for kind, count in ops.kinds.items() if kind not in VIEWS})
         kinds = ", ".join(f"{kind} {count / counted:.1f}" for kind, count in work.most_common(8))
+        kernels = sum(count for kind, count in ops.graphed.items() if kind not in VIEWS | {"to"})
         print(f"{name}: {1000 * outside / steps:.2f} ms a step outside the replays; torch operations a step outside "
               f"them {sum(ops.kinds.values()) / counted:.1f}, {sum(work.values()) / counted:.1f} besides views "
-              f"({kinds}, ...)", flush=True)
+              f"({kinds}, ...); inside them {kernels / counted:.1f} besides views and casts", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,9 +76,14 @@ class SlotLayer(StaticLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        at = self.start + torch.arange(key_states.shape[-2], device=self.keys.device)
-        self.keys.index_copy_(2, at, key_states)
-        self.values.index_copy_(2, at, value_states)
+        return self.write(self.start + torch.arange(key_states.shape[-2], device=self.keys.device), key_states,
+                          value_states)
+
+    def write(self, slots: torch.Tensor, key_states: torch.Tensor,
+              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [1, heads, w, head_dim] written at `slots` [w]; returns the buffers."""
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
         return self.keys, self.values
 
 

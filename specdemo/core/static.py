@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
+from specdemo.core import llama
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, layout_views, padded_inputs
@@ -70,8 +71,11 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     window = (offset >= 0) & (offset < span)
     allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
     mask = additive(allowed, decoder.dtype)
-    out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                  output_hidden_states=bool(layers), **per_pass(decoder))
+    if llama.writes_out(decoder):  # the same values in fewer kernels
+        out = llama.decoder_pass(decoder, cache, inputs, positions, mask, bool(layers), **per_pass(decoder))
+    else:
+        out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache,
+                      use_cache=True, output_hidden_states=bool(layers), **per_pass(decoder))
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
 

@@ -1,0 +1,105 @@
+"""A Llama decoder's static pass written out: the products of transformers' `LlamaModel` in fewer kernels.
+
+On a GPU a small model's graphed pass costs what its kernels do, a few microseconds each whatever
+they compute, and transformers' decoder layer spends most of its kernels on small element-wise
+work: an RMSNorm is seven operations (two casts, square, mean, add, reciprocal root, two
+products), the rotary embedding five for the queries and five for the keys, the cache write
+computes its positions again in every layer. Here one layer is
+- each RMSNorm one call (`F.rms_norm`, one kernel with CUDA);
+- the queries and keys rotated together, as one tensor [1, w, H + H_kv, D], by a roll and a sine
+  whose sign is folded in once a pass (`rotate`);
+- the keys and values written at the slots computed once a pass (`kvcache.SlotLayer.write`);
+- the model's own attention (the registered implementation its config names: `grouped_attention`
+  or SDPA), its own products (prepacked ones on a CPU) and its own MLP module.
+In float32 the values are transformers' exactly (the same operations in the same order); in
+bfloat16 an RMSNorm rounds once where transformers' rounds its normalised input before the
+weight. `writes_out(decoder)` says whether a decoder is one this covers (a `LlamaModel` without
+biases, rotary embeddings fixed at load, no accelerate hooks); every other one runs transformers'
+forward (`static.static_forward`).
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaModel
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, eager_attention_forward
+
+from specdemo.core.kvcache import StaticKV
+
+FIXED_ROPE = ("default", "linear", "llama3", "yarn")  # rotary types whose frequencies never change after loading
+
+
+def writes_out(decoder: torch.nn.Module) -> bool:
+    """Whether `decoder_pass` runs `decoder`: a `LlamaModel` whose projections have no bias, with
+    SiLU, rotary frequencies fixed at load, and no accelerate hooks (which move weights on a
+    module's call: the norms here are read, not called)."""
+    if type(decoder) is not LlamaModel:
+        return False
+    config = decoder.config
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    return (not config.attention_bias and not config.mlp_bias and config.hidden_act == "silu"
+            and rope in FIXED_ROPE and getattr(config, "pretraining_tp", 1) == 1
+            and not any(hasattr(module, "_hf_hook") for module in decoder.modules()))
+
+
+def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor, hidden_states: bool = False, **extras) -> BaseModelOutputWithPast:
+    """transformers' `decoder(input_ids or inputs_embeds=inputs, attention_mask=mask,
+    position_ids=positions, past_key_values=cache, output_hidden_states=hidden_states)` over a
+    static cache, writing at its `start` and on: the last hidden states [1, w, H], and with
+    `hidden_states` the residual stream before the first layer and after each one (the last
+    normed). `extras`: what the attention takes beside (`grouped_attention.per_pass`)."""
+    hidden = decoder.embed_tokens(inputs) if not inputs.is_floating_point() else inputs
+    cos, sin = decoder.rotary_emb(hidden, positions)  # [1, w, D]
+    cos, sin = cos[:, :, None], signed_sine(sin)[:, :, None]  # [1, w, 1, D]: every head alike
+    slots = cache.start + torch.arange(inputs.shape[1], device=hidden.device)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(decoder.config._attn_implementation, eager_attention_forward)
+    states = [hidden]
+    for index, layer in enumerate(decoder.layers):
+        hidden = layer_pass(layer, hidden, cos, sin, cache.layers[index], slots, mask, attend, extras)
+        states.append(hidden)
+    hidden = normed(decoder.norm, hidden)
+    states[-1] = hidden
+    return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=tuple(states) if hidden_states else None)
+
+
+def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots_layer, slots: torch.Tensor,
+               mask: torch.Tensor, attend, extras: dict) -> torch.Tensor:
+    """One `LlamaDecoderLayer` over `hidden` [1, w, H]: attention (its keys and values written at
+    `slots` of `slots_layer`, a `kvcache.SlotLayer`), then the MLP, each added to the residual
+    stream. `cos`, `sin`: the pass's rotary embedding [1, w, 1, D], the sine's sign folded in
+    (`signed_sine`)."""
+    attention = layer.self_attn
+    width, head_dim = hidden.shape[1], attention.head_dim
+    normalised = normed(layer.input_layernorm, hidden)
+    queries = attention.q_proj(normalised).view(1, width, -1, head_dim)  # [1, w, H, D]
+    keys = attention.k_proj(normalised).view(1, width, -1, head_dim)  # [1, w, H_kv, D]
+    values = attention.v_proj(normalised).view(1, width, -1, head_dim)
+    heads = queries.shape[2]
+    rotated = rotate(torch.cat([queries, keys], dim=2), cos, sin).transpose(1, 2)  # [1, H + H_kv, w, D]
+    cached_keys, cached_values = slots_layer.write(slots, rotated[:, heads:], values.transpose(1, 2))
+    out, _ = attend(attention, rotated[:, :heads], cached_keys, cached_values, mask, dropout=0.0,
+                    scaling=attention.scaling, **extras)  # [1, w, H, D]
+    hidden = hidden + attention.o_proj(out.reshape(1, width, -1))
+    return hidden + layer.mlp(normed(layer.post_attention_layernorm, hidden))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding (Su et al. 2021) of `x` [..., D] as transformers lays it out, x cos +
+    rotate_half(x) sin with rotate_half(x) = [-x2, x1] for the halves x1, x2: here [x2, x1] (one
+    roll) times the sine with its first half negated (`signed_sine`), the same products."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def signed_sine(sin: torch.Tensor) -> torch.Tensor:
+    """[-s1, s2] for the halves s1, s2 of `sin` [..., D]: once a pass, for every layer's `rotate`."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def normed(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden)`, an RMSNorm (Zhang & Sennrich 2019) as one call; any other module called."""
+    if isinstance(norm, LlamaRMSNorm):
+        return F.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(hidden)

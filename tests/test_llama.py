@@ -1,0 +1,155 @@
+"""The written-out Llama pass (`core/llama.py`) against transformers' decoder: the same values in fewer operations."""
+
+from collections import Counter
+
+import pytest
+import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdemo.core import llama
+from specdemo.core.attention import additive
+from specdemo.core.grouped_attention import per_pass, use_grouped_attention
+from specdemo.core.kvcache import StaticKV
+
+# views, and casts (none in float32): no kernel of a pass's own
+NOT_KERNELS = frozenset({"to", "alias", "as_strided", "detach", "expand", "permute", "select", "slice", "split",
+                         "squeeze", "t", "transpose", "unsqueeze", "view", "_unsafe_view", "reshape", "_reshape_alias"})
+
+
+def tiny(dtype=torch.float32, grouped=False, **config) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         **config))
+    with torch.no_grad():  # norms' weights other than ones, so that their product counts
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
+    if grouped:
+        use_grouped_attention(model)
+    return model.to(dtype).eval()
+
+
+def layout(cached: int, width: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and the additive mask of a pass of `width` branching tokens after `cached` ones:
+    token i sees the prefix, itself and token i // 2 (a tree), nothing past the pass."""
+    sees = torch.eye(width, dtype=torch.bool)
+    for node in range(1, width):
+        sees[node] |= sees[node // 2]
+    allowed = torch.zeros(width, capacity, dtype=torch.bool)
+    allowed[:, :cached] = True
+    allowed[:, cached : cached + width] = sees
+    return (cached + sees.sum(-1) - 1)[None], allowed
+
+
+def both(model, width: int, cached: int = 0, hidden_states: bool = False):
+    """transformers' decoder and `llama.decoder_pass` over one pass after the same `cached` tokens,
+    each over a cache of its own: (outputs, caches)."""
+    decoder, capacity = model.model, 32
+    prefix = torch.randint(0, 97, (1, cached))
+    fed = torch.randint(0, 97, (1, width))
+    positions, allowed = layout(cached, width, capacity)
+    mask = additive(allowed, model.dtype)
+    outs, caches = [], []
+    with torch.inference_mode():
+        for run in ("transformers", "written out"):
+            cache = StaticKV(model, capacity)
+            if cached:  # the prefix written by transformers' pass, the same for both
+                cache.start.fill_(0)
+                prefix_mask = additive(torch.ones(cached, capacity, dtype=torch.bool).tril(), model.dtype)
+                decoder(input_ids=prefix, attention_mask=prefix_mask, position_ids=torch.arange(cached)[None],
+                        past_key_values=cache, use_cache=True)
+            cache.start.fill_(cached)
+            if run == "transformers":
+                out = decoder(input_ids=fed, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              use_cache=True, output_hidden_states=hidden_states, **per_pass(decoder))
+            else:
+                out = llama.decoder_pass(decoder, cache, fed, positions, mask, hidden_states, **per_pass(decoder))
+            outs.append(out)
+            caches.append(cache)
+    return outs, caches
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("width", [1, 6])
+@pytest.mark.parametrize("cached", [0, 5])
+def test_float32_pass_equals_transformers_decoder_exactly(grouped, width, cached):
+    model = tiny(grouped=grouped)
+    assert llama.writes_out(model.model)
+    (ours, theirs), (our_cache, their_cache) = both(model, width, cached, hidden_states=True)
+    assert torch.equal(ours.last_hidden_state, theirs.last_hidden_state)
+    assert len(ours.hidden_states) == len(theirs.hidden_states) == 4
+    assert all(torch.equal(a, b) for a, b in zip(ours.hidden_states, theirs.hidden_states))
+    assert torch.equal(our_cache.buffer, their_cache.buffer)
+
+
+def test_bfloat16_pass_differs_from_transformers_only_by_rounding():
+    (ours, theirs), _ = both(tiny(torch.bfloat16, grouped=True), 6, 5)
+    assert torch.allclose(ours.last_hidden_state.float(), theirs.last_hidden_state.float(), rtol=0.05, atol=0.05)
+
+
+def test_a_feature_draft_decoder_fed_embeddings_without_a_final_norm():
+    """A feature draft's decoder (`eagle.FeatureDraft`): one layer, no norm after it, fed embeddings."""
+    model = tiny()
+    decoder = model.model
+    decoder.norm = torch.nn.Identity()
+    embedded = torch.randn(1, 4, 64)
+    positions, allowed = layout(0, 4, 16)
+    mask = additive(allowed, torch.float32)
+    with torch.inference_mode():
+        outs = [decoder(inputs_embeds=embedded, attention_mask=mask, position_ids=positions,
+                        past_key_values=StaticKV(model, 16), use_cache=True).last_hidden_state,
+                llama.decoder_pass(decoder, StaticKV(model, 16), embedded, positions, mask).last_hidden_state]
+    assert torch.equal(*outs)
+
+
+def test_decoders_it_does_not_cover_run_transformers_forward():
+    assert not llama.writes_out(tiny(attention_bias=True).model)
+    assert not llama.writes_out(tiny(mlp_bias=True).model)
+    assert not llama.writes_out(tiny(hidden_act="gelu").model)
+    hooked = tiny()
+    add_hook_to_module(hooked.model.layers[1].input_layernorm, ModelHook())  # accelerate moves weights on a call
+    assert not llama.writes_out(hooked.model)
+
+
+class Operations(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.kinds = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in NOT_KERNELS:
+            self.kinds[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layer_costs_fewer_operations_than_transformers(dtype):
+    """On a GPU each operation that is not a view is a kernel of a graphed pass: a layer written out
+    runs 7 products, 2 norms, the rotation of queries and keys together (a join, a roll, two
+    products, a sum), 2 writes to the cache, the attention, SiLU, the gate's product and 2 residual
+    sums: 21, where transformers' layer runs over half as many again, casts not counted (its norms
+    square, reduce and scale in separate steps, its rotary embedding rotates queries and keys apart)."""
+    model = tiny(dtype, grouped=True)
+    counts = []
+    for run in range(2):
+        decoder = model.model
+        cache = StaticKV(model, 16)
+        positions, allowed = layout(0, 1, 16)
+        mask = additive(allowed, dtype)
+        with Operations() as operations, torch.inference_mode():
+            if run:
+                llama.decoder_pass(decoder, cache, torch.zeros(1, 1, dtype=torch.long), positions, mask,
+                                   **per_pass(decoder))
+            else:
+                decoder(input_ids=torch.zeros(1, 1, dtype=torch.long), attention_mask=mask, position_ids=positions,
+                        past_key_values=cache, use_cache=True, **per_pass(decoder))
+        counts.append(operations.kinds)
+    theirs, ours = counts
+    layers = model.config.num_hidden_layers
+    assert ours["rms_norm"] == 2 * layers + 1 and ours["roll"] == layers and ours["linear"] == 7 * layers
+    # besides the layers, under 20: the embedding, the rotary table, the slots, the final norm
+    assert sum(ours.values()) <= 21 * layers + 20
+    assert sum(theirs.values()) >= 1.6 * sum(ours.values())
