@@ -5,7 +5,8 @@
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
 #
-# 1. tests/test_cuda.py and tests/test_graphs.py: every method equals AR on CUDA, eager and graphed;
+# 1. tests/test_cuda.py, tests/test_graphs.py and tests/test_llama.py: every method equals AR on CUDA, eager
+#    and graphed; the written-out Llama pass agrees with transformers' decoder;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
 # 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
@@ -46,7 +47,7 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $($PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
 
 say "1. tests"
-timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
+timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_llama.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
 
 say "2. bench, bfloat16"
 timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
