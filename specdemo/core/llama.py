@@ -11,11 +11,11 @@ computes its positions again in every layer. Here one layer is
 - the keys and values written at the slots computed once a pass (`kvcache.SlotLayer.write`);
 - the model's own attention (the registered implementation its config names: `grouped_attention`
   or SDPA), its own products (prepacked ones on a CPU) and its own MLP module.
-In float32 the values are transformers' exactly (the same operations in the same order); in
-bfloat16 an RMSNorm rounds once where transformers' rounds its normalised input before the
-weight. `writes_out(decoder)` says whether a decoder is one this covers (a `LlamaModel` without
-biases, rotary embeddings fixed at load, no accelerate hooks); every other one runs transformers'
-forward (`static.static_forward`).
+On a CPU in float32 the values are transformers' exactly (the same operations in the same order);
+with CUDA the norm's one kernel sums in an order of its own, and in bfloat16 an RMSNorm rounds once
+where transformers' rounds its normalised input before the weight. `writes_out(decoder)` says
+whether a decoder is one this covers (a `LlamaModel` without biases, rotary embeddings fixed at
+load, no accelerate hooks); every other one runs transformers' forward (`static.static_forward`).
 """
 
 import torch
@@ -38,7 +38,8 @@ def writes_out(decoder: torch.nn.Module) -> bool:
         return False
     config = decoder.config
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    return (not config.attention_bias and not config.mlp_bias and config.hidden_act == "silu"
+    return (not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
+            and config.hidden_act == "silu"
             and rope in FIXED_ROPE and getattr(config, "pretraining_tp", 1) == 1
             and not any(hasattr(module, "_hf_hook") for module in decoder.modules()))
 
