@@ -64,7 +64,9 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     With `head` (the target's LM head): the hidden states and the logits [1, w, V] in float32,
     the head inside the graph (on a CPU its weights prepacked by freezing; float32, whose argmax
     is faster than bfloat16's).
-    `layers`: the hidden states are `with_layers`' (the head reads the last ones)."""
+    `layers`: the hidden states are `with_layers`' (the head reads the last ones).
+    A Llama decoder runs written out (`llama.decoder_pass`: transformers' values in fewer
+    kernels); any other runs transformers' forward."""
     width, span = inputs.shape[1], sees.shape[1]
     kv = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
     offset = kv - (cache.start - (span - width))  # where each buffer slot lies relative to the window's first
