@@ -10,7 +10,7 @@
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
 # 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
-#    (`specdemo.passcost --windowed --sdpa`);
+#    (`specdemo.passcost --windowed --sdpa`); where BEFORE is given (7.), that tree's graphed pass too;
 # 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto);
 # 5. float32 exactness on 8 of them;
@@ -57,6 +57,13 @@ say "3. pass cost by width: the whole buffer against a window, grouped attention
 timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
     --json "$R/passcost.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
+    say "3b. pass cost before: $(cat "$BEFORE/REVISION" 2>/dev/null)"
+    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 40) $PY -m specdemo.passcost \
+        --dtype bfloat16 --graphs --widths 1,8,64 --repeats 10 --json "$R/passcost-before.json") \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
 say "4. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
