@@ -119,6 +119,7 @@ def test_decoders_it_does_not_cover_run_transformers_forward():
     assert not llama.writes_out(tiny(attention_bias=True).model)
     assert not llama.writes_out(tiny(mlp_bias=True).model)
     assert not llama.writes_out(tiny(hidden_act="gelu").model)
+    assert not llama.writes_out(tiny(attn_implementation="flex_attention").model)
     hooked = tiny()
     add_hook_to_module(hooked.model.layers[1].input_layernorm, ModelHook())  # accelerate moves weights on a call
     assert not llama.writes_out(hooked.model)

@@ -25,21 +25,24 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, eager_attention_forward
 
+from specdemo.core.grouped_attention import NAME as GROUPED
 from specdemo.core.kvcache import StaticKV
 
 FIXED_ROPE = ("default", "linear", "llama3", "yarn")  # rotary types whose frequencies never change after loading
+ATTENTIONS = ("sdpa", "eager", GROUPED)  # attention implementations that take the pass's additive mask as it is
 
 
 def writes_out(decoder: torch.nn.Module) -> bool:
     """Whether `decoder_pass` runs `decoder`: a `LlamaModel` whose projections have no bias, with
-    SiLU, rotary frequencies fixed at load, and no accelerate hooks (which move weights on a
-    module's call: the norms here are read, not called)."""
+    SiLU, rotary frequencies fixed at load, an attention that takes an additive mask (ATTENTIONS),
+    and no accelerate hooks (which move weights on a module's call: the norms here are read, not
+    called)."""
     if type(decoder) is not LlamaModel:
         return False
     config = decoder.config
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     return (not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
-            and config.hidden_act == "silu"
+            and config.hidden_act == "silu" and config._attn_implementation in ATTENTIONS
             and rope in FIXED_ROPE and getattr(config, "pretraining_tp", 1) == 1
             and not any(hasattr(module, "_hf_hook") for module in decoder.modules()))
 
