@@ -15,7 +15,8 @@ On a CPU in float32 the values are transformers' exactly (the same operations in
 with CUDA the norm's one kernel sums in an order of its own, and in bfloat16 an RMSNorm rounds once
 where transformers' rounds its normalised input before the weight. `writes_out(decoder)` says
 whether a decoder is one this covers (a `LlamaModel` without biases, rotary embeddings fixed at
-load, no accelerate hooks); every other one runs transformers' forward (`static.static_forward`).
+load, an attention that reads an additive mask, no accelerate hooks); every other one runs
+transformers' forward (`static.static_forward`).
 """
 
 import torch
@@ -68,11 +69,11 @@ def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, pos
     return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=tuple(states) if hidden_states else None)
 
 
-def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots_layer, slots: torch.Tensor,
+def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, slots: torch.Tensor,
                mask: torch.Tensor, attend, extras: dict) -> torch.Tensor:
     """One `LlamaDecoderLayer` over `hidden` [1, w, H]: attention (its keys and values written at
-    `slots` of `slots_layer`, a `kvcache.SlotLayer`), then the MLP, each added to the residual
-    stream. `cos`, `sin`: the pass's rotary embedding [1, w, 1, D], the sine's sign folded in
+    `slots` of `kv`, the layer's part of the cache, a `kvcache.SlotLayer`), then the MLP, each added
+    to the residual stream. `cos`, `sin`: the pass's rotary embedding [1, w, 1, D], the sine's sign folded in
     (`signed_sine`)."""
     attention = layer.self_attn
     width, head_dim = hidden.shape[1], attention.head_dim
@@ -82,7 +83,7 @@ def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     values = attention.v_proj(normalised).view(1, width, -1, head_dim)
     heads = queries.shape[2]
     rotated = rotate(torch.cat([queries, keys], dim=2), cos, sin).transpose(1, 2)  # [1, H + H_kv, w, D]
-    cached_keys, cached_values = slots_layer.write(slots, rotated[:, heads:], values.transpose(1, 2))
+    cached_keys, cached_values = kv.write(slots, rotated[:, heads:], values.transpose(1, 2))
     out, _ = attend(attention, rotated[:, :heads], cached_keys, cached_values, mask, dropout=0.0,
                     scaling=attention.scaling, **extras)  # [1, w, H, D]
     hidden = hidden + attention.o_proj(out.reshape(1, width, -1))
