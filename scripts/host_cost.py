@@ -4,9 +4,9 @@ graph. Here every graph of the target, the draft, the CLLM and Medusa's heads ru
 replaying stand-ins of tests/test_graphs.py, and for each method this prints the time a step
 outside the replays and the torch operations a step outside them (the prompt's pass is no step's
 work): all, then those that do more than make a view (on a GPU, a launch each where they act on
-its tensors), by kind; and the operations inside the replays, besides views and casts: the
-kernels a step's graphs hold on a GPU, where each costs a few microseconds whatever it computes
-(AR's: one target pass).
+its tensors), by kind; and the operations inside the replays, besides views and casts (a reshape
+or `contiguous` counts where it copies): the kernels a step's graphs hold on a GPU, where each
+costs a few microseconds whatever it computes (AR's: one target pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16]
 
@@ -35,7 +35,8 @@ from specdemo.models import load_model  # noqa: E402
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
 VIEWS = frozenset({"alias", "as_strided", "detach", "detach_", "expand", "lift_fresh", "permute", "resolve_conj",
                    "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold",
-                   "unsqueeze", "view", "_unsafe_view", "reshape", "_reshape_alias"})
+                   "unsqueeze", "view", "_unsafe_view"})
+MAYBE_COPIES = frozenset({"reshape", "contiguous"})  # a copy where the input's layout allows no view: counted then
 PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
            "Explain how a refrigerator works, step by step, for a ten-year-old.")
 
@@ -66,8 +67,12 @@ class Operations(TorchDispatchMode):
         self.clock, self.kinds, self.graphed = clock, Counter(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        (self.graphed if self.clock.replaying else self.kinds)[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        kind = func.overloadpacket.__name__
+        if kind in MAYBE_COPIES:
+            kind = f"{kind} (a copy)" if out.data_ptr() != args[0].data_ptr() else "view"
+        (self.graphed if self.clock.replaying else self.kinds)[kind] += 1
+        return out
 
 
 def stand_ins(clock: Clock):

@@ -164,3 +164,31 @@ def test_a_layer_costs_fewer_operations_than_transformers(dtype):
     # besides the layers, under 20: the embedding, the rotary table, the slots, the final norm
     assert sum(ours.values()) <= 21 * layers + 20
     assert sum(theirs.values()) >= 1.6 * sum(ours.values())
+
+
+class Copies(TorchDispatchMode):
+    """Counts the reshapes that copy (the input's layout allowed no view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "reshape" and out.data_ptr() != args[0].data_ptr():
+            self.copies += 1
+        return out
+
+
+def test_grouped_attention_reads_a_group_of_queries_without_a_copy():
+    """The rotated queries lie head by head in memory, so the heads sharing a key/value head are
+    rows of one tensor as they are: transformers' layout made grouped attention copy them in every
+    layer of a pass of several tokens."""
+    model = tiny(grouped=True)
+    decoder = model.model
+    cache = StaticKV(model, 16)
+    positions, allowed = layout(0, 6, 16)
+    mask = additive(allowed, torch.float32)
+    with Copies() as copies, torch.inference_mode():
+        llama.decoder_pass(decoder, cache, torch.zeros(1, 6, dtype=torch.long), positions, mask, **per_pass(decoder))
+    assert copies.copies == 0

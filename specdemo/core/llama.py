@@ -6,7 +6,8 @@ work: an RMSNorm is seven operations (two casts, square, mean, add, reciprocal r
 products), the rotary embedding five for the queries and five for the keys, the cache write
 computes its positions again in every layer. Here one layer is
 - each RMSNorm one call (`F.rms_norm`, one kernel with CUDA);
-- the queries and keys rotated together, as one tensor [1, w, H + H_kv, D], by a roll and a sine
+- the queries and keys rotated together, as one tensor [1, H + H_kv, w, D] laid out head by head
+  (so grouped attention reads a group's queries without copying them), by a roll and a sine
   whose sign is folded in once a pass (`rotate`);
 - the keys and values written at the slots computed once a pass (`kvcache.SlotLayer.write`);
 - the model's own attention (the registered implementation its config names: `grouped_attention`
@@ -57,7 +58,7 @@ def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, pos
     normed). `extras`: what the attention takes beside (`grouped_attention.per_pass`)."""
     hidden = decoder.embed_tokens(inputs) if not inputs.is_floating_point() else inputs
     cos, sin = decoder.rotary_emb(hidden, positions)  # [1, w, D]
-    cos, sin = cos[:, :, None], signed_sine(sin)[:, :, None]  # [1, w, 1, D]: every head alike
+    cos, sin = cos[:, None], signed_sine(sin)[:, None]  # [1, 1, w, D]: every head alike
     slots = cache.start + torch.arange(inputs.shape[1], device=hidden.device)
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(decoder.config._attn_implementation, eager_attention_forward)
     states = [hidden]
@@ -73,8 +74,8 @@ def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                mask: torch.Tensor, attend, extras: dict) -> torch.Tensor:
     """One `LlamaDecoderLayer` over `hidden` [1, w, H]: attention (its keys and values written at
     `slots` of `kv`, the layer's part of the cache, a `kvcache.SlotLayer`), then the MLP, each added
-    to the residual stream. `cos`, `sin`: the pass's rotary embedding [1, w, 1, D], the sine's sign folded in
-    (`signed_sine`)."""
+    to the residual stream. `cos`, `sin`: the pass's rotary embedding [1, 1, w, D], the sine's sign
+    folded in (`signed_sine`)."""
     attention = layer.self_attn
     width, head_dim = hidden.shape[1], attention.head_dim
     normalised = normed(layer.input_layernorm, hidden)
@@ -82,7 +83,9 @@ def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     keys = attention.k_proj(normalised).view(1, width, -1, head_dim)  # [1, w, H_kv, D]
     values = attention.v_proj(normalised).view(1, width, -1, head_dim)
     heads = queries.shape[2]
-    rotated = rotate(torch.cat([queries, keys], dim=2), cos, sin).transpose(1, 2)  # [1, H + H_kv, w, D]
+    # [1, H + H_kv, w, D], head by head in memory: the queries of a group of heads are rows of one
+    # tensor as they are (`grouped_attention`), with no copy for a pass of several tokens
+    rotated = rotate(torch.cat([queries.transpose(1, 2), keys.transpose(1, 2)], dim=1), cos, sin)
     cached_keys, cached_values = kv.write(slots, rotated[:, heads:], values.transpose(1, 2))
     out, _ = attend(attention, rotated[:, :heads], cached_keys, cached_values, mask, dropout=0.0,
                     scaling=attention.scaling, **extras)  # [1, w, H, D]
