@@ -37,8 +37,9 @@ ATTENTIONS = ("sdpa", "eager", GROUPED)  # attention implementations that take t
 def writes_out(decoder: torch.nn.Module) -> bool:
     """Whether `decoder_pass` runs `decoder`: a `LlamaModel` whose projections have no bias, with
     SiLU, rotary frequencies fixed at load, an attention that takes an additive mask (ATTENTIONS),
-    and no accelerate hooks (which move weights on a module's call: the norms here are read, not
-    called)."""
+    and no accelerate hook on a module whose forward it skips (`bypassed`: a hook moves weights in
+    on a module's call). It runs before every eager static pass, so it looks at the modules it
+    skips, not at every module."""
     if type(decoder) is not LlamaModel:
         return False
     config = decoder.config
@@ -46,7 +47,15 @@ def writes_out(decoder: torch.nn.Module) -> bool:
     return (not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
             and config.hidden_act == "silu" and config._attn_implementation in ATTENTIONS
             and rope in FIXED_ROPE and getattr(config, "pretraining_tp", 1) == 1
-            and not any(hasattr(module, "_hf_hook") for module in decoder.modules()))
+            and not any("_hf_hook" in vars(module) for module in bypassed(decoder)))
+
+
+def bypassed(decoder: LlamaModel):
+    """The modules whose forward `decoder_pass` does not call (it reads their weights, or calls
+    their children): where accelerate hooked one, its weights would not move in."""
+    yield from (decoder, decoder.norm)
+    for layer in decoder.layers:
+        yield from (layer, layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm)
 
 
 def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
