@@ -241,10 +241,11 @@ def test_a_layout_reads_back_as_the_positions_start_and_sees_it_was_built_from()
     """A pass's layout reaches its graph as one buffer; its views give back the padded layout."""
     positions = torch.tensor([[300, 301, 301]])
     sees = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)) > 0.5  # 2 look back, 3 fed
-    at, start, seen = layout_views(padded_layout(positions, sees, 4, look_back=8, start=299), 4)
-    assert at.tolist() == [[300, 301, 301, 301]] and start.dim() == 0 and int(start) == 299
-    expected = torch.zeros(4, 12, dtype=torch.bool)
-    expected[:, :8] = True  # the window's columns, seen by every node but where `sees` says otherwise
-    expected[:3, 6:11] = sees
-    expected[3, 11] = True  # the padded node sees itself alone
-    assert torch.equal(seen, expected)
+    view = layout_views(padded_layout(positions, sees, 4, look_back=8, start=299), 4)
+    assert view.positions.tolist() == [[300, 301, 301, 301]] and view.start.dim() == 0 and int(view.start) == 299
+    assert view.slots.tolist() == [299, 300, 301, 302] and int(view.first) == 299 - 8 - 1
+    expected = torch.zeros(4, 14, dtype=torch.bool)
+    expected[:, :9] = True  # the cache before the window, then the window's columns, seen by every node
+    expected[:3, 7:12] = sees  # but where `sees` says otherwise
+    expected[3, 12] = True  # the padded node sees itself alone; the last column, past the pass, none
+    assert torch.equal(view.sees, expected)

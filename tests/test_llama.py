@@ -67,7 +67,9 @@ def both(model, width: int, cached: int = 0, hidden_states: bool = False):
                 out = decoder(input_ids=fed, attention_mask=mask, position_ids=positions, past_key_values=cache,
                               use_cache=True, output_hidden_states=hidden_states, **per_pass(decoder))
             else:
-                out = llama.decoder_pass(decoder, cache, fed, positions, mask, hidden_states, **per_pass(decoder))
+                slots = torch.arange(cached, cached + width, device=device)
+                out = llama.decoder_pass(decoder, cache, fed, positions, slots, mask, hidden_states,
+                                         **per_pass(decoder))
             outs.append(out)
             caches.append(cache)
     return outs, caches
@@ -84,6 +86,25 @@ def test_float32_pass_equals_transformers_decoder_exactly(grouped, width, cached
     assert len(ours.hidden_states) == len(theirs.hidden_states) == 4
     assert all(torch.equal(a, b) for a, b in zip(ours.hidden_states, theirs.hidden_states))
     assert torch.equal(our_cache.buffer, their_cache.buffer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_table_holds_the_values_a_pass_would_compute(dtype):
+    """A pass reads its positions' rows of the table made with the cache: exactly what the rotary
+    embedding computes for them (the cosine, and the sine with its first half negated)."""
+    decoder = tiny(dtype).model
+    table = llama.rotary_table(decoder, 32)
+    positions = torch.tensor([[3, 17, 17, 31, 0]])
+    with_table = llama.rotary_rows(decoder, StaticKV(decoder, 32, rotary=table), positions, table)
+    computed = llama.rotary_rows(decoder, StaticKV(decoder, 32), positions, table)
+    assert table.shape == (32, 2, 16) and table.dtype == dtype
+    assert all(torch.equal(a, b) for a, b in zip(with_table, computed))
+    assert with_table[0].shape == (1, 1, 5, 16)
+
+
+def test_only_a_decoder_the_pass_writes_out_gets_a_rotary_table():
+    assert llama.rotary_table(tiny(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+                              .model, 32) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -111,7 +132,8 @@ def test_a_feature_draft_decoder_fed_embeddings_without_a_final_norm():
     with torch.inference_mode():
         outs = [decoder(inputs_embeds=embedded, attention_mask=mask, position_ids=positions,
                         past_key_values=StaticKV(model, 16), use_cache=True).last_hidden_state,
-                llama.decoder_pass(decoder, StaticKV(model, 16), embedded, positions, mask).last_hidden_state]
+                llama.decoder_pass(decoder, StaticKV(model, 16), embedded, positions, torch.arange(4),
+                                   mask).last_hidden_state]
     assert torch.equal(*outs)
 
 
@@ -142,27 +164,28 @@ def test_a_layer_costs_fewer_operations_than_transformers(dtype):
     runs 7 products, 2 norms, the rotation of queries and keys together (a join, a roll, two
     products, a sum), 2 writes to the cache, the attention, SiLU, the gate's product and 2 residual
     sums: 21, where transformers' layer runs over half as many again, casts not counted (its norms
-    square, reduce and scale in separate steps, its rotary embedding rotates queries and keys apart)."""
+    square, reduce and scale in separate steps, its rotary embedding rotates queries and keys apart).
+    Besides the layers the pass runs the embedding, one read of the rotary table, the grouped
+    attention's mask tiled once (`grouped_attention.per_pass`) and the final norm."""
     model = tiny(dtype, grouped=True)
     counts = []
     for run in range(2):
         decoder = model.model
-        cache = StaticKV(model, 16)
+        cache = StaticKV(model, 16, rotary=llama.rotary_table(decoder, 16))
         positions, allowed = layout(0, 1, 16)
-        mask = additive(allowed, dtype)
+        mask, slots, fed = additive(allowed, dtype), torch.arange(1), torch.zeros(1, 1, dtype=torch.long)
         with Operations() as operations, torch.inference_mode():
             if run:
-                llama.decoder_pass(decoder, cache, torch.zeros(1, 1, dtype=torch.long), positions, mask,
-                                   **per_pass(decoder))
+                llama.decoder_pass(decoder, cache, fed, positions, slots, mask, **per_pass(decoder))
             else:
-                decoder(input_ids=torch.zeros(1, 1, dtype=torch.long), attention_mask=mask, position_ids=positions,
+                decoder(input_ids=fed, attention_mask=mask, position_ids=positions,
                         past_key_values=cache, use_cache=True, **per_pass(decoder))
         counts.append(operations.kinds)
     theirs, ours = counts
     layers = model.config.num_hidden_layers
     assert ours["rms_norm"] == 2 * layers + 1 and ours["roll"] == layers and ours["linear"] == 7 * layers
-    # besides the layers, under 20: the embedding, the rotary table, the slots, the final norm
-    assert sum(ours.values()) <= 21 * layers + 20
+    assert ours["index"] == 1 and sum(ours.values()) <= 21 * layers + 4
+    assert ours["cos"] == ours["sin"] == 0
     assert sum(theirs.values()) >= 1.6 * sum(ours.values())
 
 
@@ -190,5 +213,6 @@ def test_grouped_attention_reads_a_group_of_queries_without_a_copy():
     positions, allowed = layout(0, 6, 16)
     mask = additive(allowed, torch.float32)
     with Copies() as copies, torch.inference_mode():
-        llama.decoder_pass(decoder, cache, torch.zeros(1, 6, dtype=torch.long), positions, mask, **per_pass(decoder))
+        llama.decoder_pass(decoder, cache, torch.zeros(1, 6, dtype=torch.long), positions, torch.arange(6), mask,
+                           **per_pass(decoder))
     assert copies.copies == 0

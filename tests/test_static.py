@@ -14,7 +14,15 @@ from specdemo.core.attention import additive_mask, chain_positions, sees_from_pa
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import layout_views, padded_inputs
 from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
-from specdemo.core.static import CompiledPass, compile_passes, fitted_size, padded_layout, request_cache, static_forward
+from specdemo.core.static import (
+    CompiledPass,
+    compile_passes,
+    fitted_size,
+    padded_layout,
+    request_cache,
+    static_forward,
+    unpadded_layout,
+)
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, target_pass
 from specdemo.methods import ar, medusa, speculative
@@ -22,6 +30,15 @@ from specdemo.methods import ar, medusa, speculative
 from conftest import make_tiny_model
 
 TREE = [-1, 0, 0, 1, -1, 4]  # two roots' children, branching: a forest as the engine feeds it
+
+
+def laid_out(positions: torch.Tensor, sees: torch.Tensor, start: int):
+    """The layout of an unpadded pass writing at `start`, on the CPU."""
+    return unpadded_layout(positions, sees, start, torch.device("cpu"))
+
+
+def prompt_layout(n: int):
+    return laid_out(torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril(), 0)
 
 
 def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_length(tiny_model, prompt_ids):
@@ -41,14 +58,14 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
         for layer in static.layers:  # garbage everywhere: only what a pass writes may be read
             layer.keys.normal_(), layer.values.normal_()
         n = prompt_ids.shape[1]
-        static_forward(decoder, static, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+        static_forward(decoder, static, prompt_ids, prompt_layout(n))
         static.length = n
         static.start.fill_(n)
-        got = static_forward(decoder, static, tokens, chain_positions(sees, n), sees)
+        got = static_forward(decoder, static, tokens, laid_out(chain_positions(sees, n), sees, n))
         # the same pass again, also returning the residual stream after layer 1 (a feature draft's `layers`)
         static.length = n
         static.start.fill_(n)
-        joined, logits = static_forward(decoder, static, tokens, chain_positions(sees, n), sees,
+        joined, logits = static_forward(decoder, static, tokens, laid_out(chain_positions(sees, n), sees, n),
                                         tiny_model.get_output_embeddings(), layers=(1,))
         expected_logits = tiny_model.get_output_embeddings()(expected)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -68,12 +85,12 @@ def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(t
         for cache, window in zip(caches, (None, n + tokens.shape[1])):
             for layer in cache.layers:  # stale data past the valid length, different in each buffer
                 layer.keys.normal_(), layer.values.normal_()
-            static_forward(decoder, cache, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+            static_forward(decoder, cache, prompt_ids, prompt_layout(n))
             cache.length = n
             cache.start.fill_(n)
             seen = cache if window is None else cache.window(window)
             assert seen.get_seq_length() == n and (window is None or seen.layers[0].keys.shape[2] == window)
-            outputs.append(static_forward(decoder, seen, tokens, chain_positions(sees, n), sees))
+            outputs.append(static_forward(decoder, seen, tokens, laid_out(chain_positions(sees, n), sees, n)))
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
     end = n + tokens.shape[1]
     for whole, windowed in zip(caches[0].layers, caches[1].layers):
@@ -84,8 +101,11 @@ def test_a_window_of_the_buffer_gives_the_same_pass_and_writes_into_the_buffer(t
 def test_padding_masks_the_padded_nodes_out():
     sees = sees_from_parents(TREE)
     tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)
-    fed, (at, _, seen) = padded_inputs(tokens, 8), layout_views(padded_layout(positions, sees, 8), 8)
+    fed, view = padded_inputs(tokens, 8), layout_views(padded_layout(positions, sees, 8, start=10), 8)
+    at, seen = view.positions, view.sees[:, 1:-1]
     assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
+    assert view.slots.tolist() == list(range(10, 18)) and int(view.start) == 10 and int(view.first) == 9
+    assert view.sees[:, 0].all() and not view.sees[:, -1].any()  # the cache before the pass; what lies past it
     assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions[0].tolist()
     assert torch.equal(seen[:6, :6], sees)
     assert not seen[:6, 6:].any() and not seen[6:, :6].any()  # no real node sees a padded one, nor the reverse
@@ -107,18 +127,19 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
         for cache, padded in zip(caches, (False, True)):
             for layer in cache.layers:
                 layer.keys.normal_(), layer.values.normal_()
-            static_forward(decoder, cache, prompt_ids, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril())
+            static_forward(decoder, cache, prompt_ids, prompt_layout(n))
             cache.length = n
             cache.start.fill_(n)
-            static_forward(decoder, cache, level, torch.full((1, 3), n), torch.eye(3, dtype=torch.bool))
+            static_forward(decoder, cache, level, laid_out(torch.full((1, 3), n), torch.eye(3, dtype=torch.bool), n))
             cache.length = n + 3
             cache.start.fill_(n + 3)
             if padded:
-                at, _, seen = layout_views(padded_layout(positions, sees, 8, look_back=8), 8)
+                view = layout_views(padded_layout(positions, sees, 8, look_back=8, start=n + 3), 8)
+                seen = view.sees[:, 1:-1]
                 assert seen.shape == (8, 16) and seen[:, :5].all() and torch.equal(seen[:2, 5:10], sees)
-                outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), at, seen)[:, :2])
+                outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), view)[:, :2])
             else:
-                outputs.append(static_forward(decoder, cache, tokens, positions, sees))
+                outputs.append(static_forward(decoder, cache, tokens, laid_out(positions, sees, n + 3)))
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
     for unpadded, padded in zip(caches[0].layers, caches[1].layers):
         torch.testing.assert_close(padded.keys[:, :, : n + 5], unpadded.keys[:, :, : n + 5])

@@ -22,8 +22,7 @@ def additive_mask(sees: torch.Tensor, prefix_length: int, dtype: torch.dtype) ->
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The 4D mask [1, 1, q, k] for `allowed` [q, k] (bool): 0 where a query may attend, the
     dtype's lowest value where it may not."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
 
 
 def chain_positions(sees: torch.Tensor, prefix_length: int) -> torch.Tensor:

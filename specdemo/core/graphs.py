@@ -32,10 +32,12 @@ import gc
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
+from specdemo.core import llama
 from specdemo.core.kvcache import StaticKV
 
 GRAPH_CAPACITY = 4096  # positions of the buffer the graphs own: a prompt, its answer and a pass's padding
@@ -48,7 +50,7 @@ class Graph:
 
     graph: "torch.cuda.CUDAGraph"
     inputs: torch.Tensor
-    layout: torch.Tensor  # `static.padded_layout`'s bytes: the pass's positions, its cache's start, what each node sees
+    layout: torch.Tensor  # `static.padded_layout`'s bytes: the pass's positions, where it writes, what each node sees
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
@@ -56,7 +58,7 @@ class CudaGraphs:
     """The CUDA graphs of one model's static pass and the KV buffer they own."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, windows: tuple[int, ...] = ()):
-        self.cache = StaticKV(model, capacity)
+        self.cache = StaticKV(model, capacity, rotary=llama.rotary_table(model.get_decoder(), capacity))
         self.windows = tuple(sorted(windows))
         self.pool = None  # the memory pool the graphs share, made at the first capture
         self.graphs: dict[tuple, Graph] = {}
@@ -93,15 +95,15 @@ class CudaGraphs:
 
     def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
                  layout: torch.Tensor, bucket: int, head: torch.nn.Module | None, layers: tuple[int, ...]):
-        """`forward(decoder, cache, inputs, positions, sees, head, layers)` (`static.static_forward`)
+        """`forward(decoder, cache, inputs, layout, head, layers)` (`static.static_forward`)
         replayed from its graph for this kind of pass, captured now if it is the first, with the
-        positions, start and sees of `layout` (`static.padded_layout`, on the CPU) for a pass of
+        layout `layout` (`static.padded_layout`'s bytes, on the CPU) for a pass of
         `bucket` nodes over `cache` (the buffer, or a window of it: `window`). `inputs` [1, w] (ids,
         or embeddings [1, w, H]) fill the first w of its slots; the padded slots keep whatever an
         earlier pass fed them: each sees only itself, no real node sees it, and what it writes lies
         past the cache's valid length."""
         width = inputs.shape[1]
-        span = (layout.shape[0] - 8 * (bucket + 1)) // bucket  # what a node may see: look-back and fed
+        span = (layout.shape[0] - 8 * (2 * bucket + 2)) // bucket  # what a node may see: look-back, fed, framing
         key = (bucket, span, inputs.dtype, head is not None, layers, cache.capacity)
         graph = self.graphs.get(key)
         if graph is None:
@@ -124,23 +126,33 @@ class CudaGraphs:
         return Graph(graph, inputs, layout, out)
 
 
-def layout_views(layout: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A pass's layout (`static.padded_layout`'s bytes) as views: its positions [1, b], the start [] where
-    it writes in its cache and sees [b, s]."""
-    split = 8 * (bucket + 1)
+class PassLayout(NamedTuple):
+    """A pass's layout on the device (`layout_views` of `static.padded_layout`'s bytes)."""
+
+    positions: torch.Tensor  # [1, b] each node's position
+    start: torch.Tensor  # [] the first slot it writes in its cache
+    first: torch.Tensor  # [] the buffer slot of `sees`' second column, less one
+    slots: torch.Tensor  # [b] the slot each node writes: start and on
+    sees: torch.Tensor  # [b, 1 + span + 1] what each node sees: the cache before the span, the span, past it
+
+
+def layout_views(layout: torch.Tensor, bucket: int) -> PassLayout:
+    """A pass's layout (`static.padded_layout`'s bytes) as views, for a pass of `bucket` nodes."""
+    split = 8 * (2 * bucket + 2)
     head = layout[:split].view(torch.int64)
-    return head[:bucket].view(1, bucket), head[bucket], layout[split:].view(torch.bool).view(bucket, -1)
+    return PassLayout(head[:bucket].view(1, bucket), head[bucket], head[bucket + 1], head[bucket + 2 :],
+                      layout[split:].view(torch.bool).view(bucket, -1))
 
 
 def replayable(forward, decoder, cache: StaticKV, inputs: torch.Tensor, layout: torch.Tensor, bucket: int, head,
                layers: tuple[int, ...]):
     """The pass a graph records: it sets `cache.start` from its `layout` (`static.padded_layout`), then
     runs `forward` on its own tensors."""
-    positions, start, sees = layout_views(layout, bucket)
+    views = layout_views(layout, bucket)
 
     def run():
-        cache.start.copy_(start)
-        return forward(decoder, cache, inputs, positions, sees, head, layers)
+        cache.start.copy_(views.start)
+        return forward(decoder, cache, inputs, views, head, layers)
 
     return run
 

@@ -96,9 +96,12 @@ class StaticKV(Cache):
     capacity, head_dim]), so moving an accepted branch into place (`keep_positions`) is one copy
     for the whole model: on a GPU each copy is a kernel launch.
     `passes`: the compiled pass (`static.CompiledPass`) that runs this cache's passes, given when
-    the cache is made (`static.request_cache`); None runs them eagerly."""
+    the cache is made (`static.request_cache`); None runs them eagerly.
+    `rotary`: each position's rotary cosine and sine [capacity, 2, D] where the pass reads them from
+    a table (`llama.rotary_table`, made with the buffer as gpt-fast makes its `freqs_cis` with its
+    caches); None: the pass computes its own."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int, passes=None):
+    def __init__(self, model: PreTrainedModel, capacity: int, passes=None, rotary: torch.Tensor | None = None):
         config = model.config.get_text_config(decoder=True)
         self.start = torch.zeros((), dtype=torch.long, device=model.device)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -112,9 +115,11 @@ class StaticKV(Cache):
         for layer in self.layers:  # one compiled graph serves every capacity
             torch._dynamo.maybe_mark_dynamic(layer.keys, 2)
             torch._dynamo.maybe_mark_dynamic(layer.values, 2)
+        if rotary is not None:
+            torch._dynamo.maybe_mark_dynamic(rotary, 0)
         self.capacity = capacity
         self.length = 0
-        self.passes = passes
+        self.passes, self.rotary = passes, rotary
         self.windows: dict[int, StaticKV] = {}  # by length, built once
 
     def window(self, length: int) -> "StaticKV":
@@ -128,6 +133,7 @@ class StaticKV(Cache):
             view = StaticKV.__new__(StaticKV)
             Cache.__init__(view, layers=[layer.window(length) for layer in self.layers])
             view.start, view.capacity, view.windows, view.passes = self.start, length, {}, self.passes
+            view.rotary = self.rotary
             view.buffer = self.buffer[..., :length, :]
             self.windows[length] = view
         self.windows[length].length = self.length
@@ -139,6 +145,7 @@ class StaticKV(Cache):
         view = StaticKV.__new__(StaticKV)
         Cache.__init__(view, layers=[copy.copy(layer) for layer in self.layers])
         view.start, view.capacity, view.windows, view.length, view.passes = self.start, self.capacity, {}, 0, passes
+        view.rotary = self.rotary
         view.buffer = self.buffer
         return view
 

@@ -8,8 +8,9 @@ computes its positions again in every layer. Here one layer is
 - each RMSNorm one call (`F.rms_norm`, one kernel with CUDA);
 - the queries and keys rotated together, as one tensor [1, H + H_kv, w, D] laid out head by head
   (so grouped attention reads a group's queries without copying them), by a roll and a sine
-  whose sign is folded in once a pass (`rotate`);
-- the keys and values written at the slots computed once a pass (`kvcache.SlotLayer.write`);
+  whose sign is folded in (`rotate`); the pass reads its positions' cosine and sine from a table
+  made with the cache (`rotary_table`), one kernel where transformers' embedding takes nine;
+- the keys and values written at the slots the pass is given (`kvcache.SlotLayer.write`);
 - the model's own attention (the registered implementation its config names: `grouped_attention`
   or SDPA), its own products (prepacked ones on a CPU) and its own MLP module.
 On a CPU in float32 the values are transformers' exactly (the same operations in the same order);
@@ -59,16 +60,16 @@ def bypassed(decoder: LlamaModel):
 
 
 def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor, hidden_states: bool = False, **extras) -> BaseModelOutputWithPast:
+                 slots: torch.Tensor, mask: torch.Tensor, hidden_states: bool = False,
+                 **extras) -> BaseModelOutputWithPast:
     """transformers' `decoder(input_ids or inputs_embeds=inputs, attention_mask=mask,
     position_ids=positions, past_key_values=cache, output_hidden_states=hidden_states)` over a
-    static cache, writing at its `start` and on: the last hidden states [1, w, H], and with
-    `hidden_states` the residual stream before the first layer and after each one (the last
-    normed). `extras`: what the attention takes beside (`grouped_attention.per_pass`)."""
+    static cache, writing token i's keys and values at `slots[i]` ([w]: the cache's start and on):
+    the last hidden states [1, w, H], and with `hidden_states` the residual stream before the
+    first layer and after each one (the last normed). `extras`: what the attention takes beside
+    (`grouped_attention.per_pass`)."""
     hidden = decoder.embed_tokens(inputs) if not inputs.is_floating_point() else inputs
-    cos, sin = decoder.rotary_emb(hidden, positions)  # [1, w, D]
-    cos, sin = cos[:, None], signed_sine(sin)[:, None]  # [1, 1, w, D]: every head alike
-    slots = cache.start + torch.arange(inputs.shape[1], device=hidden.device)
+    cos, sin = rotary_rows(decoder, cache, positions, hidden)
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(decoder.config._attn_implementation, eager_attention_forward)
     states = [hidden]
     for index, layer in enumerate(decoder.layers):
@@ -77,6 +78,30 @@ def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, pos
     hidden = normed(decoder.norm, hidden)
     states[-1] = hidden
     return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=tuple(states) if hidden_states else None)
+
+
+def rotary_table(decoder: torch.nn.Module, capacity: int) -> torch.Tensor | None:
+    """The rotary embedding's cosine and sine (its sign folded in, `signed_sine`) at every position
+    below `capacity`, [capacity, 2, D] in the decoder's dtype, for a decoder `decoder_pass` runs
+    (else None): a pass then reads its positions' rows (`rotary_rows`), one kernel where computing
+    them takes nine or more. The same values: the embedding is computed position by position."""
+    if not writes_out(decoder):
+        return None
+    probe = torch.empty(0, dtype=decoder.dtype, device=decoder.device)  # the embedding reads its dtype and device
+    cos, sin = decoder.rotary_emb(probe, torch.arange(capacity, device=decoder.device)[None])
+    return torch.stack([cos[0], signed_sine(sin[0])], dim=1)
+
+
+def rotary_rows(decoder: LlamaModel, cache: StaticKV, positions: torch.Tensor,
+                hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pass's rotary cosine and signed sine [1, 1, w, D] at `positions` [1, w], every head
+    alike, in the dtype of `hidden`: rows of the cache's table (`rotary_table`) where it has one,
+    else computed."""
+    if cache.rotary is not None:
+        rows = cache.rotary[positions[0]]  # [w, 2, D]
+        return rows[None, None, :, 0], rows[None, None, :, 1]
+    cos, sin = decoder.rotary_emb(hidden, positions)  # [1, w, D]
+    return cos[:, None], signed_sine(sin)[:, None]
 
 
 def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, slots: torch.Tensor,

@@ -4,8 +4,8 @@ A request's target cache is a `kvcache.StaticKV`, allocated once for its maximum
 writes its tokens' keys and values at the valid length and on, and rollback only moves that
 length. Every pass is padded to the smallest of a few widths (`BUCKETS`), its padded nodes
 masked out, so one graph serves every pass of that width whatever the cache holds: the mask is
-built inside the graph from the cache's `start` tensor. A pass wider than the largest bucket (a
-prompt) runs the same function eagerly.
+built inside the graph from the pass's layout, which the host writes into the graph's inputs. A
+pass wider than the largest bucket (a prompt) runs the same function eagerly.
 
 `compile_passes(model)` builds the graphs of one model and returns them as a `CompiledPass`, a
 value its caller holds beside the model (a `models.LoadedModel`, a draft's options) and passes
@@ -32,11 +32,11 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 from specdemo.core import llama
 from specdemo.core.attention import additive
 from specdemo.core.errors import SpecDemoError
-from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, layout_views, padded_inputs
+from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, PassLayout, layout_views, padded_inputs
 from specdemo.core.grouped_attention import per_pass
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.process import compiling_on_cpu
-from specdemo.core.transfer import tensor_on
+from specdemo.core.transfer import tensor_on, to_device
 
 log = logging.getLogger(__name__)
 
@@ -52,31 +52,30 @@ WINDOW_STEP = 64
 CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
 
 
-def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
-                   sees: torch.Tensor, head: torch.nn.Module | None = None,
+def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, layout: PassLayout,
+                   head: torch.nn.Module | None = None,
                    layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The decoder's last hidden states [1, w, H] over `inputs` (token ids [1, w], or embeddings
-    [1, w, H] for a decoder fed by something else: a feature draft) at `positions` [1, w], written
-    into `cache` at `cache.start` and on. `sees` [w, back + w] says what token i attends to among
-    the last `back` cached positions and the new tokens; it attends to every valid cached
-    position before those (before `start - back`), and never to what lies past the new tokens.
+    [1, w, H] for a decoder fed by something else: a feature draft) as `layout` lays them out
+    (`padded_layout`): at its positions, written into `cache` at its slots, token i attending to
+    what its `sees` row says of the span of `back` cached positions and the new tokens; it attends
+    to every valid cached position before the span, and never to what lies past the new tokens.
     A target pass has back = 0; a draft tree's later levels look back at the branches fed before.
     With `head` (the target's LM head): the hidden states and the logits [1, w, V] in float32,
     the head inside the graph (on a CPU its weights prepacked by freezing; float32, whose argmax
     is faster than bfloat16's).
     `layers`: the hidden states are `with_layers`' (the head reads the last ones).
     A Llama decoder runs written out (`llama.decoder_pass`: transformers' values in fewer
-    kernels); any other runs transformers' forward."""
-    width, span = inputs.shape[1], sees.shape[1]
-    kv = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
-    offset = kv - (cache.start - (span - width))  # where each buffer slot lies relative to the window's first
-    window = (offset >= 0) & (offset < span)
-    allowed = (offset < 0)[None] | (sees[:, offset.clamp(0, span - 1)] & window[None])  # [w, capacity]
-    mask = additive(allowed, decoder.dtype)
+    kernels); any other runs transformers' forward, which writes at `cache.start`."""
+    # each buffer slot's column of the framed `sees`: the first (all seen) before the span, the last (none) past it
+    every_slot = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
+    columns = (every_slot - layout.first).clamp(0, layout.sees.shape[1] - 1)
+    mask = additive(layout.sees[:, columns], decoder.dtype)
     if llama.writes_out(decoder):  # the same values in fewer kernels
-        out = llama.decoder_pass(decoder, cache, inputs, positions, mask, bool(layers), **per_pass(decoder))
+        out = llama.decoder_pass(decoder, cache, inputs, layout.positions, layout.slots, mask, bool(layers),
+                                 **per_pass(decoder))
     else:
-        out = decoder(**fed(inputs), attention_mask=mask, position_ids=positions, past_key_values=cache,
+        out = decoder(**fed(inputs), attention_mask=mask, position_ids=layout.positions, past_key_values=cache,
                       use_cache=True, output_hidden_states=bool(layers), **per_pass(decoder))
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
@@ -194,7 +193,8 @@ def request_cache(model: PreTrainedModel, need: int, passes: CompiledPass | None
         return lent
     # the last pass's padded nodes are written too, and a window past them stays a view shorter than the
     # buffers: a graph compiled on views recompiled (a minute on a CPU) for the whole buffer
-    return StaticKV(model, capacity(model, need + max(passes.buckets) + WINDOW_STEP), passes)
+    length = capacity(model, need + max(passes.buckets) + WINDOW_STEP)
+    return StaticKV(model, length, passes, llama.rotary_table(model.get_decoder(), length))
 
 
 def padded_width(cache: Cache) -> Callable[[int], int | None] | None:
@@ -237,27 +237,39 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | No
 def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int, look_back: int = 0,
                   start: int = 0) -> torch.Tensor:
     """A pass's layout padded to `bucket` nodes and a look-back window of `look_back` >= back cached
-    positions, as one byte buffer on the CPU (`graphs.layout_views` reads it back): its positions
-    [1, bucket] and `start` (where it writes in its cache) as int64, then `sees` [w, back + w]
-    padded to [bucket, look_back + bucket] (bool). A pass's layout is built on the host from a
-    tree's parents, in numpy, whose small operations cost the host less than torch's, and moves to
-    the device as one copy. A padded node sits at the last position and sees only itself among the
-    fed nodes; no real node sees it, and what it writes into the cache lies past the valid length.
-    Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass fed that
-    slot. The window's added columns come first and are seen by every node: they hold cached
-    positions before the first one some node may not see."""
+    positions, as one byte buffer on the CPU (`graphs.layout_views` reads it back). As int64: its
+    positions [1, bucket], `start` (where it writes in its cache), the slot before the span that
+    `sees` covers, and the slots it writes [bucket] (start and on); then, as bool, `sees` [w, back + w]
+    padded to [bucket, look_back + bucket] and framed by a first column every node sees (the
+    cache before the span) and a last one none sees (past the pass), so the pass builds its mask
+    from a slot's column alone (`static_forward`). A pass's layout is built on the host from a
+    tree's parents, in numpy, whose small operations cost the host less than torch's, and moves
+    to the device as one copy. A padded node sits at the last position and sees only itself among
+    the fed nodes; no real node sees it, and what it writes into the cache lies past the valid
+    length. Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass
+    fed that slot. The window's added columns come first and are seen by every node: they hold
+    cached positions before the first one some node may not see."""
     width = positions.shape[1]
     back = sees.shape[1] - width
-    split = 8 * (bucket + 1)
-    layout = np.empty(split + bucket * (look_back + bucket), dtype=np.uint8)
+    split = 8 * (2 * bucket + 2)
+    layout = np.empty(split + bucket * (look_back + bucket + 2), dtype=np.uint8)
     head = layout[:split].view(np.int64)
     head[:width] = positions.numpy(force=True)[0]
-    head[width:bucket], head[bucket] = head[width - 1], start
-    seen = layout[split:].view(bool).reshape(bucket, look_back + bucket)
+    head[width:bucket], head[bucket], head[bucket + 1] = head[width - 1], start, start - look_back - 1
+    head[bucket + 2 :] = np.arange(start, start + bucket)
+    framed = layout[split:].view(bool).reshape(bucket, look_back + bucket + 2)
+    framed[:, 0], framed[:, -1] = True, False
+    seen = framed[:, 1:-1]
     seen[:, :look_back] = True
     seen[:, look_back:] = np.eye(bucket, dtype=bool)
     seen[:width, look_back - back : look_back + width] = sees.numpy(force=True)
     return torch.from_numpy(layout)
+
+
+def unpadded_layout(positions: torch.Tensor, sees: torch.Tensor, start: int, device: torch.device) -> PassLayout:
+    """The layout of a pass run as it is fed, without padding (`padded_layout`), on `device`."""
+    width = positions.shape[1]
+    return layout_views(to_device(padded_layout(positions, sees, width, sees.shape[1] - width, start), device), width)
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
@@ -305,8 +317,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:  # eagerly: the start set here, as a graph sets it from its layout
         cache.start.fill_(cache.length)
-        positions, sees = positions.to(inputs.device), sees.to(inputs.device)
-        hidden = static_forward(model.get_decoder(), seen, inputs, positions, sees, layers=layers)
+        layout = unpadded_layout(positions, sees, cache.length, inputs.device)
+        hidden = static_forward(model.get_decoder(), seen, inputs, layout, layers=layers)
         out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows), -model.config.hidden_size :]).float())
         if passes:
             passes.runs[0] += 1
@@ -326,8 +338,7 @@ def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, in
     if passes.graphs is not None:
         return passes.graphs(passes.forward, decoder, cache, inputs, layout, bucket, head, layers)
     cache.start.fill_(start)
-    at, _, seen = layout_views(layout, bucket)
-    return passes.forward(decoder, cache, padded_inputs(inputs, bucket), at.to(inputs.device), seen.to(inputs.device),
+    return passes.forward(decoder, cache, padded_inputs(inputs, bucket), layout_views(layout.to(inputs.device), bucket),
                           head, layers)
 
 
