@@ -54,6 +54,17 @@ def test_greedy_equals_ar_on_cuda(models, cuda_prompt, run):
     assert summary.target_forwards <= 48
 
 
+def test_each_step_times_its_target_pass_without_a_wait_of_its_own(models, cuda_prompt):
+    """A pass's time comes from two CUDA events read once the step waited for its choices
+    (`loop.PassClock`): every step has one, and no step's exceeds the run's."""
+    model, _ = models
+    events = list(ar.generate(model, cuda_prompt, max_new_tokens=16, eos_token_ids=()))
+    summary = final_summary(events)
+    steps = [event.target_s for event in events[:-1]]
+    assert len(steps) == 16 and all(0 < seconds <= summary.elapsed_s for seconds in steps)
+    assert summary.target_s == pytest.approx(sum(steps))
+
+
 def test_sampling_runs_on_cuda(models, cuda_prompt):
     model, other = models
     sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=3)
