@@ -28,14 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_graphs import ReplayedFunctionGraphs, ReplayedGraphs  # noqa: E402
 
 from specdemo.core.events import final_summary  # noqa: E402
-from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, static_forward, warm_up  # noqa: E402
+from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, joined_forward, warm_up  # noqa: E402
 from specdemo.methods import get_method, method_options  # noqa: E402
 from specdemo.models import load_model  # noqa: E402
 
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
-VIEWS = frozenset({"alias", "as_strided", "detach", "detach_", "expand", "lift_fresh", "permute", "resolve_conj",
-                   "resolve_neg", "select", "slice", "split", "squeeze", "t", "transpose", "unbind", "unfold",
-                   "unsqueeze", "view", "_unsafe_view"})
+VIEWS = frozenset({"alias", "as_strided", "chunk", "detach", "detach_", "expand", "lift_fresh", "permute",
+                   "resolve_conj", "resolve_neg", "select", "slice", "split", "split_with_sizes", "squeeze", "t",
+                   "transpose", "unbind", "unfold", "unsqueeze", "view", "_unsafe_view"})
 MAYBE_COPIES = frozenset({"reshape", "contiguous"})  # a copy where the input's layout allows no view: counted then
 PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
            "Explain how a refrigerator works, step by step, for a ten-year-old.")
@@ -91,7 +91,9 @@ def stand_ins(clock: Clock):
             return captured
 
     def graphed(model, buckets, role):
-        passes = CompiledPass(static_forward, buckets, "cuda-graphs", graphs=Graphs(model, 4096))
+        # as `static.compile_passes` with CUDA: the decoder's products joined
+        passes = CompiledPass(joined_forward(model.get_decoder(), 1 << 40), buckets, "cuda-graphs",
+                              graphs=Graphs(model, 4096))
         warm_up(model, passes, None, role)
         return passes
 

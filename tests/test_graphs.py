@@ -17,10 +17,10 @@ from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import (
     DRAFT_BUCKETS,
     CompiledPass,
+    joined_forward,
     padded_layout,
     padded_width,
     request_cache,
-    static_forward,
     static_pass,
     warm_up,
 )
@@ -31,6 +31,7 @@ from test_eagle import feature_draft
 from test_medusa import CHOICES, random_heads
 
 BUCKETS = (1, 8, 16)
+ROOM = 1 << 40  # bytes a decoder's joined products may take: any
 
 
 class ReplayedGraphs(CudaGraphs):
@@ -54,8 +55,10 @@ class ReplayedGraphs(CudaGraphs):
 
 
 def graphed(model, capacity: int = 256, buckets: tuple[int, ...] = BUCKETS, role: str = "target"):
-    """`model` with the graph path `static.compile_passes` builds with CUDA, replayed on a CPU."""
-    passes = CompiledPass(static_forward, buckets, "cuda-graphs", graphs=ReplayedGraphs(model, capacity))
+    """`model` with the graph path `static.compile_passes` builds with CUDA (its products joined),
+    replayed on a CPU."""
+    passes = CompiledPass(joined_forward(model.get_decoder(), ROOM), buckets, "cuda-graphs",
+                          graphs=ReplayedGraphs(model, capacity))
     warm_up(model, passes, None, role)
     return passes
 
@@ -98,7 +101,8 @@ def test_a_pass_attends_over_the_smallest_window_that_holds_it(graphed_models, p
     wider windows, and it is still AR's answer."""
     target, configs, expected, _ = graphed_models
     generate, options, reference = configs[name]
-    passes = CompiledPass(static_forward, BUCKETS, "cuda-graphs", graphs=ReplayedGraphs(target, 256, (8, 16, 32)))
+    passes = CompiledPass(joined_forward(target.get_decoder(), ROOM), BUCKETS, "cuda-graphs",
+                          graphs=ReplayedGraphs(target, 256, (8, 16, 32)))
     warm_up(target, passes, None, "target")
     captured = {(key[0], key[-1]) for key in passes.graphs.graphs}  # (width, window)
     assert captured == {(width, span) for width in BUCKETS for span in (8, 16, 32, 256) if width <= span}

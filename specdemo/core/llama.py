@@ -21,6 +21,8 @@ load, an attention that reads an additive mask, no accelerate hooks); every othe
 transformers' forward (`static.static_forward`).
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from transformers import LlamaModel
@@ -61,23 +63,48 @@ def bypassed(decoder: LlamaModel):
 
 def decoder_pass(decoder: LlamaModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
                  slots: torch.Tensor, mask: torch.Tensor, hidden_states: bool = False,
-                 **extras) -> BaseModelOutputWithPast:
+                 joined: tuple["Joined", ...] | None = None, **extras) -> BaseModelOutputWithPast:
     """transformers' `decoder(input_ids or inputs_embeds=inputs, attention_mask=mask,
     position_ids=positions, past_key_values=cache, output_hidden_states=hidden_states)` over a
     static cache, writing token i's keys and values at `slots[i]` ([w]: the cache's start and on):
     the last hidden states [1, w, H], and with `hidden_states` the residual stream before the
-    first layer and after each one (the last normed). `extras`: what the attention takes beside
+    first layer and after each one (the last normed). `joined`: each layer's products joined
+    (`joined_weights`); None: the modules' own. `extras`: what the attention takes beside
     (`grouped_attention.per_pass`)."""
     hidden = decoder.embed_tokens(inputs) if not inputs.is_floating_point() else inputs
     cos, sin = rotary_rows(decoder, cache, positions, hidden)
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(decoder.config._attn_implementation, eager_attention_forward)
     states = [hidden]
     for index, layer in enumerate(decoder.layers):
-        hidden = layer_pass(layer, hidden, cos, sin, cache.layers[index], slots, mask, attend, extras)
+        hidden = layer_pass(layer, hidden, cos, sin, cache.layers[index], slots, mask, attend, extras,
+                            None if joined is None else joined[index])
         states.append(hidden)
     hidden = normed(decoder.norm, hidden)
     states[-1] = hidden
     return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=tuple(states) if hidden_states else None)
+
+
+class Joined(NamedTuple):
+    """A layer's products joined: its queries', keys' and values' weights as one, its MLP's gate's and up's."""
+
+    qkv: torch.Tensor  # [H D + 2 H_kv D, hidden]
+    gate_up: torch.Tensor  # [2 I, hidden]
+
+
+def joined_weights(decoder: torch.nn.Module, room: int) -> tuple[Joined, ...] | None:
+    """Each layer's products joined, for a decoder `decoder_pass` runs whose joined weights take at
+    most `room` bytes (else None): a pass then runs two products where it ran five, and each
+    output is the same row of the same weights. The weights are copied, so a decoder joins them
+    once they are final, as it compiles its pass."""
+    if not writes_out(decoder):
+        return None
+    parts = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
+              layer.mlp.up_proj) for layer in decoder.layers]
+    if sum(part.weight.nbytes for layer in parts for part in layer) > room:
+        return None
+    with torch.no_grad():
+        return tuple(Joined(torch.cat([q.weight, k.weight, v.weight]), torch.cat([gate.weight, up.weight]))
+                     for q, k, v, gate, up in parts)
 
 
 def rotary_table(decoder: torch.nn.Module, capacity: int) -> torch.Tensor | None:
@@ -105,17 +132,22 @@ def rotary_rows(decoder: LlamaModel, cache: StaticKV, positions: torch.Tensor,
 
 
 def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, slots: torch.Tensor,
-               mask: torch.Tensor, attend, extras: dict) -> torch.Tensor:
+               mask: torch.Tensor, attend, extras: dict, joined: Joined | None = None) -> torch.Tensor:
     """One `LlamaDecoderLayer` over `hidden` [1, w, H]: attention (its keys and values written at
     `slots` of `kv`, the layer's part of the cache, a `kvcache.SlotLayer`), then the MLP, each added
     to the residual stream. `cos`, `sin`: the pass's rotary embedding [1, 1, w, D], the sine's sign
-    folded in (`signed_sine`)."""
-    attention = layer.self_attn
+    folded in (`signed_sine`). `joined`: the layer's products joined (`joined_weights`)."""
+    attention, mlp = layer.self_attn, layer.mlp
     width, head_dim = hidden.shape[1], attention.head_dim
     normalised = normed(layer.input_layernorm, hidden)
-    queries = attention.q_proj(normalised).view(1, width, -1, head_dim)  # [1, w, H, D]
-    keys = attention.k_proj(normalised).view(1, width, -1, head_dim)  # [1, w, H_kv, D]
-    values = attention.v_proj(normalised).view(1, width, -1, head_dim)
+    if joined is None:
+        queries, keys, values = (attention.q_proj(normalised), attention.k_proj(normalised),
+                                 attention.v_proj(normalised))
+    else:
+        sizes = [attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features]
+        queries, keys, values = F.linear(normalised, joined.qkv).split(sizes, dim=-1)
+    queries = queries.view(1, width, -1, head_dim)  # [1, w, H, D]
+    keys, values = keys.view(1, width, -1, head_dim), values.view(1, width, -1, head_dim)  # [1, w, H_kv, D]
     heads = queries.shape[2]
     # [1, H + H_kv, w, D], head by head in memory: the queries of a group of heads are rows of one
     # tensor as they are (`grouped_attention`), with no copy for a pass of several tokens
@@ -124,7 +156,11 @@ def layer_pass(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     out, _ = attend(attention, rotated[:, :heads], cached_keys, cached_values, mask, dropout=0.0,
                     scaling=attention.scaling, **extras)  # [1, w, H, D]
     hidden = hidden + attention.o_proj(out.reshape(1, width, -1))
-    return hidden + layer.mlp(normed(layer.post_attention_layernorm, hidden))
+    normalised = normed(layer.post_attention_layernorm, hidden)
+    if joined is None:
+        return hidden + mlp(normalised)
+    gate, up = F.linear(normalised, joined.gate_up).chunk(2, dim=-1)
+    return hidden + mlp.down_proj(mlp.act_fn(gate) * up)  # `LlamaMLP`'s products
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

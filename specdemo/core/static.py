@@ -19,6 +19,7 @@ DynamicCache and the eager pass. A draft (the token draft, the feature draft's d
 gets graphs the same way for its own widths (`DRAFT_BUCKETS`).
 """
 
+import functools
 import logging
 import math
 from collections import Counter
@@ -50,11 +51,12 @@ CAPACITY_STEP = 256  # a request's buffers are rounded up to a multiple of this
 # without CUDA graphs a pass attends over the buffers' first positions up to a multiple of this past its own
 WINDOW_STEP = 64
 CPU_WIDEST = 16  # the widest bucket a tree widens its pass to on a CPU, copy included (`fitted_size`)
+JOINED_SHARE = 4  # with CUDA a decoder's products are joined where the copy takes at most 1/4 of the free memory
 
 
 def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor, layout: PassLayout,
-                   head: torch.nn.Module | None = None,
-                   layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                   head: torch.nn.Module | None = None, layers: tuple[int, ...] = (),
+                   joined: tuple[llama.Joined, ...] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The decoder's last hidden states [1, w, H] over `inputs` (token ids [1, w], or embeddings
     [1, w, H] for a decoder fed by something else: a feature draft) as `layout` lays them out
     (`padded_layout`): at its positions, written into `cache` at its slots, token i attending to
@@ -66,19 +68,29 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     is faster than bfloat16's).
     `layers`: the hidden states are `with_layers`' (the head reads the last ones).
     A Llama decoder runs written out (`llama.decoder_pass`: transformers' values in fewer
-    kernels); any other runs transformers' forward, which writes at `cache.start`."""
+    kernels), its products joined where `joined` gives them (`joined_forward`); any other runs
+    transformers' forward, which writes at `cache.start`."""
     # each buffer slot's column of the framed `sees`: the first (all seen) before the span, the last (none) past it
     every_slot = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
     columns = (every_slot - layout.first).clamp(0, layout.sees.shape[1] - 1)
     mask = additive(layout.sees[:, columns], decoder.dtype)
     if llama.writes_out(decoder):  # the same values in fewer kernels
-        out = llama.decoder_pass(decoder, cache, inputs, layout.positions, layout.slots, mask, bool(layers),
+        out = llama.decoder_pass(decoder, cache, inputs, layout.positions, layout.slots, mask, bool(layers), joined,
                                  **per_pass(decoder))
     else:
         out = decoder(**fed(inputs), attention_mask=mask, position_ids=layout.positions, past_key_values=cache,
                       use_cache=True, output_hidden_states=bool(layers), **per_pass(decoder))
     hidden = with_layers(out, layers)
     return hidden if head is None else (hidden, head(out.last_hidden_state).float())
+
+
+def joined_forward(decoder: torch.nn.Module, room: int) -> Callable:
+    """`static_forward` for `decoder` with its products joined (`llama.joined_weights`, a copy of
+    at most `room` bytes): what CUDA graphs capture, where a pass costs about what its kernels do
+    and a small model's pass runs 3 kernels a layer fewer; a decoder without room runs the
+    modules' own products."""
+    joined = llama.joined_weights(decoder, room)
+    return static_forward if joined is None else functools.partial(static_forward, joined=joined)
 
 
 def with_layers(out, layers: tuple[int, ...] = ()) -> torch.Tensor:
@@ -99,7 +111,7 @@ def fed(inputs: torch.Tensor) -> dict:
 class CompiledPass:
     """The compiled static pass of one model: its graphs' widths and how often each ran."""
 
-    forward: Callable  # torch.compile(static_forward) on a CPU; static_forward itself with CUDA graphs
+    forward: Callable  # torch.compile(static_forward) on a CPU; with CUDA graphs `joined_forward`
     buckets: tuple[int, ...]
     mode: str | None  # "cuda-graphs" with CUDA (`graphs.CudaGraphs`); None: torch.compile's default (a CPU)
     runs: Counter = field(default_factory=Counter)  # bucket width -> passes run (0: eager, wider than every bucket)
@@ -135,7 +147,8 @@ def compile_passes(model: PreTrainedModel, buckets: tuple[int, ...] = BUCKETS,
     are merged). `windows`: with CUDA, the windows of the graphs' buffer a pass may attend over
     (`graphs.CudaGraphs.window`; none: the whole buffer)."""
     if model.device.type == "cuda":  # hand-captured CUDA graphs: no compiler, captured in milliseconds
-        compiled = CompiledPass(static_forward, tuple(sorted(buckets)), "cuda-graphs",
+        forward = joined_forward(model.get_decoder(), torch.cuda.mem_get_info(model.device)[0] // JOINED_SHARE)
+        compiled = CompiledPass(forward, tuple(sorted(buckets)), "cuda-graphs",
                                 graphs=CudaGraphs(model, capacity(model, GRAPH_CAPACITY), windows))
     else:
         compiling_on_cpu()  # process-wide: dynamo's limits, inductor's freezing (`core.process` says why)
