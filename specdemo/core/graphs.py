@@ -93,10 +93,12 @@ class CudaGraphs:
         """Whether `cache` is a view of the graphs' buffer (only such a pass may replay a graph)."""
         return isinstance(cache, StaticKV) and cache.start is self.cache.start
 
-    def __call__(self, forward, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
-                 layout: torch.Tensor, bucket: int, head: torch.nn.Module | None, layers: tuple[int, ...]):
-        """`forward(decoder, cache, inputs, layout, head, layers)` (`static.static_forward`)
-        replayed from its graph for this kind of pass, captured now if it is the first, with the
+    def __call__(self, forward, model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor,
+                 layout: torch.Tensor, bucket: int, with_head: bool, layers: tuple[int, ...]):
+        """`forward(decoder, cache, inputs, layout, head, layers)` (`static.static_forward`) over
+        `model`'s decoder, and its LM head where `with_head`, replayed from its graph for this kind
+        of pass, captured now if it is the first (the model's parts are looked up only then:
+        transformers' lookups cost a pass tens of microseconds of host time), with the
         layout `layout` (`static.padded_layout`'s bytes, on the CPU) for a pass of
         `bucket` nodes over `cache` (the buffer, or a window of it: `window`). `inputs` [1, w] (ids,
         or embeddings [1, w, H]) fill the first w of its slots; the padded slots keep whatever an
@@ -104,10 +106,11 @@ class CudaGraphs:
         past the cache's valid length."""
         width = inputs.shape[1]
         span = (layout.shape[0] - 8 * (2 * bucket + 2)) // bucket  # what a node may see: look-back, fed, framing
-        key = (bucket, span, inputs.dtype, head is not None, layers, cache.capacity)
+        key = (bucket, span, inputs.dtype, with_head, layers, cache.capacity)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self.capture(forward, decoder, cache, padded_inputs(inputs, bucket),
+            head = model.get_output_embeddings() if with_head else None
+            graph = self.graphs[key] = self.capture(forward, model.get_decoder(), cache, padded_inputs(inputs, bucket),
                                                     layout.to(inputs.device), bucket, head, layers)
         graph.inputs[:, :width].copy_(inputs)
         if inputs.device.type == "cuda":  # pinned, the copy waits for nothing and the host goes on

@@ -314,12 +314,11 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     reach = cache.length + (bucket or width)
     seen = cache.window(passes.graphs.window(reach) if passes and passes.graphs
                         else math.ceil(reach / WINDOW_STEP) * WINDOW_STEP)
-    lm_head = None if rows is None else model.get_output_embeddings()
     out = None
     if bucket is not None:
         try:
-            out = bucketed(passes, model.get_decoder(), seen, inputs, positions, sees, bucket, lm_head, layers,
-                           look_back, cache.length)
+            out = bucketed(passes, model, seen, inputs, positions, sees, bucket, rows is not None, layers, look_back,
+                           cache.length)
             hidden = (out if rows is None else out[0])[:, :width]
             if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
@@ -332,27 +331,31 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         cache.start.fill_(cache.length)
         layout = unpadded_layout(positions, sees, cache.length, inputs.device)
         hidden = static_forward(model.get_decoder(), seen, inputs, layout, layers=layers)
-        out = hidden if rows is None else (hidden, lm_head(hidden[0, list(rows), -model.config.hidden_size :]).float())
+        if rows is not None:
+            out = hidden, model.get_output_embeddings()(hidden[0, list(rows), -model.config.hidden_size :]).float()
+        else:
+            out = hidden
         if passes:
             passes.runs[0] += 1
     cache.length += width
     return out
 
 
-def bucketed(passes: CompiledPass, decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tensor,
-             positions: torch.Tensor, sees: torch.Tensor, bucket: int, head: torch.nn.Module | None,
+def bucketed(passes: CompiledPass, model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor,
+             positions: torch.Tensor, sees: torch.Tensor, bucket: int, with_head: bool,
              layers: tuple[int, ...], look_back: int = 0, start: int = 0):
-    """`static_forward`'s output for a pass padded to `bucket` nodes (and `look_back` cached
-    positions, `padded_layout`) writing at `start`, run by the compiled pass: a CUDA graph (which
-    takes the fed inputs as they are and the padded layout as one copy), or the compiled function
-    over fresh padded tensors on the model's device, the cache's start set first (a CUDA graph
-    sets it from the layout)."""
+    """`static_forward`'s output for a pass of `model`'s decoder (and its LM head where
+    `with_head`) padded to `bucket` nodes (and `look_back` cached positions, `padded_layout`)
+    writing at `start`, run by the compiled pass: a CUDA graph (which takes the fed inputs as they
+    are and the padded layout as one copy), or the compiled function over fresh padded tensors on
+    the model's device, the cache's start set first (a CUDA graph sets it from the layout)."""
     layout = padded_layout(positions, sees, bucket, look_back, start)
     if passes.graphs is not None:
-        return passes.graphs(passes.forward, decoder, cache, inputs, layout, bucket, head, layers)
+        return passes.graphs(passes.forward, model, cache, inputs, layout, bucket, with_head, layers)
     cache.start.fill_(start)
-    return passes.forward(decoder, cache, padded_inputs(inputs, bucket), layout_views(layout.to(inputs.device), bucket),
-                          head, layers)
+    head = model.get_output_embeddings() if with_head else None
+    return passes.forward(model.get_decoder(), cache, padded_inputs(inputs, bucket),
+                          layout_views(layout.to(inputs.device), bucket), head, layers)
 
 
 def rows_of(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
