@@ -95,11 +95,14 @@ def joined_weights(decoder: torch.nn.Module, room: int) -> tuple[Joined, ...] | 
     """Each layer's products joined, for a decoder `decoder_pass` runs whose joined weights take at
     most `room` bytes (else None): a pass then runs two products where it ran five, and each
     output is the same row of the same weights. The weights are copied, so a decoder joins them
-    once they are final, as it compiles its pass."""
+    once they are final, as it compiles its pass; never where accelerate hooks a projection (its
+    weights move in only when it is called, which the joined pass skips)."""
     if not writes_out(decoder):
         return None
     parts = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
               layer.mlp.up_proj) for layer in decoder.layers]
+    if any("_hf_hook" in vars(part) for layer in parts for part in layer):
+        return None
     if sum(part.weight.nbytes for layer in parts for part in layer) > room:
         return None
     with torch.no_grad():
