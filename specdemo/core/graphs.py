@@ -98,7 +98,7 @@ class CudaGraphs:
         """`forward(decoder, cache, inputs, layout, head, layers)` (`static.static_forward`) over
         `model`'s decoder, and its LM head where `with_head`, replayed from its graph for this kind
         of pass, captured now if it is the first (the model's parts are looked up only then:
-        transformers' lookups cost a pass tens of microseconds of host time), with the
+        transformers' lookups are host work a replay need not repeat), with the
         layout `layout` (`static.padded_layout`'s bytes, on the CPU) for a pass of
         `bucket` nodes over `cache` (the buffer, or a window of it: `window`). `inputs` [1, w] (ids,
         or embeddings [1, w, H]) fill the first w of its slots; the padded slots keep whatever an
