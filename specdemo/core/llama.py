@@ -50,7 +50,12 @@ def writes_out(decoder: torch.nn.Module) -> bool:
     return (not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
             and config.hidden_act == "silu" and config._attn_implementation in ATTENTIONS
             and rope in FIXED_ROPE and getattr(config, "pretraining_tp", 1) == 1
-            and not any("_hf_hook" in vars(module) for module in bypassed(decoder)))
+            and not hooked(bypassed(decoder)))
+
+
+def hooked(modules) -> bool:
+    """Whether accelerate hooked one of `modules`: a hook moves a module's weights in on its call."""
+    return any("_hf_hook" in vars(module) for module in modules)
 
 
 def bypassed(decoder: LlamaModel):
@@ -101,7 +106,7 @@ def joined_weights(decoder: torch.nn.Module, room: int) -> tuple[Joined, ...] | 
         return None
     parts = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
               layer.mlp.up_proj) for layer in decoder.layers]
-    if any("_hf_hook" in vars(part) for layer in parts for part in layer):
+    if hooked(part for layer in parts for part in layer):
         return None
     if sum(part.weight.nbytes for layer in parts for part in layer) > room:
         return None
