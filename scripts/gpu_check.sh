@@ -12,7 +12,8 @@
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
 #    (`specdemo.passcost --windowed --sdpa`); where BEFORE is given (7.), that tree's graphed pass too;
 # 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
-#    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto);
+#    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
+#    GPU's idle time a step by the function of ours the host was in;
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
 #    trees, wider windows) on 8 of them (one a category), each against graphed AR;
@@ -68,7 +69,7 @@ fi
 say "4. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
     2>>"$OUT/check.log"
-head -c 2500 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
 
 say "5. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \

@@ -4,15 +4,18 @@
   host makes a step (kernel launches, graph replays, copies, waits for the device);
 - what the host spends outside the target's pass (cProfile of one answer of --method, by function);
 - which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel);
-- with --trace, a timeline of a short answer of --method (torch.profiler's Chrome trace, host and device), where the
-  device's idle gaps in a step show which host work they wait for.
+- with --trace, a timeline of a short answer of --method (torch.profiler's Chrome trace of the device's work, the
+  host's CUDA calls and this project's Python frames), and from it the device's idle time a step by the host function
+  it waited for (`idle_by_host`).
 
     python scripts/gpu_profile.py [--dtype bfloat16] [--method speculative] [--trace trace.json]
 """
 
 import argparse
+import bisect
 import cProfile
 import io
+import json
 import pstats
 import time
 
@@ -32,6 +35,9 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 RUNTIME_CALLS = {"kernel launches": ("cudaLaunchKernel", "cuLaunchKernel"), "graph replays": ("cudaGraphLaunch",),
                  "copies": ("cudaMemcpy",), "waits": ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                      "cudaEventSynchronize")}
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # trace categories of what the device runs
+KEPT = (*DEVICE_WORK, "cuda_runtime", "cuda_driver")  # what the written trace keeps, besides this project's frames
+OURS = "specdemo/"  # how a Python frame of this project's code is named in a trace: specdemo/core/loop.py(119): decode
 
 
 def answer(target, name: str, tokens: int) -> Summary:
@@ -81,12 +87,90 @@ def busy(target, name: str, tokens: int) -> str:
             "tokens a pass; the host a step: " + ", ".join(f"{count:.1f} {kind}" for kind, count in calls.items()))
 
 
+def idle_by_host(events: list[dict], steps: int, top: int = 12) -> str:
+    """Where the device waited for the host in a traced answer of `steps` target passes (torch.profiler's
+    Chrome trace events, made `with_stack`): the device's idle time between its first and last work,
+    a step, by the innermost function of this project the host was in meanwhile (the host's time in
+    any other code is its caller's). The Python tracer slows the host, so a traced gap is wider than an
+    untraced one; which functions the gaps wait for is what this tells."""
+    work = sorted((event["ts"], event["ts"] + event["dur"]) for event in events
+                  if event.get("ph") == "X" and event.get("cat") in DEVICE_WORK)
+    idle, end = [], None
+    for start, stop in work:
+        if end is not None and start > end:
+            idle.append((end, start))
+        end = stop if end is None else max(end, stop)
+    ours = [event for event in events
+            if event.get("ph") == "X" and event.get("cat") == "python_function" and OURS in event["name"]]
+    threads = [event.get("tid") for event in ours]
+    host = max(set(threads), key=threads.count) if threads else None  # the thread that runs the answer
+    frames = [(event["ts"], event["ts"] + event["dur"], event["name"][event["name"].index(OURS):]) for event in ours
+              if event.get("tid") == host]
+    by_function: dict[str, float] = {}
+    for start, stop, name in overlaps(idle, innermost(frames)):
+        by_function[name] = by_function.get(name, 0.0) + stop - start
+    total = sum(stop - start for start, stop in idle)
+    rows = sorted(by_function.items(), key=lambda item: -item[1])[:top]
+    return "\n".join([f"the device idle {total / 1000 / steps:.3f} ms a step (traced), while the host was in:",
+                      *(f"{micros / 1000 / steps:8.3f} ms  {name}" for name, micros in rows)])
+
+
+def innermost(frames: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The host's time as spans (start, end, name) of the innermost of `frames` (nested spans
+    (start, end, name) of one thread) running then; "(none)" between them."""
+    spans, stack, now = [], [], float("-inf")
+    for start, stop, name in sorted(frames, key=lambda frame: (frame[0], -frame[1])):
+        while stack and stack[-1][0] <= start:  # the frames that ended before this one began
+            ended, top = stack.pop()
+            spans.append((now, ended, top))
+            now = ended
+        spans.append((now, start, stack[-1][1] if stack else "(none)"))
+        stack.append((stop, name))
+        now = start
+    while stack:
+        ended, top = stack.pop()
+        spans.append((now, ended, top))
+        now = ended
+    spans.append((now, float("inf"), "(none)"))
+    return [span for span in spans if span[1] > span[0]]
+
+
+def overlaps(idle: list[tuple[float, float]], spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The parts of `idle` (sorted, disjoint intervals) within each of `spans` (sorted, disjoint, covering them)."""
+    starts = [span[0] for span in spans]
+    parts = []
+    for start, stop in idle:
+        at = max(bisect.bisect_right(starts, start) - 1, 0)
+        while at < len(spans) and spans[at][0] < stop:
+            low, high = max(start, spans[at][0]), min(stop, spans[at][1])
+            if high > low:
+                parts.append((low, high, spans[at][2]))
+            at += 1
+    return parts
+
+
+def traced(target, name: str, tokens: int, path: str) -> str:
+    """`idle_by_host` of an answer of `name`, whose trace is written to `path`: the device's work,
+    the host's CUDA calls and this project's Python frames (all of a trace would be tens of MB)."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as profiler:
+        summary = answer(target, name, tokens)
+        torch.cuda.synchronize()
+    profiler.export_chrome_trace(path)
+    with open(path) as file:
+        trace = json.load(file)
+    trace["traceEvents"] = [event for event in trace["traceEvents"] if event.get("ph") != "X"
+                            or event.get("cat") in KEPT or OURS in event.get("name", "")]
+    with open(path, "w") as file:
+        json.dump(trace, file)
+    return idle_by_host(trace["traceEvents"], summary.target_forwards)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--method", default="speculative")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--trace", default=None, help="write a Chrome trace of a 24-token answer of --method here")
+    parser.add_argument("--trace", default=None, help="write a Chrome trace of a 48-token answer of --method here")
     args = parser.parse_args()
     target = load_model(dtype=args.dtype)
     target = compiled(target) if default_compile(target.device) else target  # graphs with CUDA, as the page runs
@@ -98,10 +182,7 @@ def main() -> None:
         except Exception as error:  # noqa: BLE001 -- a profiler of another torch: the other tables still print
             print(f"{name}: the GPU's busy time could not be read: {type(error).__name__}: {error}", flush=True)
     if args.trace and target.model.device.type == "cuda":
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
-            answer(target, args.method, 24)
-            torch.cuda.synchronize()
-        traced.export_chrome_trace(args.trace)
+        print(f"{args.method}, a traced answer of 48 tokens: {traced(target, args.method, 48, args.trace)}", flush=True)
     profiler = cProfile.Profile()
     profiler.enable()
     summary = answer(target, args.method, args.tokens)
