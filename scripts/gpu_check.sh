@@ -5,21 +5,22 @@
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
 #
+# The stages that measure the issue's acceptance come first, so a check cut short still has them:
 # 1. tests/test_cuda.py, tests/test_graphs.py and tests/test_llama.py: every method equals AR on CUDA, eager
 #    and graphed; the written-out Llama pass agrees with transformers' decoder;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
 # 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
-#    (`specdemo.passcost --windowed --sdpa`); where BEFORE is given (7.), that tree's graphed pass too;
-# 4. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
+#    (`specdemo.passcost --windowed --sdpa`); where BEFORE names a folder holding an earlier tree's specdemo/
+#    (`scripts/gpu_pack.sh REV`), that tree's graphed pass too, at three widths;
+# 4. eager AR against graphed AR on 13 of them (one a category; 64 new tokens: eager runs at a sixth of the speed);
+# 5. float32 exactness on 8 of them;
+# 6. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
 #    GPU's idle time a step by the function of ours the host was in;
-# 5. float32 exactness on 8 of them;
-# 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
-#    trees, wider windows) on 8 of them (one a category), each against graphed AR;
-# 7. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`),
-#    that tree's bench on 13 of them (one a category), so a change is measured in one call;
-# 8. eager AR on 13 of them (64 new tokens: it runs at a sixth of graphed AR's speed);
+# 7. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
+#    trees, wider windows) on 8 of them (one a category), each against graphed AR, a row at a time;
+# 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call;
 # 9. transformers' assisted generation, while time is left.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
 # later ones load that copy (`models.converted`).
@@ -66,30 +67,30 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in t
         2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
-say "4. where a step's time goes: the GPU busy against waiting for the host"
-timeout $(cap 75) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
-    2>>"$OUT/check.log"
-head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
+timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
+    --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "5. float32 exactness, 8 questions"
 timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
     --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+say "6. where a step's time goes: the GPU busy against waiting for the host"
+timeout $(cap 50) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
+    2>>"$OUT/check.log"
+head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+
+say "7. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
 timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
-    say "7. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
+    say "8. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
     [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
     (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
         --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
         --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
-
-say "8. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
-timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
-    --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
