@@ -227,6 +227,8 @@ def test_medusas_heads_replay_their_graphs(prompt_ids, tree, tree_size):
     proposed = [[event.proposed for event in run[:-1]] for run in runs]
     assert proposed[0] == proposed[1] and final_summary(runs[0]).tokens == final_summary(runs[1]).tokens
     assert graphs.replays == len(proposed[1]) - 1 > 2  # every pass but the prompt's
+    # the heads rank as many tokens whatever a pass's tree takes beside its copy: one graph, captured once
+    assert len(graphs.graphs) == 1
 
 
 def test_a_function_graph_returns_its_outputs_own_copies():

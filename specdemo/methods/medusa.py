@@ -129,8 +129,14 @@ class MedusaTree(Proposer):
         # the request's last position (nor past the model's context).
         depth_limit = max(room - 1, 1)
         text = context.text.of(sequence)
-        copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         root = int(text[-1])
+        if not self.heads.reads_path and self.static is None:
+            # queued before the host guesses a branch, so on a GPU the heads run meanwhile; as many ranks as
+            # any tree may take (eager, the size asked; padded, a bucket's slots, no bucket being wider than
+            # MAX_TREE_SIZE), so one graph of the heads serves every pass
+            ranked = self.heads.ranked(self.hidden, self.dynamic_size if context.bucket is None else MAX_TREE_SIZE,
+                                       self.token(root), self.graphs)
+        copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
                 size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
@@ -144,9 +150,9 @@ class MedusaTree(Proposer):
             return Proposed(filled(shape, [*(token_at[path] for path in rank_paths(shape)), *copied], copy_source))
         if self.static is None:
             size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
-            top, log_probs = self.heads.ranked(self.hidden, size, self.token(root), self.graphs)
-            # sorted: one cache entry per shape
-            paths = tuple(sorted(dynamic_paths(log_probs.tolist()[:depth_limit], size)))
+            top, log_probs = ranked[0].tolist(), ranked[1].tolist()
+            # sorted: one cache entry per shape. The paths take ranks below `size` alone: more ranked change nothing
+            paths = tuple(sorted(dynamic_paths(log_probs[:depth_limit], size)))
         else:
             paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
             top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)

@@ -161,14 +161,15 @@ class MedusaHeads(nn.Module):
                    graphs: FunctionGraphs | None = None) -> list[list[int]]:
         """Head k's top_k[k] token ids, best first, for one hidden state [H] (and the token it predicted)."""
         ranked, _ = self.ranked(hidden, max(top_k), token, graphs)
-        return [row[:k] for row, k in zip(ranked, top_k)]
+        return [row[:k] for row, k in zip(ranked.tolist(), top_k)]
 
     def ranked(self, hidden: torch.Tensor, k: int, token: int | None = None,
-               graphs: FunctionGraphs | None = None) -> tuple[list[list[int]], torch.Tensor]:
+               graphs: FunctionGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's k best token ids, best first, and their log-probabilities [K, k] (over
-        the heads' vocabulary), for one hidden state [H] (and the token it predicted). `graphs`:
-        the heads run as CUDA graphs (`methods.method_options` makes them beside a graphed
-        target), one a k: their few dozen launches cost one."""
+        the heads' vocabulary), for one hidden state [H] (and the token it predicted), on the heads'
+        device and not read yet: on a GPU the host may work until it reads them. `graphs`: the heads
+        run as CUDA graphs (`methods.method_options` makes them beside a graphed target), one a k:
+        their few dozen launches cost one."""
         if self.reads_path:
             raise SpecDemoError("heads that read their tree path guess a level at a time: `medusa.grow` or "
                                 "`medusa.path_tokens`")
@@ -178,7 +179,7 @@ class MedusaHeads(nn.Module):
         else:
             ids, values = graphs(("medusa heads", k), functools.partial(self.best, k=k), hidden,
                                  *([] if tokens is None else [tokens]))
-        return ids.tolist(), values
+        return ids, values
 
     def best(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None, *,
              k: int) -> tuple[torch.Tensor, torch.Tensor]:
