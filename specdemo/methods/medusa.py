@@ -132,8 +132,8 @@ class MedusaTree(Proposer):
         root = int(text[-1])
         if not self.heads.reads_path and self.static is None:
             # queued before the host guesses a branch, so on a GPU the heads run meanwhile; as many ranks as
-            # any tree may take (eager, the size asked; padded, a bucket's slots, no bucket being wider than
-            # MAX_TREE_SIZE), so one graph of the heads serves every pass
+            # any tree may take (eager, the size asked; padded, MAX_TREE_SIZE, more than the slots of
+            # `static.BUCKETS`' widest), so one graph of the heads serves every pass
             ranked = self.heads.ranked(self.hidden, self.dynamic_size if context.bucket is None else MAX_TREE_SIZE,
                                        self.token(root), self.graphs)
         copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
