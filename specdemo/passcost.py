@@ -26,12 +26,19 @@ import torch
 
 from specdemo.core.graphs import GRAPH_WINDOWS
 from specdemo.core.kvcache import keep_prefix
-from specdemo.core.loop import seconds_since
 from specdemo.core.static import CompiledPass, compile_passes, request_cache
 from specdemo.core.verify import EMPTY, Proposal, target_pass
 from specdemo.models import AUTO, EMBEDDED, load_model
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def seconds_since(start: float, device: torch.device) -> float:
+    """Seconds since `start` (`time.perf_counter`) once `device` has done the work queued on it:
+    a CUDA pass returns before it runs."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 @torch.inference_mode()

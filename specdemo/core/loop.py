@@ -206,10 +206,3 @@ class PassClock:
             return self.events[0].elapsed_time(self.events[1]) / 1e3
         return self.took
 
-
-def seconds_since(start: float, device: torch.device) -> float:
-    """Seconds since `start` (`time.perf_counter`) once `device` has done the work queued on it:
-    a CUDA pass returns before it runs."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
