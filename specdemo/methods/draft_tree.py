@@ -189,11 +189,9 @@ def kept_value(scores: tuple[float, ...], size: int) -> float:
 def children_to_fill(size: int, depth: int, top_k: int) -> int:
     """The fewest children per expanded node, at least `top_k`, with which a tree of `depth` levels
     can hold `size` nodes: it holds top_k + (depth - 1) * top_k^2 at most (top_k nodes expanded a
-    level). On the compiled path a tree is given the slots its padded pass has (`static.fitted_size`:
-    7 for 6 nodes on a CPU), and a slot left empty is a node verified for nothing: on 26 Spec-Bench
-    questions (float32, 128 new tokens) 7 slots at depth 2 commit 2.17 tokens a pass with top_k 2,
-    which fills 6 of them, and 2.28 with top_k 3 (docs/methods/speculative.md), hence the default
-    tree of 7 nodes with top_k 3, eager and compiled alike."""
+    level). On the compiled path a tree is given the slots its padded pass has (`static.fitted_size`),
+    and a slot left empty is a node verified for nothing, so the tree takes as many children a
+    node as fill them (docs/methods/speculative.md measures the default tree both ways)."""
     while top_k < size and top_k + (depth - 1) * top_k * top_k < size:
         top_k += 1
     return top_k

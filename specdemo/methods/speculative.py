@@ -48,9 +48,9 @@ EXTEND_LENGTH = 4  # tokens guessed below the draft's likeliest branch (docs/met
 RETRIEVED_SHARE = 0.5  # a retrieved guess goes on while at least half the earlier answers that agreed so far agree on
 # the next token: past that its nodes are seldom accepted, and on a CPU each node costs a few percent of an AR pass
 
-# a tree's nodes where the method chooses (`auto_tree_size`): with draft_tree_top_k = 3, 2 deep, 2.40 tokens a pass on
-# 26 Spec-Bench questions against 6 nodes of top_k 2's 2.26, and a little faster; 10 nodes commit 2.43 but cost more
-# than that on a CPU (docs/methods/speculative.md); a GPU's set has its own (`specdemo.defaults`)
+# a tree's nodes where the method chooses (`auto_tree_size`), with draft_tree_top_k = 3, 2 deep: the fastest size on a
+# CPU, where each node costs a few percent of a pass (docs/methods/speculative.md); a GPU's set has its own
+# (`specdemo.defaults`)
 AUTO_TREE_SIZE = 7
 
 
