@@ -286,8 +286,8 @@ def unpadded_layout(positions: torch.Tensor, sees: torch.Tensor, start: int, dev
 
 
 def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
-                sees: torch.Tensor, rows: Sequence[int] | None = None,
-                layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                sees: torch.Tensor, rows: Sequence[int] | None = None, layers: tuple[int, ...] = (),
+                keep_hidden: bool = True) -> torch.Tensor | tuple[torch.Tensor | None, torch.Tensor]:
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
     embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
@@ -301,7 +301,9 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
     head in the same graph (all w rows, then these), or where the pass runs eagerly (a prompt
     wider than every bucket) from the head over these rows alone. `layers`: the hidden states
-    are `with_layers`' (a graph for those layers is compiled at their first pass).
+    are `with_layers`' (a graph for those layers is compiled at their first pass). With `rows`,
+    `keep_hidden` False returns None for the hidden states, which a graphed pass then does not
+    copy out (a target pass whose proposer reads no features).
     The cache's valid length then counts the w tokens (`kvcache.keep_positions` rolls it back)."""
     width, back = inputs.shape[1], sees.shape[1] - inputs.shape[1]
     passes = cache.passes
@@ -319,8 +321,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         try:
             out = bucketed(passes, model, seen, inputs, positions, sees, bucket, rows is not None, layers, look_back,
                            cache.length)
-            hidden = (out if rows is None else out[0])[:, :width]
-            if passes.mode:  # a CUDA graph's outputs are overwritten by its next replay
+            hidden = (out if rows is None else out[0])[:, :width] if keep_hidden or rows is None else None
+            if passes.mode and hidden is not None:  # a CUDA graph's outputs are overwritten by its next replay
                 hidden = hidden.clone()
             out = hidden if rows is None else (hidden, rows_of(out[1][0], rows))
             passes.runs[bucket] += 1
@@ -332,7 +334,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         layout = unpadded_layout(positions, sees, cache.length, inputs.device)
         hidden = static_forward(model.get_decoder(), seen, inputs, layout, layers=layers)
         if rows is not None:
-            out = hidden, model.get_output_embeddings()(hidden[0, list(rows), -model.config.hidden_size :]).float()
+            logits = model.get_output_embeddings()(hidden[0, list(rows), -model.config.hidden_size :]).float()
+            out = hidden if keep_hidden else None, logits
         else:
             out = hidden
         if passes:

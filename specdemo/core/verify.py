@@ -166,8 +166,9 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     if isinstance(cache, StaticKV):
         sees = tree_mask(fed_parents(pending, proposal))  # on the CPU, as its positions: `static_pass` moves them
         # [1, f, H], [rows, V]
-        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers)
-        return TargetPass(logits, hidden if features else None, cached, pending)
+        hidden, logits = static_pass(model, cache, fed, chain_positions(sees, cached), sees, rows=rows, layers=layers,
+                                     keep_hidden=bool(features))
+        return TargetPass(logits, hidden, cached, pending)
     tree = {}
     if not proposal.is_chain:
         sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
