@@ -1,0 +1,80 @@
+"""What a step of each method asks of the host on the CUDA-graph path, counted on a CPU: the torch
+operations it runs outside the graphs, besides views (`scripts/host_cost.py`'s count). On a GPU
+each is a launch from Python, and a small model's step waits for them, so a change that adds any
+to a method's step shows here before a GPU measures it. The graphs are `test_graphs`' replaying
+stand-ins, the models tiny; a budget is a method's count today and a little room, a step's
+average over one answer (how many a step runs depends on what its proposal holds)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from test_conformance import configurations
+from test_graphs import ROOM, ReplayedFunctionGraphs, ReplayedGraphs
+
+from specdemo.core.events import final_summary
+from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, joined_forward, warm_up
+
+from conftest import make_tiny_model
+
+PATH = Path(__file__).resolve().parent.parent / "scripts" / "host_cost.py"
+# operations a step outside the graphs, besides views: at most
+BUDGETS = {"ar": 11, "speculative, feature draft, tree": 52, "speculative, token draft, tree": 39,
+           "medusa, dynamic tree": 21, "lookahead": 15, "cllm, lookahead": 15.5, "jacobi": 12}
+
+
+@pytest.fixture(scope="module")
+def host_cost():
+    spec = importlib.util.spec_from_file_location("host_cost", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def replayed(clock):
+    """`test_graphs`' stand-ins, their captures and replays counted as the graphs' work (`clock`)."""
+
+    class Graphs(ReplayedGraphs):
+        def capture(self, *args):
+            graph = clock.timed(super().capture)(*args)
+            graph.graph.replay = clock.timed(graph.graph.replay)
+            return graph
+
+    class Functions(ReplayedFunctionGraphs):
+        def capture(self, function, inputs):
+            captured = clock.timed(super().capture)(function, inputs)
+            captured.graph.replay = clock.timed(captured.graph.replay)
+            return captured
+
+    def graphed(model, buckets, role):  # as `static.compile_passes` with CUDA
+        passes = CompiledPass(joined_forward(model.get_decoder(), ROOM), buckets, "cuda-graphs",
+                              graphs=Graphs(model, 512))
+        warm_up(model, passes, None, role)
+        return passes
+
+    return graphed, Functions
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+def test_a_step_stays_within_its_operations_outside_the_graphs(host_cost, prompt_ids, name):
+    target = make_tiny_model()
+    generate, options, model = configurations(target, make_tiny_model(seed=1))[name]
+    clock = host_cost.Clock()
+    graphed, functions = replayed(clock)
+    given = {"passes": graphed(model, BUCKETS, "target")}
+    if "draft" in options:
+        given["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
+    if "cllm_model" in options:
+        given["cllm_passes"] = given["passes"]
+    if "heads" in options:
+        given["heads_passes"] = functions()
+    for _ in range(2):  # the first answer captures what its first use does (a tree's look-back passes)
+        operations = host_cost.Operations(clock)
+        events = generate(model, prompt_ids, max_new_tokens=48, eos_token_ids=(), **options, **given)
+        first = next(events)  # the prompt's pass is no step's work
+        with operations:
+            rest = list(events)
+    steps = final_summary([first, *rest]).target_forwards - 1
+    work = sum(count for kind, count in operations.kinds.items() if kind not in host_cost.VIEWS)
+    assert steps > 4 and operations.graphed  # the passes replayed their graphs
+    assert work / steps <= BUDGETS[name], dict(operations.kinds)
