@@ -65,7 +65,7 @@ class FeatureDraft(nn.Module):
         # [K] token ids it may propose, ascending (None: all)
         self.vocab = None if vocab is None else vocab.to(target.device)
         self.to(device=target.device, dtype=target.dtype)
-        # the rows it may propose, gathered once: a slice each step would copy them each step
+        # the rows it may propose, gathered once: gathered each step they would cost more than the product reading them
         self.head = None if vocab is None else target.get_output_embeddings().weight[self.vocab]  # [K, H], no parameter
         self.head_packed = Packed()  # their layout for a CPU's products (`prepack`)
 
