@@ -205,3 +205,30 @@ def test_greedy_equals_ar_on_embedded_model_with_trained_draft(embedded, embedde
     )
     assert summary.tokens == expected
     assert summary.tokens_per_forward > 1.5  # the trained draft is right more often than not
+
+
+class EndingDraft(Draft):
+    """A token draft whose every guess is token 3."""
+
+    def logits(self, input_ids, cache, logits_to_keep=1, **tree):
+        logits = torch.zeros(1, logits_to_keep, self.model.config.vocab_size)
+        logits[..., 3] = 10.0
+        return logits
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(do_sample=True, seed=0), dict(repetition_penalty=1.3)])
+def test_a_drafted_chain_ends_at_its_first_eos(tiny_model, prompt_ids, settings):
+    """The chain is drafted whole and read once; what follows an EOS is dropped, its q rows too."""
+    from transformers import DynamicCache
+
+    from specdemo.core.sampling import TokenChooser
+
+    choose = TokenChooser(SamplingConfig(**settings), "cpu")
+    draft = EndingDraft("ending", tiny_model)
+    vocab = tiny_model.config.vocab_size
+    args = (draft, DynamicCache(config=tiny_model.config), prompt_ids, None, 4, choose)
+    drafted, q = speculative.propose(*args, eos=(3,), vocab_size=vocab)
+    assert drafted == [3]
+    assert (q is None) != bool(settings.get("do_sample")) and (q is None or q.shape == (1, vocab))
+    drafted, _ = speculative.propose(*args, eos=(), vocab_size=vocab)
+    assert drafted == [3, 3, 3, 3]

@@ -40,7 +40,7 @@ from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_af
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
-from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length
+from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, until_eos
 from specdemo.methods.retrieval import Datastore, guessed_branch
 
 MAX_GAMMA = 16
@@ -134,10 +134,9 @@ class DraftProposer(Proposer):
         if self.tree_size and gamma:
             tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
             return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes, root=root))
-        tokens, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose, context.eos,
-                            context.model.config.vocab_size)
-        drafted = tokens[0].tolist()  # one draft pass a token
-        return Proposed(Proposal.chain(drafted, "draft"), DraftPass(gamma, draft_passes=len(drafted), q=q))
+        drafted, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose,
+                             context.eos, context.model.config.vocab_size)
+        return Proposed(Proposal.chain(drafted, "draft"), DraftPass(gamma, draft_passes=gamma, q=q))
 
     def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> tuple[Proposal, int, int]:
         """The draft tree `gamma` deep (EAGLE-2), with a branch copied from the text or retrieved and
@@ -255,10 +254,12 @@ def propose(
     choose: TokenChooser,
     eos: tuple[int, ...],
     vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft up to `gamma` tokens [1, g] autoregressively (stopping after an EOS), and when
-    sampling their distributions q [g, V] (V: the target's vocabulary) under the same logits
-    processing as the target."""
+) -> tuple[list[int], torch.Tensor | None]:
+    """Draft `gamma` tokens autoregressively, one draft pass each, and return them up to and
+    including the first EOS (g tokens), with when sampling their distributions q [g, V] (V: the
+    target's vocabulary) under the same logits processing as the target. The host reads the
+    tokens once, after the last pass: on a GPU a read per token would wait for each pass in turn.
+    Tokens drafted past an EOS are dropped; the draft's cache drops them when the proposer learns."""
     tokens, q = [], []
     extended = sequence
     steps = draft_logits(draft, cache, sequence, features)
@@ -277,10 +278,8 @@ def propose(
             token = draft.token_ids(logits.argmax(dim=-1, keepdim=True))  # [1, 1]
         tokens.append(token)
         extended = torch.cat([extended, token], dim=-1)
-        if token.item() in eos:
-            break
-    draft_tokens = torch.cat(tokens, dim=-1) if tokens else sequence.new_zeros(1, 0)
-    return draft_tokens, (torch.stack(q) if q else None)
+    drafted = until_eos(torch.cat(tokens, dim=-1)[0].tolist() if tokens else [], eos)
+    return drafted, (torch.stack(q[: len(drafted)]) if q else None)
 
 
 def accept_sampled(
