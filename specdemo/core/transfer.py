@@ -12,6 +12,7 @@ proposers whose guesses read the text every pass read the host's copy of it (`Ho
 loop's `Context.text`): read once, then grown by the tokens each pass commits, which the host knows.
 """
 
+import numpy as np
 import torch
 
 
@@ -31,18 +32,19 @@ class HostText:
     """The host's copy of a request's text (`sequence` [1, n], token ids): read from the device at
     its first use, then grown by each pass's committed tokens (`extend`, by the loop as it grows
     the text; nothing until something read it). A copy that holds another number of tokens than
-    the text is read again."""
+    the text is read again. It is a numpy array, whose small operations cost the host less than
+    torch's, and which no reader mistakes for a tensor on the device."""
 
     def __init__(self):
-        self.tokens: torch.Tensor | None = None  # [n] on the CPU
+        self.tokens: np.ndarray | None = None  # [n], int64
 
-    def of(self, sequence: torch.Tensor) -> torch.Tensor:
-        """The text [n] on the CPU."""
+    def of(self, sequence: torch.Tensor) -> np.ndarray:
+        """The text [n] on the host."""
         if self.tokens is None or self.tokens.shape[0] != sequence.shape[1]:
-            self.tokens = sequence[0].cpu()
+            self.tokens = sequence[0].numpy(force=True).astype(np.int64)
         return self.tokens
 
     def extend(self, committed: list[int]) -> None:
         """Append the tokens a pass committed."""
         if self.tokens is not None:
-            self.tokens = torch.cat([self.tokens, torch.tensor(committed, dtype=self.tokens.dtype)])
+            self.tokens = np.concatenate([self.tokens, np.asarray(committed, dtype=np.int64)])

@@ -25,6 +25,9 @@ retrieved from a datastore of earlier answers (`retrieval`, REST); and below its
 branch, what the text or an earlier answer went on with (`extend_likeliest`).
 """
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from transformers import Cache
 
@@ -274,17 +277,17 @@ def add_copy(tree: Proposal, copied: list[int], below: int = -1, source: str = "
     return Proposal(tuple(tokens), tuple(parents), tuple(sources), scores=tuple(scores))
 
 
-def extend_likeliest(tree: Proposal, sequence: torch.Tensor, length: int, eos: tuple[int, ...],
+def extend_likeliest(tree: Proposal, sequence: Sequence[int], length: int, eos: tuple[int, ...],
                      datastore: Datastore | None, least_share: float = 0.0) -> Proposal:
     """The tree with up to `length` more tokens below the end of the draft's likeliest branch,
-    guessed without a model pass after the text `sequence` [n] and that branch: copied from the
-    text, else retrieved (`retrieval.guessed_branch`). The draft stops `depth` deep, where a
-    branch it is sure of often goes on as the text or an earlier answer did; the guess then
-    lets a pass commit more than the draft's depth. Nothing is added below a leaf that already
-    has children (a copied branch) or that ends the answer."""
+    guessed without a model pass after the text `sequence` [n] (on the host) and that branch:
+    copied from the text, else retrieved (`retrieval.guessed_branch`). The draft stops `depth`
+    deep, where a branch it is sure of often goes on as the text or an earlier answer did; the
+    guess then lets a pass commit more than the draft's depth. Nothing is added below a leaf
+    that already has children (a copied branch) or that ends the answer."""
     branch = [node for node in best_continuation(tree, -1) if tree.sources[node] == "draft"]
     if not branch or length <= 0 or tree.tokens[branch[-1]] in eos or branch[-1] in tree.parents:
         return tree
-    text = torch.cat([sequence, sequence.new_tensor([tree.tokens[node] for node in branch])])
+    text = np.concatenate([np.asarray(sequence, dtype=np.int64), [tree.tokens[node] for node in branch]])
     guessed, source = guessed_branch(text, length, eos, datastore, least_share)
     return add_copy(tree, guessed, below=branch[-1], source=source)

@@ -79,7 +79,7 @@ class JacobiIteration(Proposer):
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         block = self.block
         if block.done:  # a new block: an initial guess
-            guess = initial_guess(sequence, min(self.block_size, room))
+            guess = initial_guess(context.text.of(sequence), min(self.block_size, room))
             block = Block(guess, block.start + block.settled, correct_since=(None,) * len(guess))
         fed = Block(block.tokens, block.start, block.settled, (*block.trajectory, block.tokens), block.correct_since)
         return Proposed(Proposal.chain(fed.tokens[fed.settled :], "guess"), fed)
@@ -128,10 +128,10 @@ def check_greedy(sampling: SamplingConfig, method_name: str) -> None:
         )
 
 
-def initial_guess(sequence: torch.Tensor, length: int) -> list[int]:
-    """The first guess of a block: the last committed token repeated (any guess converges;
-    this one is deterministic and costs nothing)."""
-    return [int(sequence[0, -1])] * length
+def initial_guess(text: torch.Tensor, length: int) -> list[int]:
+    """The first guess of a block after `text` [n] (the host's copy, `loop.Context.text`): its last
+    token repeated (any guess converges; this one is deterministic and costs nothing)."""
+    return [int(text[-1])] * length
 
 
 def mark_correct(

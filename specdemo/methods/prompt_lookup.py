@@ -27,7 +27,7 @@ def check_copy_length(copy_length: int | None) -> int:
     return check_whole("copy_length", copy_length, 0, MAX_COPY_LENGTH, "tokens copied from the text into the tree")
 
 
-def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match: int = 3,
+def copy_from_text(tokens: torch.Tensor | np.ndarray | list[int], length: int, longest_match: int = 3,
                    shortest_match: int = 1) -> tuple[int, ...]:
     """The up to `length` tokens that followed the latest earlier occurrence of the text's last
     k tokens (`tokens` [n]), trying k = `longest_match` down to `shortest_match`; () when none
@@ -48,7 +48,7 @@ def copy_from_text(tokens: torch.Tensor | list[int], length: int, longest_match:
     return ()
 
 
-def copied_branch(tokens: torch.Tensor | list[int], length: int, eos: tuple[int, ...]) -> list[int]:
+def copied_branch(tokens: torch.Tensor | np.ndarray | list[int], length: int, eos: tuple[int, ...]) -> list[int]:
     """The branch a tree gets from the text `tokens`: up to `length` tokens copied after a repeat
     of at least SHORTEST_MATCH tokens, up to and including an EOS (nothing is proposed past the
     end of an answer)."""
