@@ -26,8 +26,9 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def chain_positions(sees: torch.Tensor, prefix_length: int) -> torch.Tensor:
-    """Position ids [1, q]: prefix_length + (number of new tokens a token sees, minus one)."""
-    return (prefix_length + sees.sum(dim=-1) - 1)[None]
+    """Position ids [1, q] on the CPU for `sees` [q, q] on the CPU: prefix_length + (number of new
+    tokens a token sees, minus one). In numpy: no torch operation for the host to dispatch."""
+    return torch.from_numpy(prefix_length - 1 + sees.numpy().sum(axis=-1, dtype=np.int64))[None]
 
 
 def sees_from_parents(parents: list[int]) -> torch.Tensor:

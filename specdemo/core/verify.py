@@ -31,7 +31,7 @@ from specdemo.core.grouped_attention import per_pass
 from specdemo.core.kvcache import StaticKV, keep_positions
 from specdemo.core.sampling import TokenChooser
 from specdemo.core.static import CompiledPass, request_cache, static_pass, with_layers
-from specdemo.core.transfer import tensor_on
+from specdemo.core.transfer import tensor_on, to_device
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,9 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
         return TargetPass(logits, hidden, cached, pending)
     tree = {}
     if not proposal.is_chain:
-        sees = tree_mask(fed_parents(pending, proposal)).to(fed.device)
-        tree = {"attention_mask": additive_mask(sees, cached, model.dtype),
-                "position_ids": chain_positions(sees, cached)}
+        sees = tree_mask(fed_parents(pending, proposal))
+        tree = {"attention_mask": additive_mask(sees.to(fed.device), cached, model.dtype),
+                "position_ids": to_device(chain_positions(sees, cached), fed.device)}
     if features:
         out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True,
                                   output_hidden_states=bool(layers), **tree, **per_pass(model))
