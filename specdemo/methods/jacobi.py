@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -128,7 +129,7 @@ def check_greedy(sampling: SamplingConfig, method_name: str) -> None:
         )
 
 
-def initial_guess(text: torch.Tensor, length: int) -> list[int]:
+def initial_guess(text: np.ndarray, length: int) -> list[int]:
     """The first guess of a block after `text` [n] (the host's copy, `loop.Context.text`): its last
     token repeated (any guess converges; this one is deterministic and costs nothing)."""
     return [int(text[-1])] * length
