@@ -5,7 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+import importlib.util
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,15 @@ def pytest_collection_modifyitems(items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
+
+
+def load_script(name: str):
+    """`scripts/NAME.py` as a module: the scripts are no package."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 PAGE_DEFAULTS = dict(  # the Generate event's inputs as a fresh page sends them, by name (GENERATE_INPUTS)
     model="", precision="", do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=-1,

@@ -8,6 +8,8 @@ import pytest
 
 from specdemo import SpecDemoError, bench
 
+from conftest import load_script
+
 TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "methods", "rows",
             "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
@@ -201,13 +203,7 @@ def test_an_offloaded_twin_is_measured_against_ar_offloaded_the_same_way(embedde
 def test_the_gpu_sweep_benches_each_candidate_against_ar(embedded, tmp_path):
     """`scripts/gpu_sweep.py`, which chooses a device's defaults: a row a candidate, each from a bench
     run against AR, kept in its JSON as it goes; on the embedded model in float32 each answer is AR's."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_sweep.py"
-    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = load_script("gpu_sweep")
     out = tmp_path / "sweep.json"
     rows = sweep.sweep(embedded, bench.read_prompts(bench.DEFAULT_PROMPTS, 1), 6, ["lookahead"], out)
     assert [row["settings"] for row in rows] == sweep.CANDIDATES["lookahead"]
@@ -219,13 +215,7 @@ def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
     """`scripts/host_cost.py`, the host's share of a step on the graph path: every pass after the
     prompt's replays a stand-in graph, Medusa's heads too, and what it counts excludes the replays
     and the prompt's pass (a decoder layer's or a head's SiLU runs only inside them)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "host_cost.py"
-    spec = importlib.util.spec_from_file_location("host_cost", path)
-    host_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(host_cost)
+    host_cost = load_script("host_cost")
     clock = host_cost.Clock()
     graphed, functions = host_cost.stand_ins(clock)
     passes = graphed(embedded.model, (1, 8, 16), "target")

@@ -1,22 +1,17 @@
 """`scripts/gpu_profile.py`'s reading of a trace: the device's idle time, by the host function it waited for,
 checked against a brute-force count, microsecond by microsecond, on made-up traces."""
 
-import importlib.util
 import random
 import re
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parent.parent / "scripts" / "gpu_profile.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu_profile():
-    spec = importlib.util.spec_from_file_location("gpu_profile", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_profile")
 
 
 def event(category: str, name: str, start: int, duration: int, thread: int = 1) -> dict:

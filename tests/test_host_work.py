@@ -5,19 +5,14 @@ to a method's step shows here before a GPU measures it. The graphs are `test_gra
 stand-ins, the models tiny; a budget is a method's count today and a little room, a step's
 average over one answer (how many a step runs depends on what its proposal holds)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from test_conformance import configurations
-from test_graphs import ROOM, ReplayedFunctionGraphs, ReplayedGraphs
 
 from specdemo.core.events import final_summary
-from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, joined_forward, warm_up
+from specdemo.core.static import BUCKETS, DRAFT_BUCKETS
 
-from conftest import make_tiny_model
+from conftest import load_script, make_tiny_model
 
-PATH = Path(__file__).resolve().parent.parent / "scripts" / "host_cost.py"
 # operations a step outside the graphs, besides views: at most
 BUDGETS = {"ar": 9, "speculative, feature draft, tree": 45, "speculative, token draft, tree": 32,
            "speculative, feature draft, chain": 49, "medusa, dynamic tree": 15, "lookahead": 10,
@@ -26,34 +21,7 @@ BUDGETS = {"ar": 9, "speculative, feature draft, tree": 45, "speculative, token 
 
 @pytest.fixture(scope="module")
 def host_cost():
-    spec = importlib.util.spec_from_file_location("host_cost", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def replayed(clock):
-    """`test_graphs`' stand-ins, their captures and replays counted as the graphs' work (`clock`)."""
-
-    class Graphs(ReplayedGraphs):
-        def capture(self, *args):
-            graph = clock.timed(super().capture)(*args)
-            graph.graph.replay = clock.timed(graph.graph.replay)
-            return graph
-
-    class Functions(ReplayedFunctionGraphs):
-        def capture(self, function, inputs):
-            captured = clock.timed(super().capture)(function, inputs)
-            captured.graph.replay = clock.timed(captured.graph.replay)
-            return captured
-
-    def graphed(model, buckets, role):  # as `static.compile_passes` with CUDA
-        passes = CompiledPass(joined_forward(model.get_decoder(), ROOM), buckets, "cuda-graphs",
-                              graphs=Graphs(model, 512))
-        warm_up(model, passes, None, role)
-        return passes
-
-    return graphed, Functions
+    return load_script("host_cost")
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))
@@ -61,7 +29,7 @@ def test_a_step_stays_within_its_operations_outside_the_graphs(host_cost, prompt
     target = make_tiny_model()
     generate, options, model = configurations(target, make_tiny_model(seed=1))[name]
     clock = host_cost.Clock()
-    graphed, functions = replayed(clock)
+    graphed, functions = host_cost.stand_ins(clock)  # as `static.compile_passes` with CUDA
     given = {"passes": graphed(model, BUCKETS, "target")}
     if "draft" in options:
         given["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
