@@ -65,6 +65,7 @@ class Verdict:
     path: list[int]
     token: int
     details: dict = field(default_factory=dict)  # the rule's numbers, for the event (p, q, thresholds...)
+    read: list[int] = field(default_factory=list)  # the target's choice after each read work node (`Proposal.read`)
 
 
 @dataclass
@@ -102,8 +103,9 @@ class Proposer:
                 raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or "
                                     "speculative to sample")
             return Verdict([], int(context.choose(sequence, verified.logits[:1])))
-        path, token = accept_greedy(proposal, choices_after(context.choose, sequence, proposal, verified.logits))
-        return Verdict(path, token)
+        choices = choices_after(context.choose, sequence, proposal, verified.logits)
+        path, token = accept_greedy(proposal, choices)
+        return Verdict(path, token, read=choices[1 + proposal.candidates :])
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:

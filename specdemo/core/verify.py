@@ -221,8 +221,13 @@ def scores_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposa
 
 
 def choices_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Proposal, logits: torch.Tensor) -> list[int]:
-    """The target's greedy choice after the root (index 0) and after each candidate node (1 + i)."""
-    return scores_after(choose, sequence, proposal, logits).argmax(dim=-1).tolist()
+    """The target's greedy choice after the root (index 0) and after each candidate node (1 + i),
+    then after each read work node (`Proposal.read`; from its raw logits: a work node is never
+    accepted, so nothing processes it), in one read of the device."""
+    scores = scores_after(choose, sequence, proposal, logits)
+    if proposal.read:
+        scores = torch.cat([scores, logits[1 + proposal.candidates :]]) if choose.processors else logits
+    return scores.argmax(dim=-1).tolist()
 
 
 def greedy_verdicts(proposal: Proposal, choices: list[int]) -> list[bool]:

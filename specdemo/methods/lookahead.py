@@ -37,7 +37,7 @@ from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, de
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
 from specdemo.core.steps import LookaheadStep
-from specdemo.core.verify import Proposal, TargetPass, accept_greedy
+from specdemo.core.verify import Proposal, TargetPass
 from specdemo.methods.jacobi import check_greedy
 from specdemo.methods.prompt_lookup import copy_from_text, until_eos
 from specdemo.methods.retrieval import Datastore
@@ -45,7 +45,6 @@ from specdemo.methods.retrieval import Datastore
 # W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
 # cllm, decoded by lookahead, takes the same but a window of 1 (`cllm.WINDOW`, docs/methods/cllm.md)
 WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
-NEW_LEVEL = "new_level"  # the verdict's details: the new window level, read with the target's choices
 
 
 class NgramPool:
@@ -142,23 +141,12 @@ class Lookahead(Proposer):
                                          context.eos))
         return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
 
-    def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
-        """Greedy acceptance. Without logits processors the new window level (the target's argmax
-        after the last level) is read with the target's choices, in one read of the device a pass."""
-        if context.choose.processors:
-            return super().accept(context, sequence, proposed, verified)
-        choices = verified.logits.argmax(dim=-1).tolist()  # after the root, each candidate, each read node
-        candidates = proposed.proposal.candidates
-        path, token = accept_greedy(proposed.proposal, choices[: 1 + candidates])
-        return Verdict(path, token, {NEW_LEVEL: choices[1 + candidates :]})
-
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:
         tried, sources = proposed.step.candidates, proposed.step.sources
-        # the lookahead branch: a new level (the target's argmax after the last one), and an n-gram down each column
-        new_level = verdict.details.get(NEW_LEVEL)
-        if new_level is None:  # a verdict of processed scores: the raw logits' argmax
-            new_level = verified.logits[1 + proposed.proposal.candidates :].argmax(dim=-1).tolist()
+        # the lookahead branch: a new level (the target's argmax after the last one, read with its verdict), and an
+        # n-gram down each column
+        new_level = verdict.read
         for column in range(self.window):
             self.pool.insert([level[column] for level in self.levels] + [new_level[column]])
         accept_lengths = candidate_accept_lengths(tried, verdict.path)

@@ -277,7 +277,8 @@ def propose(
         else:
             token = draft.token_ids(logits.argmax(dim=-1, keepdim=True))  # [1, 1]
         tokens.append(token)
-        extended = torch.cat([extended, token], dim=-1)
+        if choose.processors:  # what they read: the text and the tokens drafted so far
+            extended = torch.cat([extended, token], dim=-1)
     drafted = until_eos(torch.cat(tokens, dim=-1)[0].tolist() if tokens else [], eos)
     return drafted, (torch.stack(q[: len(drafted)]) if q else None)
 
