@@ -21,12 +21,16 @@ from specdemo.defaults import defaults_for
 from specdemo.models import compiled, load_model
 
 # the CPU's defaults first (for our heads, a Medusa tree of 8), then deeper and wider: on a GPU a pass of 64 tokens
-# costs about what one of 8 does; a candidate sets what it changes from the device's set (`specdemo.defaults`)
+# costs about what one of 8 does; a candidate sets what it changes from the device's set (`specdemo.defaults`).
+# NO_GUESSES: the tree without the branch the host copies or retrieves, whose Python a GPU waits for
+NO_GUESSES = dict(copy_length=0, retrieve=False)
 CANDIDATES = {
     "speculative": [dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),
                     *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (2, 3, 4)),
+                    dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6, **NO_GUESSES),
                     dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
-    "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=63)],
+    "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=31, **NO_GUESSES),
+               dict(tree_size=63)],
     "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7)],
     "cllm": [dict(window=1, candidates=3), dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7)],
 }
