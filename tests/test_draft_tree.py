@@ -2,6 +2,7 @@
 scores each path as a chain would, the target accepts a branch the chain would have missed, and
 the feature draft is fed exactly the target's features of the accepted branch."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -326,7 +327,7 @@ def test_a_second_level_queued_ahead_grows_the_tree_fed_a_level_at_a_time(tiny_m
             sees = draft_tree.branch_visibility(tree, fed, nodes)
             fed.extend(nodes)
             return draft_tree.branch_logits(draft, cache, tokens, states, sees=sees,
-                                            position_ids=torch.full((1, len(nodes)), prefix + level - 2))
+                                            position_ids=np.full(len(nodes), prefix + level - 2))
 
         reference, reference_passes = draft_tree.expand(draft.token_ids, logits, state, level_logits, depth=3,
                                                         top_k=3, size=size, eos=eos)

@@ -6,6 +6,7 @@ plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real g
 import gc
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
@@ -154,10 +155,10 @@ def test_a_padded_slot_never_changes_a_graphed_pass(prompt_ids):
         passes = graphed(model)
         with torch.inference_mode():
             cache = request_cache(model, 64, passes)
-            static_pass(model, cache, prompt_ids, torch.arange(prompt_ids.shape[1])[None],
-                        torch.ones(prompt_ids.shape[1], prompt_ids.shape[1], dtype=torch.bool).tril())
+            static_pass(model, cache, prompt_ids, np.arange(prompt_ids.shape[1]),
+                        np.tri(prompt_ids.shape[1], dtype=bool))
             n, before = cache.length, passes.runs[8]
-            static_pass(model, cache, earlier, torch.arange(n, n + 8)[None], torch.ones(8, 8, dtype=torch.bool).tril(),
+            static_pass(model, cache, earlier, np.arange(n, n + 8), np.tri(8, dtype=bool),
                         rows=range(8))  # the same graph as the pass below: ids fed, the LM head inside
             cache.length = n
             sees = sees_from_parents(tree)
@@ -245,13 +246,13 @@ def test_a_function_graph_returns_its_outputs_own_copies():
 
 def test_a_layout_reads_back_as_the_positions_start_and_sees_it_was_built_from():
     """A pass's layout reaches its graph as one buffer; its views give back the padded layout."""
-    positions = torch.tensor([[300, 301, 301]])
-    sees = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)) > 0.5  # 2 look back, 3 fed
+    positions = np.array([300, 301, 301])
+    sees = np.random.default_rng(0).random((3, 5)) > 0.5  # 2 look back, 3 fed
     view = layout_views(padded_layout(positions, sees, 4, look_back=8, start=299), 4)
     assert view.positions.tolist() == [[300, 301, 301, 301]] and view.start.dim() == 0 and int(view.start) == 299
     assert view.slots.tolist() == [299, 300, 301, 302] and int(view.first) == 299 - 8 - 1
     expected = torch.zeros(4, 14, dtype=torch.bool)
     expected[:, :9] = True  # the cache before the window, then the window's columns, seen by every node
-    expected[:3, 7:12] = sees  # but where `sees` says otherwise
+    expected[:3, 7:12] = torch.from_numpy(sees)  # but where `sees` says otherwise
     expected[3, 12] = True  # the padded node sees itself alone; the last column, past the pass, none
     assert torch.equal(view.sees, expected)

@@ -3,6 +3,7 @@ KV compaction, greedy equality with AR, and the published heads format."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -27,9 +28,9 @@ def test_tree_mask_and_positions_match_the_reference():
     assert nodes == sorted(CHOICES, key=lambda path: (len(path), path)) and tree.sources == ("head",) * len(CHOICES)
     assert tree.tokens == tuple(path[-1] for path in nodes)
     assert all((nodes[parent] if parent >= 0 else ()) == nodes[node][:-1] for node, parent in enumerate(tree.parents))
-    reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])  # each node sees exactly its ancestors
-    assert torch.equal(tree_mask(tree.parents), reference)
-    assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
+    reference = np.array([[b == a[: len(b)] for b in nodes] for a in nodes])  # each node sees exactly its ancestors
+    assert np.array_equal(tree_mask(tree.parents), reference)
+    assert chain_positions(tree_mask(tree.parents), 11).tolist() == [10 + len(path) for path in nodes]
     assert tree.depths == tuple(len(path) for path in nodes)
     assert top_ranks(tree) == (3, 2, 1)
     top = [[100 * depth + rank for rank in range(3)] for depth in range(3)]  # head d's r-th best guess
@@ -42,9 +43,9 @@ def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
     tree = build_tree(CHOICES, copy_depth=3)
     nodes = [*rank_paths(tree), ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
     assert tree.sources == ("head",) * len(CHOICES) + ("copy",) * 3
-    reference = torch.tensor([[b == a[: len(b)] for b in nodes] for a in nodes])
-    assert torch.equal(tree_mask(tree.parents), reference)
-    assert chain_positions(tree_mask(tree.parents), 11)[0].tolist() == [10 + len(path) for path in nodes]
+    reference = np.array([[b == a[: len(b)] for b in nodes] for a in nodes])
+    assert np.array_equal(tree_mask(tree.parents), reference)
+    assert chain_positions(tree_mask(tree.parents), 11).tolist() == [10 + len(path) for path in nodes]
     assert tree.depths == tuple(len(path) for path in nodes)
     assert top_ranks(tree) == (3, 2, 1) and path_to(tree.parents, tree.size - 1) == [7, 8, 9]
     assert (7, 8, 9) in leaf_paths(tree.parents)  # its leaf is a candidate like the heads' leaves
@@ -175,7 +176,8 @@ def test_a_tree_pass_gives_the_logits_of_each_path_run_alone(tiny_model, prompt_
     length = prompt_ids.shape[1]
     fed, sees = torch.tensor([tokens]), tree_mask(tree.parents)
     tree_logits = tiny_model(
-        fed, attention_mask=additive_mask(sees, length, torch.float32), position_ids=chain_positions(sees, length),
+        fed, attention_mask=additive_mask(sees, length, torch.float32),
+        position_ids=torch.from_numpy(chain_positions(sees, length))[None],
         past_key_values=cache, use_cache=True,
     ).logits[0]
     for path in leaf_paths(tree.parents):
@@ -193,7 +195,7 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
     sees = tree_mask(tree.parents)
     tiny_model(
         torch.tensor([tokens]), attention_mask=additive_mask(sees, length, torch.float32),
-        position_ids=chain_positions(sees, length), past_key_values=cache, use_cache=True,
+        position_ids=torch.from_numpy(chain_positions(sees, length))[None], past_key_values=cache, use_cache=True,
     )
     path = max(leaf_paths(tree.parents), key=len)  # (0,), (0, 0), (0, 0, 0): not contiguous in fed order
     keep_positions(cache, length, [length + node for node in path])

@@ -5,6 +5,7 @@ length, passes padded to buckets, and every method's greedy answer unchanged thr
 import logging
 import random
 
+import numpy as np
 import pytest
 import torch
 from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
@@ -32,13 +33,13 @@ from conftest import make_tiny_model
 TREE = [-1, 0, 0, 1, -1, 4]  # two roots' children, branching: a forest as the engine feeds it
 
 
-def laid_out(positions: torch.Tensor, sees: torch.Tensor, start: int):
+def laid_out(positions: np.ndarray, sees: np.ndarray, start: int):
     """The layout of an unpadded pass writing at `start`, on the CPU."""
     return unpadded_layout(positions, sees, start, torch.device("cpu"))
 
 
 def prompt_layout(n: int):
-    return laid_out(torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril(), 0)
+    return laid_out(np.arange(n), np.tri(n, dtype=bool), 0)
 
 
 def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_length(tiny_model, prompt_ids):
@@ -52,7 +53,8 @@ def test_static_forward_equals_transformers_pass_and_never_reads_past_the_valid_
         decoder(input_ids=prompt_ids, past_key_values=dynamic, use_cache=True)
         out = decoder(input_ids=tokens, past_key_values=dynamic, use_cache=True,
                       attention_mask=additive_mask(sees, prompt_ids.shape[1], torch.float32),
-                      position_ids=chain_positions(sees, prompt_ids.shape[1]), output_hidden_states=True)
+                      position_ids=torch.from_numpy(chain_positions(sees, prompt_ids.shape[1]))[None],
+                      output_hidden_states=True)
         expected = out.last_hidden_state
         static = StaticKV(tiny_model, 64)
         for layer in static.layers:  # garbage everywhere: only what a pass writes may be read
@@ -106,8 +108,8 @@ def test_padding_masks_the_padded_nodes_out():
     assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
     assert view.slots.tolist() == list(range(10, 18)) and int(view.start) == 10 and int(view.first) == 9
     assert view.sees[:, 0].all() and not view.sees[:, -1].any()  # the cache before the pass; what lies past it
-    assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions[0].tolist()
-    assert torch.equal(seen[:6, :6], sees)
+    assert fed[0, :6].tolist() == tokens[0].tolist() and at[0, :6].tolist() == positions.tolist()
+    assert np.array_equal(seen[:6, :6], sees)
     assert not seen[:6, 6:].any() and not seen[6:, :6].any()  # no real node sees a padded one, nor the reverse
     assert torch.equal(seen[6:, 6:], torch.eye(2, dtype=torch.bool))
     assert fed.is_contiguous() and fed.stride() == (8, 1)  # fresh tensors: a graph is specialised on strides
@@ -119,9 +121,9 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
     states and the keys they write equal the unpadded pass's, over stale data past the valid length."""
     decoder, n = tiny_model.get_decoder(), prompt_ids.shape[1]
     level = torch.tensor([[7, 11, 13]])  # the second level's nodes, fed first
-    sees = torch.tensor([[True, False, False, True, False],  # the third level: each sees one earlier node and itself
-                         [False, False, True, False, True]])
-    tokens, positions = torch.tensor([[17, 19]]), torch.full((1, 2), n + 1)
+    sees = np.array([[True, False, False, True, False],  # the third level: each sees one earlier node and itself
+                     [False, False, True, False, True]])
+    tokens, positions = torch.tensor([[17, 19]]), np.full(2, n + 1)
     outputs, caches = [], [StaticKV(tiny_model, 64) for _ in range(2)]
     with torch.inference_mode():
         for cache, padded in zip(caches, (False, True)):
@@ -130,13 +132,13 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
             static_forward(decoder, cache, prompt_ids, prompt_layout(n))
             cache.length = n
             cache.start.fill_(n)
-            static_forward(decoder, cache, level, laid_out(torch.full((1, 3), n), torch.eye(3, dtype=torch.bool), n))
+            static_forward(decoder, cache, level, laid_out(np.full(3, n), np.eye(3, dtype=bool), n))
             cache.length = n + 3
             cache.start.fill_(n + 3)
             if padded:
                 view = layout_views(padded_layout(positions, sees, 8, look_back=8, start=n + 3), 8)
                 seen = view.sees[:, 1:-1]
-                assert seen.shape == (8, 16) and seen[:, :5].all() and torch.equal(seen[:2, 5:10], sees)
+                assert seen.shape == (8, 16) and seen[:, :5].all() and np.array_equal(seen[:2, 5:10], sees)
                 outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), view)[:, :2])
             else:
                 outputs.append(static_forward(decoder, cache, tokens, laid_out(positions, sees, n + 3)))
@@ -363,12 +365,12 @@ def test_sees_from_parents_is_the_brute_force_ancestry():
     rng = random.Random(0)
     for n in (0, 1, 5, 17, 64):
         parents = [rng.randrange(-1, i) for i in range(n)]
-        expected = torch.zeros(n, n, dtype=torch.bool)
+        expected = np.zeros((n, n), dtype=bool)
         for i in range(n):
             j = i
             while j >= 0:
                 expected[i, j], j = True, parents[j]
-        assert torch.equal(sees_from_parents(parents), expected)
+        assert np.array_equal(sees_from_parents(parents), expected)
     with pytest.raises(ValueError):
         sees_from_parents([-1, 1])
 

@@ -171,9 +171,7 @@ def warm_up(model: PreTrainedModel, compiled: CompiledPass, progress: Callable[[
                 over = f" over {span} positions" if len(spans) > 1 else ""
                 progress(f"{verb} the {role} pass for {width} token(s){over} ({number} of {len(kinds)})")
             cache.length = 0 if span in (None, spans[0]) else max(span - width, 0)
-            static_pass(model, cache, warm_inputs(model, width),
-                        torch.arange(width, device=model.device)[None],
-                        torch.ones(width, width, dtype=torch.bool, device=model.device).tril(),
+            static_pass(model, cache, warm_inputs(model, width), np.arange(width), np.tri(width, dtype=bool),
                         rows=range(width) if role == "target" else None)
             if compiled.failed:
                 break
@@ -247,7 +245,7 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | No
     return max(width - 1 - copied, least)
 
 
-def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int, look_back: int = 0,
+def padded_layout(positions: np.ndarray, sees: np.ndarray, bucket: int, look_back: int = 0,
                   start: int = 0) -> torch.Tensor:
     """A pass's layout padded to `bucket` nodes and a look-back window of `look_back` >= back cached
     positions, as one byte buffer on the CPU (`graphs.layout_views` reads it back). As int64: its
@@ -255,19 +253,19 @@ def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int, look
     `sees` covers, and the slots it writes [bucket] (start and on); then, as bool, `sees` [w, back + w]
     padded to [bucket, look_back + bucket] and framed by a first column every node sees (the
     cache before the span) and a last one none sees (past the pass), so the pass builds its mask
-    from a slot's column alone (`static_forward`). A pass's layout is built on the host from a
-    tree's parents, in numpy, whose small operations cost the host less than torch's, and moves
-    to the device as one copy. A padded node sits at the last position and sees only itself among
-    the fed nodes; no real node sees it, and what it writes into the cache lies past the valid
-    length. Its input is `graphs.padded_inputs`' zero, or in a CUDA graph whatever an earlier pass
-    fed that slot. The window's added columns come first and are seen by every node: they hold
-    cached positions before the first one some node may not see."""
-    width = positions.shape[1]
+    from a slot's column alone (`static_forward`). `positions` [w] and `sees` are the host's numpy
+    arrays (`attention`), and the layout moves to the device as one copy. A padded node sits at the
+    last position and sees only itself among the fed nodes; no real node sees it, and what it
+    writes into the cache lies past the valid length. Its input is `graphs.padded_inputs`' zero,
+    or in a CUDA graph whatever an earlier pass fed that slot. The window's added columns come
+    first and are seen by every node: they hold cached positions before the first one some node
+    may not see."""
+    width = positions.shape[0]
     back = sees.shape[1] - width
     split = 8 * (2 * bucket + 2)
     layout = np.empty(split + bucket * (look_back + bucket + 2), dtype=np.uint8)
     head = layout[:split].view(np.int64)
-    head[:width] = positions.numpy(force=True)[0]
+    head[:width] = positions
     head[width:bucket], head[bucket], head[bucket + 1] = head[width - 1], start, start - look_back - 1
     head[bucket + 2 :] = np.arange(start, start + bucket)
     framed = layout[split:].view(bool).reshape(bucket, look_back + bucket + 2)
@@ -275,27 +273,27 @@ def padded_layout(positions: torch.Tensor, sees: torch.Tensor, bucket: int, look
     seen = framed[:, 1:-1]
     seen[:, :look_back] = True
     seen[:, look_back:] = np.eye(bucket, dtype=bool)
-    seen[:width, look_back - back : look_back + width] = sees.numpy(force=True)
+    seen[:width, look_back - back : look_back + width] = sees
     return torch.from_numpy(layout)
 
 
-def unpadded_layout(positions: torch.Tensor, sees: torch.Tensor, start: int, device: torch.device) -> PassLayout:
+def unpadded_layout(positions: np.ndarray, sees: np.ndarray, start: int, device: torch.device) -> PassLayout:
     """The layout of a pass run as it is fed, without padding (`padded_layout`), on `device`."""
-    width = positions.shape[1]
+    width = positions.shape[0]
     return layout_views(to_device(padded_layout(positions, sees, width, sees.shape[1] - width, start), device), width)
 
 
-def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
-                sees: torch.Tensor, rows: Sequence[int] | None = None, layers: tuple[int, ...] = (),
+def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, positions: np.ndarray,
+                sees: np.ndarray, rows: Sequence[int] | None = None, layers: tuple[int, ...] = (),
                 keep_hidden: bool = True) -> torch.Tensor | tuple[torch.Tensor | None, torch.Tensor]:
     """One pass on the static path: the last hidden states [1, w, H] of `inputs` [1, w] (ids, or
-    embeddings [1, w, H]) at `positions` [1, w], token i seeing what `sees` [w, back + w] says
+    embeddings [1, w, H]) at `positions` [w], token i seeing what `sees` [w, back + w] says
     (`static_forward`), padded to its bucket and run by the compiled graph; eagerly when no bucket
     fits, when compiling failed, or when the pass looks back at earlier branches (back > 0) without
     CUDA graphs (inductor would compile each look-back anew) or further than LOOK_BACK's widest.
-    `positions` and `sees` may lie on the CPU, where a pass's layout is built: they move to the
-    model's device here (into a CUDA graph's own buffer, as one copy that waits for nothing), so
-    building them costs no GPU launch.
+    `positions` and `sees` are the host's numpy arrays (`attention`): they move to the model's
+    device here (into a CUDA graph's own buffer, as one copy that waits for nothing), so building
+    them costs no GPU launch.
     It attends over the buffer's first positions, those that may be valid rounded up: with CUDA
     graphs their window (`graphs.CudaGraphs.window`), else a multiple of WINDOW_STEP.
     `rows`: the model's logits [len(rows), V] (float32) at those fed positions too, from the LM
@@ -345,7 +343,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
 
 
 def bucketed(passes: CompiledPass, model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor,
-             positions: torch.Tensor, sees: torch.Tensor, bucket: int, with_head: bool,
+             positions: np.ndarray, sees: np.ndarray, bucket: int, with_head: bool,
              layers: tuple[int, ...], look_back: int = 0, start: int = 0):
     """`static_forward`'s output for a pass of `model`'s decoder (and its LM head where
     `with_head`) padded to `bucket` nodes (and `look_back` cached positions, `padded_layout`)
@@ -370,30 +368,30 @@ def rows_of(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     return logits.index_select(0, tensor_on(rows, logits.device))
 
 
-def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, sees: torch.Tensor | None = None,
-                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+def decoder_pass(model: PreTrainedModel, cache: Cache, inputs: torch.Tensor, *, sees: np.ndarray | None = None,
+                 position_ids: np.ndarray | None = None) -> torch.Tensor:
     """A draft's pass: the last hidden states [1, w, H] of `model`'s decoder over `inputs` (ids
     [1, w] or embeddings [1, w, H]) after what `cache` holds. A chain when `sees` is None; else
     token i attends to every cached position but the last `back` and, among those and the new
     tokens, to j where `sees[i, j]` ([w, back + w]: the branches of a draft tree, the last `back`
-    cached positions holding the branches fed before), at `position_ids`; both may lie on the
-    CPU, where a tree's layout is built. On a `StaticKV` the static path (compiled when the cache
-    carries a compiled pass, `request_cache`); on any other cache transformers' pass."""
+    cached positions holding the branches fed before), at `position_ids` [w]: both the host's
+    numpy arrays, as a tree's layout is built (`attention`). On a `StaticKV` the static path
+    (compiled when the cache carries a compiled pass, `request_cache`); on any other cache
+    transformers' pass."""
     cached, width = cache.get_seq_length(), inputs.shape[1]
     if not isinstance(cache, StaticKV):
         tree = {}
         if sees is not None:
             before = cached + width - sees.shape[1]  # cached positions every new token sees
-            allowed = torch.cat([torch.ones(width, before, dtype=torch.bool), sees.cpu()], dim=1)
-            tree = {"attention_mask": additive(allowed.to(inputs.device), model.dtype),
-                    "position_ids": position_ids.to(inputs.device)}
+            allowed = np.concatenate([np.ones((width, before), dtype=bool), sees], axis=1)
+            tree = {"attention_mask": to_device(additive(torch.from_numpy(allowed), model.dtype), inputs.device),
+                    "position_ids": to_device(torch.from_numpy(position_ids)[None], inputs.device)}
         return model.get_decoder()(**fed(inputs), past_key_values=cache, use_cache=True, **tree,
                                    **per_pass(model)).last_hidden_state
-    if sees is None:  # built in numpy, as a tree's layout: no torch operation for the host to dispatch
-        sees = torch.from_numpy(np.tri(width, dtype=bool))
-        return static_pass(model, cache, inputs, torch.from_numpy(np.arange(cached, cached + width)[None]), sees)
+    if sees is None:
+        return static_pass(model, cache, inputs, np.arange(cached, cached + width), np.tri(width, dtype=bool))
     back = sees.shape[1] - width
     if back:  # from the window's first position some new token may not see
-        hidden_from = np.flatnonzero(~sees[:, :back].numpy(force=True).all(axis=0))
+        hidden_from = np.flatnonzero(~sees[:, :back].all(axis=0))
         sees = sees[:, int(hidden_from[0]) if len(hidden_from) else back :]
     return static_pass(model, cache, inputs, position_ids, sees)

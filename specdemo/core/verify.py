@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
@@ -91,10 +92,12 @@ def path_to(parents: Sequence[int], node: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=1024)  # a tree of one shape recurs every pass: build its mask once
-def tree_mask(parents: tuple[int, ...]) -> torch.Tensor:
+def tree_mask(parents: tuple[int, ...]) -> np.ndarray:
     """`sees` [n, n] (bool) of a forest given by `parents` (-1: the root): node i sees node j when j
-    is i or one of its ancestors (`attention.sees_from_parents`). Shared between calls: never write to it."""
-    return sees_from_parents(list(parents))
+    is i or one of its ancestors (`attention.sees_from_parents`). Shared between calls, so read-only."""
+    sees = sees_from_parents(list(parents))
+    sees.flags.writeable = False
+    return sees
 
 
 @functools.lru_cache(maxsize=1024)
@@ -172,8 +175,8 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     tree = {}
     if not proposal.is_chain:
         sees = tree_mask(fed_parents(pending, proposal))
-        tree = {"attention_mask": additive_mask(sees.to(fed.device), cached, model.dtype),
-                "position_ids": to_device(chain_positions(sees, cached), fed.device)}
+        tree = {"attention_mask": to_device(additive_mask(sees, cached, model.dtype), fed.device),
+                "position_ids": to_device(torch.from_numpy(chain_positions(sees, cached))[None], fed.device)}
     if features:
         out = model.get_decoder()(input_ids=fed, past_key_values=cache, use_cache=True,
                                   output_hidden_states=bool(layers), **tree, **per_pass(model))

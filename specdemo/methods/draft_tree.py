@@ -108,8 +108,8 @@ def grow(
     fed = [] if ahead is None else list(range(len(best[0][0])))
 
     def level_logits(tree: Proposal, nodes: list[int], tokens: torch.Tensor, states: torch.Tensor | None, level: int):
-        sees = branch_visibility(tree, fed, nodes)  # on the CPU, as the positions: the pass moves them
-        positions = torch.full((1, len(nodes)), prefix + level - 2)
+        sees = branch_visibility(tree, fed, nodes)  # the host's, as the positions: the pass moves them
+        positions = np.full(len(nodes), prefix + level - 2)
         fed.extend(nodes)
         return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=positions)
 
@@ -136,8 +136,7 @@ def second_level(draft: Draft | FeatureDraft, cache: Cache, best, state: torch.T
     tokens = best[0][0]  # [k], on the device
     k = tokens.shape[0]
     states = None if state is None else state.expand(k, -1)
-    sees = torch.eye(k, dtype=torch.bool)
-    return branch_logits(draft, cache, tokens, states, sees=sees, position_ids=torch.full((1, k), prefix))
+    return branch_logits(draft, cache, tokens, states, sees=np.eye(k, dtype=bool), position_ids=np.full(k, prefix))
 
 
 def expand(token_ids, logits: torch.Tensor, state: torch.Tensor | None, level_logits, *, depth: int,
@@ -231,19 +230,16 @@ def add_children(tree: Proposal, best: tuple[list[list[int]], list[list[float]]]
     return Proposal(tuple(tokens), tuple(hung), (*tree.sources, *("draft",) * added), scores=tuple(scores))
 
 
-def branch_visibility(tree: Proposal, fed: list[int], expand: list[int]) -> torch.Tensor:
-    """sees [q, len(fed) + q] (on the CPU): among the branches already in the draft's cache (`fed`,
+def branch_visibility(tree: Proposal, fed: list[int], expand: list[int]) -> np.ndarray:
+    """sees [q, len(fed) + q] (bool, the host's: `attention`): among the branches already in the draft's cache (`fed`,
     after the prefix, which every node sees) and the expanded nodes, each of these sees its own
     ancestors and itself."""
     cache_slot = {node: i for i, node in enumerate(fed)}
-    rows = []
+    sees = np.zeros((len(expand), len(fed) + len(expand)), dtype=bool)
     for row, node in enumerate(expand):
-        seen = [False] * (len(fed) + len(expand))
-        for ancestor in tree.ancestry(tree.parents[node]):
-            seen[cache_slot[ancestor]] = True
-        seen[len(fed) + row] = True
-        rows.append(seen)
-    return torch.tensor(rows, dtype=torch.bool).reshape(len(expand), len(fed) + len(expand))
+        sees[row, [cache_slot[ancestor] for ancestor in tree.ancestry(tree.parents[node])]] = True
+        sees[row, len(fed) + row] = True
+    return sees
 
 
 def best_nodes(tree: Proposal, size: int) -> Proposal:
