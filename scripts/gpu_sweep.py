@@ -31,7 +31,8 @@ CANDIDATES = {
                     dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
     "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=31, **NO_GUESSES),
                dict(tree_size=63)],
-    "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7)],
+    "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7),
+                  dict(window=7, ngram=4, candidates=10)],
     "cllm": [dict(window=1, candidates=3), dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7)],
 }
 
