@@ -39,6 +39,17 @@ def test_tree_mask_and_positions_match_the_reference():
     assert sorted(tuple(nodes[n] for n in c)[-1] for c in candidates) == [(0, 0, 0), (0, 1), (1, 0), (2,)]
 
 
+def test_a_cached_tree_mask_is_read_only_host_data():
+    """A tree of one shape recurs every pass and shares its cached mask: a write fails rather than
+    change every later pass's mask, and the mask is the host's numpy array, moved to a device only
+    by a pass's layout."""
+    sees = tree_mask(build_tree(CHOICES).parents)
+    assert isinstance(sees, np.ndarray) and sees.dtype == bool
+    with pytest.raises(ValueError):
+        sees[0, 1] = True
+    assert tree_mask(build_tree(CHOICES).parents) is sees
+
+
 def test_a_copied_chain_hangs_from_the_root_beside_the_heads_nodes():
     tree = build_tree(CHOICES, copy_depth=3)
     nodes = [*rank_paths(tree), ("copy",), ("copy",) * 2, ("copy",) * 3]  # the copied chain after the heads' nodes
