@@ -53,6 +53,10 @@ def configurations(target, other):
                                               dict(draft=feature_draft(target), gamma=3, draft_tree_size=0), target),
         "speculative, feature draft, tree": (speculative.generate,
                                              dict(draft=feature_draft(target), gamma=3, draft_tree_size=6), target),
+        "speculative, token draft, static tree": (speculative.generate, dict(draft=Draft("other", other), gamma=2,
+                                                                      static_tree=True), target),
+        "speculative, feature draft, static tree": (speculative.generate, dict(draft=feature_draft(target), gamma=2,
+                                                                        static_tree=True), target),
         "speculative, feature draft reading a layer, tree": (
             speculative.generate, dict(draft=feature_draft(target, layers=(1,)), gamma=3, draft_tree_size=6), target),
         "speculative, always-right draft": (speculative.generate,
@@ -78,7 +82,8 @@ def configurations(target, other):
 
 NAMES = [
     "ar", "speculative, token draft, chain", "speculative, token draft, tree", "speculative, feature draft, chain",
-    "speculative, feature draft, tree", "speculative, feature draft reading a layer, tree",
+    "speculative, feature draft, tree", "speculative, token draft, static tree",
+    "speculative, feature draft, static tree", "speculative, feature draft reading a layer, tree",
     "speculative, always-right draft", "speculative, always-wrong draft", "speculative, always-wrong tree",
     "medusa, dynamic tree", "medusa, static tree", "medusa, chain", "lookahead",
     "lookahead, no text n-grams", "jacobi", "cllm, jacobi", "cllm, lookahead", "beam", "contrastive",

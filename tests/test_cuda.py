@@ -26,6 +26,8 @@ RUNS = {
                                                     dict(draft=Draft("other", o), gamma=3, draft_tree_size=0)),
     "speculative tree, feature draft, copy": lambda m, o: (speculative,
                                                            dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
+    "speculative static tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=2,
+                                                                                  static_tree=True)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
     "medusa dynamic tree, graphed heads": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree_size=12,
                                                                      heads_passes=FunctionGraphs())),

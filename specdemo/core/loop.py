@@ -66,6 +66,9 @@ class Verdict:
     token: int
     details: dict = field(default_factory=dict)  # the rule's numbers, for the event (p, q, thresholds...)
     read: list[int] = field(default_factory=list)  # the target's choice after each read work node (`Proposal.read`)
+    # the proposal as its tokens were read with the target's choices, where they stayed on the device
+    # (`Proposal.on_device`): what `learn` and the event see
+    proposal: Proposal | None = None
 
 
 @dataclass
@@ -155,6 +158,9 @@ def decode(
         # 3. Accept: the path the target agrees with, and its own token after it.
         verdict = proposer.accept(context, sequence, proposed, verified)
         target_s = clock.seconds()  # the verdict read the pass's choices: its end is past
+        if verdict.proposal is not None:
+            proposed = Proposed(verdict.proposal, proposed.step)
+            proposal = verdict.proposal
         # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
         commit(cache, verified, verdict.path)
         accepted = [proposal.tokens[node] for node in verdict.path]

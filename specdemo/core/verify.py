@@ -21,7 +21,7 @@ is the target's own argmax after the tokens before it.
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -42,7 +42,10 @@ class Proposal:
     "copy", "head", "pool", "guess", "window"...). The last `work` nodes are fed but never
     accepted (lookahead's window); `read` names those of them whose logits the proposer wants.
     `scores`, where the proposer values its nodes (a draft tree), is per node the log of the
-    draft's probability of the path to it (EAGLE-2's node value); () where it does not."""
+    draft's probability of the path to it (EAGLE-2's node value); () where it does not.
+    `on_device`: the tokens [size] where they are still on the device, the host not having read
+    them (a static draft tree, read with the target's choices): `tokens` is then () and the
+    proposer's `accept` returns the proposal as read (`loop.Verdict.proposal`)."""
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
@@ -50,6 +53,7 @@ class Proposal:
     work: int = 0
     read: tuple[int, ...] = ()
     scores: tuple[float, ...] = ()
+    on_device: torch.Tensor | None = field(default=None, compare=False)
 
     @classmethod
     def chain(cls, tokens: Sequence[int], source: str) -> "Proposal":
@@ -58,7 +62,7 @@ class Proposal:
 
     @property
     def size(self) -> int:
-        return len(self.tokens)
+        return len(self.parents)
 
     @property
     def candidates(self) -> int:
@@ -163,7 +167,9 @@ def target_pass(model: PreTrainedModel, cache: Cache, sequence: torch.Tensor, pr
     layers = features if isinstance(features, tuple) else ()
     fed = sequence[:, cached:]  # [1, pending + size]: AR's pass feeds the last token alone
     if proposal.size:
-        fed = torch.cat([fed, tensor_on([proposal.tokens], sequence.device)], dim=-1)
+        drafted = proposal.on_device[None] if proposal.on_device is not None else tensor_on([proposal.tokens],
+                                                                                             sequence.device)
+        fed = torch.cat([fed, drafted], dim=-1)
     kept = pending + proposal.candidates  # fed rows scored: the root and every candidate ...
     rows = [*range(pending - 1, kept), *(pending + node for node in proposal.read)]  # ... then the read work nodes
     if isinstance(cache, StaticKV):

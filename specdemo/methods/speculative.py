@@ -66,6 +66,7 @@ def generate(
     draft_tree_size: int | None = None,
     draft_tree_top_k: int = 3,
     auto_tree_size: int = AUTO_TREE_SIZE,
+    static_tree: bool = False,
     copy_length: int | None = None,
     retrieve: bool = True,
     datastore: Datastore | None = None,
@@ -78,7 +79,9 @@ def generate(
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
     `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
     `auto_tree_size` nodes for plain greedy decoding, the chain otherwise (a tree is verified
-    greedily, without logits processors). `copy_length` > 0 adds to a tree a branch of up to
+    greedily, without logits processors). `static_tree`: the tree is instead the static one
+    (`draft_tree.static_tree`: 2 deep, `draft_tree_top_k` children a node), whose tokens the host
+    reads with the target's choices. `copy_length` > 0 adds to a tree a branch of up to
     that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree.
     Where the text offers no copy, `retrieve` takes the branch from `datastore` (earlier answers
     of the target: `retrieval`, REST), and below the draft's likeliest branch the tree gets up to
@@ -88,12 +91,15 @@ def generate(
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling, auto_tree_size)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
+    if static_tree and (not draft_tree_size or gamma != 2):
+        raise SpecDemoError("a static draft tree is 2 deep and verified greedily: decode greedily without logits "
+                            "processors, with gamma=2 and a draft tree (draft_tree_size above 0, or None)")
     # the draft's cache holds the prompt, what may still come and a step's deepest feed; static, run by
     # the draft's compiled pass, beside a compiled target's
     cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + MAX_GAMMA * (draft_tree_top_k + 1),
                           draft_passes if passes else None)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
-                             datastore if retrieve else None)
+                             datastore if retrieve else None, static_tree)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling,
                   eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
@@ -109,6 +115,8 @@ class DraftPass:
     draft_passes: int = 0  # a tree's: one a level grown; a chain's: one a token
     q: torch.Tensor | None = None  # [g, V] the draft's distributions of a sampled chain
     root: int = -1  # a tree's root: the text's last token, read on the host where the tree was grown
+    # a static tree's drafted nodes' log-probabilities, on the device until the verdict reads them
+    log_probs: torch.Tensor | None = None
 
 
 class DraftProposer(Proposer):
@@ -120,8 +128,8 @@ class DraftProposer(Proposer):
     target computed. The first pass therefore drafts nothing."""
 
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int,
-                 copy_length: int, cache: Cache, datastore: Datastore | None = None):
-        self.draft, self.gamma, self.adaptive_gamma = draft, gamma, adaptive_gamma
+                 copy_length: int, cache: Cache, datastore: Datastore | None = None, static: bool = False):
+        self.draft, self.gamma, self.adaptive_gamma, self.static = draft, gamma, adaptive_gamma, static
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
         self.cache = cache  # the draft's own KV cache for the request
@@ -131,6 +139,8 @@ class DraftProposer(Proposer):
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
         gamma = min(self.gamma, room - 1) if ready else 0
+        if self.static and gamma == 2:
+            return self.static_tree(context, sequence, room)
         if self.tree_size and gamma:
             tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
             return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes, root=root))
@@ -156,6 +166,16 @@ class DraftProposer(Proposer):
         tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
         return tree, draft_passes, int(text[-1])
 
+    def static_tree(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
+        """The static tree (`draft_tree.static_tree`) with a branch copied from the text or retrieved,
+        its tokens and values left on the device."""
+        text = context.text.of(sequence)
+        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        copied, source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore,
+                                        RETRIEVED_SHARE)
+        tree, log_probs = draft_tree.static_tree(self.draft, self.cache, first, self.top_k, copied, source)
+        return Proposed(tree, DraftPass(2, tree=True, draft_passes=2, root=int(text[-1]), log_probs=log_probs))
+
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
         proposal, drafted = proposed.proposal, proposed.step
@@ -165,6 +185,9 @@ class DraftProposer(Proposer):
             accept_length, token, details = accept_sampled(context.choose, candidate, verified.logits, tokens,
                                                            drafted.q)
             return Verdict(list(range(accept_length)), token, details)
+        if proposal.on_device is not None:  # a static tree: read with the choices
+            proposal, choices = draft_tree.read_static(proposal, drafted.log_probs, verified.logits)
+            return Verdict(*accept_greedy(proposal, choices), proposal=proposal)
         choices = choices_after(context.choose, sequence, proposal, verified.logits)
         path, token = accept_greedy(proposal, choices)
         return Verdict(path, token, {} if drafted.tree else {"target_choices": choices})
