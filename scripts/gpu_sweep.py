@@ -28,10 +28,10 @@ CANDIDATES = {
     "speculative": [dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),
                     *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (2, 3, 4)),
                     dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6, **NO_GUESSES),
-                    dict(gamma=2, draft_tree_top_k=7, static_tree=True),  # 56 nodes: with a copy, the 64-token pass
+                    dict(gamma=2, draft_tree_top_k=7, static_tree=True),  # 56 nodes and a copy: the 64-token pass
                     dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
     "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=31, **NO_GUESSES),
-               dict(tree_size=63)],
+               dict(tree_size=63), dict(tree="static", tree_size=57)],  # static: and a copy, the 64-token pass
     "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7),
                   dict(window=7, ngram=4, candidates=10)],
     "cllm": [dict(window=1, candidates=3), dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7)],

@@ -18,6 +18,7 @@ from specdemo.core.kvcache import StaticKV, keep_positions, keep_prefix
 from specdemo.core.static import (
     CompiledPass,
     compile_passes,
+    fitted_copy,
     fitted_size,
     padded_layout,
     request_cache,
@@ -272,6 +273,14 @@ def test_a_tree_fills_its_bucket_narrow_on_a_cpu_and_whole_with_cuda():
     # a tree too large for the widest bucket fills it rather than run eagerly, down to half its size
     assert fitted_size(60, 8, bucket, cuda) == 55 and fitted_size(63, 0, bucket, cuda) == 63
     assert fitted_size(40, 40, bucket, cuda) == 23 and fitted_size(40, 50, bucket, cuda) == 40  # half: eager, as asked
+
+
+def test_a_static_tree_takes_the_copy_that_fits_its_widest_bucket():
+    """A static tree's nodes are fixed: its copied branch is cut so that the pass fits a bucket."""
+    bucket = CompiledPass(None, (1, 8, 16, 32, 64), None).bucket
+    assert fitted_copy(56, 8, None) == 8  # eager: all of it
+    assert fitted_copy(56, 8, bucket) == 7 and fitted_copy(55, 8, bucket) == 8 and fitted_copy(63, 8, bucket) == 0
+    assert fitted_copy(5, 3, bucket) == 3 and fitted_copy(56, 0, bucket) == 0
 
 
 def test_compiled_medusa_fills_each_padded_pass_with_tree_nodes(compiled_models, prompt_ids):

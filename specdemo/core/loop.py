@@ -29,7 +29,16 @@ from specdemo.core.sampling import SamplingConfig, TokenChooser
 from specdemo.core.static import CompiledPass, padded_width, request_cache
 from specdemo.core.steps import Payload
 from specdemo.core.transfer import HostText, tensor_on
-from specdemo.core.verify import EMPTY, Proposal, TargetPass, accept_greedy, choices_after, commit, target_pass
+from specdemo.core.verify import (
+    EMPTY,
+    Proposal,
+    TargetPass,
+    accept_greedy,
+    choices_after,
+    commit,
+    read_with_choices,
+    target_pass,
+)
 
 
 @dataclass(frozen=True)
@@ -99,13 +108,17 @@ class Proposer:
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy acceptance (exactly AR's answer); with nothing proposed, the target's next token
-        by the decoding rule, sampled when sampling."""
+        by the decoding rule, sampled when sampling. A proposal whose tokens are on the device (plain
+        greedy decoding) is read with the choices."""
         proposal = proposed.proposal
         if context.choose.config.do_sample:
             if proposal.size:
                 raise SpecDemoError("this method verifies its proposals greedily: turn sampling off, or choose ar or "
                                     "speculative to sample")
             return Verdict([], int(context.choose(sequence, verified.logits[:1])))
+        if proposal.on_device is not None:
+            proposal, choices = read_with_choices(proposal, verified.logits)
+            return Verdict(*accept_greedy(proposal, choices), proposal=proposal)
         choices = choices_after(context.choose, sequence, proposal, verified.logits)
         path, token = accept_greedy(proposal, choices)
         return Verdict(path, token, read=choices[1 + proposal.candidates :])

@@ -219,6 +219,15 @@ def padded_width(cache: Cache) -> Callable[[int], int | None] | None:
     return lambda width: width if passes.failed else passes.bucket(width)
 
 
+def fitted_copy(nodes: int, copied: int, bucket: Callable[[int], int | None] | None) -> int:
+    """How much of a `copied` branch a tree of a fixed `nodes` (a static tree) takes beside its root
+    on the compiled path (`bucket`) without its pass outgrowing the widest bucket, which would run it
+    eagerly: all of it while it fits, the rest dropped from its end. Eager (`bucket` None): all."""
+    if bucket is None:
+        return copied
+    return next((length for length in range(copied, 0, -1) if bucket(1 + nodes + length)), 0)
+
+
 def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | None, device: torch.device) -> int:
     """How many nodes a tree of `size` nodes (a Medusa tree, a draft tree) gets this pass beside
     `copied` copied ones. Eager (`bucket` None): `size`, as asked. On the compiled path, whose

@@ -21,7 +21,7 @@ is the target's own argmax after the tokens before it.
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -237,6 +237,15 @@ def choices_after(choose: TokenChooser, sequence: torch.Tensor, proposal: Propos
     if proposal.read:
         scores = torch.cat([scores, logits[1 + proposal.candidates :]]) if choose.processors else logits
     return scores.argmax(dim=-1).tolist()
+
+
+def read_with_choices(proposal: Proposal, logits: torch.Tensor) -> tuple[Proposal, list[int]]:
+    """A proposal whose tokens are still on the device (`Proposal.on_device`), read in one read with
+    the target's greedy choices after the root and each node (`logits` [1 + size, V]; plain greedy
+    decoding, as `choices_after` without processors): the proposal as read, and the choices."""
+    size = proposal.size
+    read = torch.cat([proposal.on_device, logits[: 1 + size].argmax(dim=-1)]).tolist()
+    return replace(proposal, tokens=tuple(read[:size]), on_device=None), read[size:]
 
 
 def greedy_verdicts(proposal: Proposal, choices: list[int]) -> list[bool]:

@@ -27,7 +27,7 @@ branch, what the text or an earlier answer went on with (`extend_likeliest`).
 A static tree (`static_tree`, EAGLE-1's kind) has one shape every pass: two levels, each node
 with its draft's `top_k` best children, and a copied branch beside them. Its shape needs no
 token read on the host, so its tokens stay on the device, the target's pass is queued right
-after the draft's, and the host reads the tree with the target's choices (`read_static`): on
+after the draft's, and the host reads the tree with the target's choices (`static_values`): on
 a GPU a step waits once, not twice, and builds no tree while the device idles.
 """
 
@@ -139,27 +139,23 @@ def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
     second, _ = second_level(draft, cache, best, state, prefix)
     ids, log_probs = best_children(second, top_k, draft.token_ids)  # [k, k]
     keep_prefix(cache, prefix)
-    tokens = torch.cat([best[0][0], ids.flatten(), tensor_on(copied, logits.device)])
+    tokens = torch.cat([best[0][0], ids.view(-1), tensor_on(copied, logits.device)])
     drafted = top_k + top_k * top_k
     parents = (*(-1,) * top_k, *(parent for parent in range(top_k) for _ in range(top_k)),
                *[-1, *range(drafted, drafted + len(copied) - 1)][: len(copied)])
     return (Proposal(parents=parents, sources=("draft",) * drafted + (source,) * len(copied), on_device=tokens),
-            torch.cat([best[1][0], log_probs.flatten()]))
+            torch.cat([best[1][0], log_probs.view(-1)]))
 
 
-def read_static(proposal: Proposal, log_probs: torch.Tensor, logits: torch.Tensor) -> tuple[Proposal, list[int]]:
-    """A static tree as read on the host, with the target's greedy choices after the root and each
-    node (`logits` [1 + size, V], plain greedy decoding: `verify.choices_after` without processors):
-    the tokens and the choices in one read, then the drafted nodes' `log_probs` from a device done
-    by then. A node's value is its parent's plus its own log-probability, as in `add_children`; a
-    copied node has none of its own and takes its parent's."""
-    size = proposal.size
-    read = torch.cat([proposal.on_device, logits[: 1 + size].argmax(dim=-1)]).tolist()
+def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
+    """A static tree read on the host (`verify.read_with_choices`) with its nodes' values, from the
+    drafted nodes' `log_probs` (on a device done by then): a node's value is its parent's plus its
+    own log-probability, as in `add_children`; a copied node has none of its own and takes its parent's."""
     own = log_probs.tolist()
     values: list[float] = []
-    for node, parent in enumerate(proposal.parents):
+    for node, parent in enumerate(tree.parents):
         values.append((own[node] if node < len(own) else 0.0) + (values[parent] if parent >= 0 else 0.0))
-    return replace(proposal, tokens=tuple(read[:size]), scores=tuple(values), on_device=None), read[size:]
+    return replace(tree, scores=tuple(values))
 
 
 def picked(rows: torch.Tensor, nodes: list[int]) -> torch.Tensor:

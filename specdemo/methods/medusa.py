@@ -28,7 +28,7 @@ from specdemo.core.events import StepEvent, Summary
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.loop import NOTHING, Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig
-from specdemo.core.static import CompiledPass, fitted_size
+from specdemo.core.static import CompiledPass, fitted_copy, fitted_size
 from specdemo.core.steps import ChainStep, TreeStep
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, deepest, first_leaf_path, scores_after
@@ -43,6 +43,7 @@ from specdemo.methods.medusa_tree import (
     dynamic_paths,
     filled,
     head_tokens,
+    on_device,
     rank_paths,
     resolve_tree,
     top_ranks,
@@ -155,6 +156,10 @@ class MedusaTree(Proposer):
             paths = tuple(sorted(dynamic_paths(log_probs[:depth_limit], size)))
         else:
             paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
+            copied = copied[: fitted_copy(len(paths), len(copied), context.bucket)]
+            if self.typical is None and not context.choose.processors:  # plain greedy: read with the choices
+                ranked, _ = self.heads.ranked(self.hidden, max(top_ranks(self.static)), self.token(root), self.graphs)
+                return Proposed(on_device(cached_tree(paths, len(copied)), ranked, copied, copy_source))
             top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)
         shape = cached_tree(paths, len(copied))
         return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))

@@ -18,7 +18,10 @@ import functools
 import heapq
 from collections.abc import Iterable, Sequence
 
+import torch
+
 from specdemo.core.errors import SpecDemoError, check_whole
+from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal
 from specdemo.methods.medusa_heads import MedusaHeads
 
@@ -120,6 +123,18 @@ def check_dynamic_size(heads: MedusaHeads, tree_size: int | None) -> int:
 
 def check_tree_size(tree_size: int, largest: int, what: str) -> None:
     check_whole("tree_size", tree_size, 1, largest, what)
+
+
+def on_device(shape: Proposal, ranked: torch.Tensor, copied: list[int], copy_source: str = "copy") -> Proposal:
+    """`filled` without a read: the proposal of a shape whose heads' tokens are gathered on the
+    device from `ranked` [K, R] (each head's R best, `MedusaHeads.ranked`), then the copied chain's;
+    the host reads them with the target's choices (`verify.read_with_choices`)."""
+    depths, width = shape.depths, ranked.shape[1]
+    index = [(depths[node] - 1) * width + shape.tokens[node] for node in range(shape.sources.count("head"))]
+    tokens = torch.cat([ranked.view(-1).index_select(0, tensor_on(index, ranked.device)),
+                        tensor_on(copied, ranked.device)])
+    sources = tuple(copy_source if source == "copy" else source for source in shape.sources)
+    return Proposal(parents=shape.parents, sources=sources, on_device=tokens)
 
 
 def head_tokens(shape: Proposal, top: list[list[int]]) -> list[int]:

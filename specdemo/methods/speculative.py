@@ -33,10 +33,10 @@ from specdemo.core.events import StepEvent, Summary, acceptance_by_position
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.loop import Context, Learned, Proposed, Proposer, Verdict, decode
 from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_processors
-from specdemo.core.static import CompiledPass, fitted_size, request_cache
+from specdemo.core.static import CompiledPass, fitted_copy, fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.transfer import tensor_on
-from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
+from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after, read_with_choices
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
@@ -173,6 +173,7 @@ class DraftProposer(Proposer):
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         copied, source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore,
                                         RETRIEVED_SHARE)
+        copied = copied[: fitted_copy(self.top_k + self.top_k**2, len(copied), context.bucket)]
         tree, log_probs = draft_tree.static_tree(self.draft, self.cache, first, self.top_k, copied, source)
         return Proposed(tree, DraftPass(2, tree=True, draft_passes=2, root=int(text[-1]), log_probs=log_probs))
 
@@ -186,7 +187,8 @@ class DraftProposer(Proposer):
                                                            drafted.q)
             return Verdict(list(range(accept_length)), token, details)
         if proposal.on_device is not None:  # a static tree: read with the choices
-            proposal, choices = draft_tree.read_static(proposal, drafted.log_probs, verified.logits)
+            proposal, choices = read_with_choices(proposal, verified.logits)
+            proposal = draft_tree.static_values(proposal, drafted.log_probs)
             return Verdict(*accept_greedy(proposal, choices), proposal=proposal)
         choices = choices_after(context.choose, sequence, proposal, verified.logits)
         path, token = accept_greedy(proposal, choices)
