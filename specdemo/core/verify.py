@@ -44,8 +44,9 @@ class Proposal:
     `scores`, where the proposer values its nodes (a draft tree), is per node the log of the
     draft's probability of the path to it (EAGLE-2's node value); () where it does not.
     `on_device`: the tokens [size] where they are still on the device, the host not having read
-    them (a static draft tree, read with the target's choices): `tokens` is then () and the
-    proposer's `accept` returns the proposal as read (`loop.Verdict.proposal`)."""
+    them (a static tree of a draft or of Medusa's heads, read with the target's choices,
+    `read_with_choices`): `tokens` is then () and `accept` returns the proposal as read
+    (`loop.Verdict.proposal`)."""
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()

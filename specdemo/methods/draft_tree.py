@@ -27,7 +27,7 @@ branch, what the text or an earlier answer went on with (`extend_likeliest`).
 A static tree (`static_tree`, EAGLE-1's kind) has one shape every pass: two levels, each node
 with its draft's `top_k` best children, and a copied branch beside them. Its shape needs no
 token read on the host, so its tokens stay on the device, the target's pass is queued right
-after the draft's, and the host reads the tree with the target's choices (`static_values`): on
+after the draft's, and the host reads the tree with the target's choices (`verify.read_with_choices`): on
 a GPU a step waits once, not twice, and builds no tree while the device idles.
 """
 
