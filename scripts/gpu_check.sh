@@ -76,7 +76,7 @@ timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2
     --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. where a step's time goes: the GPU busy against waiting for the host"
-timeout $(cap 50) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
+timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
     2>>"$OUT/check.log"
 head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
 

@@ -1,7 +1,8 @@
 """Where a step's time goes on a GPU, for the prepared check (`scripts/gpu_check.sh`):
-- for AR, speculative decoding, Medusa, lookahead and the CLLM, a step's time against the time the GPU is busy in it
-  (torch.profiler's kernels and copies): what is left is the device waiting for the host; and the CUDA calls the
-  host makes a step (kernel launches, graph replays, copies, waits for the device);
+- for AR, speculative decoding, Medusa (each also with its static tree), lookahead and the CLLM, a step's time
+  against the time the GPU is busy in it (torch.profiler's kernels and copies): what is left is the device waiting
+  for the host; and the CUDA calls the host makes a step (kernel launches, graph replays, copies, waits for the
+  device);
 - what the host spends outside the target's pass (cProfile of one answer of --method, by function);
 - which kernels an eager target pass of 1 and of 16 tokens runs (torch.profiler, by kernel);
 - with --trace, a timeline of a short answer of --method (torch.profiler's Chrome trace of the device's work, the
@@ -40,9 +41,15 @@ KEPT = (*DEVICE_WORK, "cuda_runtime", "cuda_driver")  # what the written trace k
 OURS = "specdemo/"  # how a Python frame of this project's code is named in a trace: specdemo/core/loop.py(119): decode
 
 
-def answer(target, name: str, tokens: int) -> Summary:
-    """An answer of `name` with the device's set of defaults (`specdemo.defaults`), as the bench runs it."""
-    options = {**method_options(name, target), **with_defaults(defaults_for(target.device), name, {})}
+# the methods, and the static trees that the host reads once a step with the target's choices (docs/gpu.md)
+BUSY = (("ar", {}), ("speculative", {}), ("speculative", {"static_tree": True, "draft_tree_top_k": 7}), ("medusa", {}),
+        ("medusa", {"tree": "static", "tree_size": 57}), ("lookahead", {}), ("cllm", {}))
+
+
+def answer(target, name: str, tokens: int, settings: dict | None = None) -> Summary:
+    """An answer of `name` with the device's set of defaults (`specdemo.defaults`) and `settings`, as
+    the bench runs it."""
+    options = {**method_options(name, target), **with_defaults(defaults_for(target.device), name, settings or {})}
     events = get_method(name).generate(target.model, target.encode_chat(PROMPT), max_new_tokens=tokens,
                                        passes=target.passes, **options)
     return final_summary(events)
@@ -65,16 +72,16 @@ def kernels(model, width: int, context: int = 256) -> str:
     return profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
 
 
-def busy(target, name: str, tokens: int) -> str:
-    """One line: a step's time in an answer of `name`, and the time the GPU is busy a step in a
-    second, profiled answer, with its kernels and copies as the profiler counts them."""
+def busy(target, name: str, tokens: int, settings: dict | None = None) -> str:
+    """One line: a step's time in an answer of `name` (with `settings`), and the time the GPU is busy
+    a step in a second, profiled answer, with its kernels and copies as the profiler counts them."""
     torch.cuda.synchronize()
     started = time.perf_counter()
-    summary = answer(target, name, tokens)
+    summary = answer(target, name, tokens, settings)
     torch.cuda.synchronize()
     step_ms = 1000 * (time.perf_counter() - started) / summary.target_forwards
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
-        profiled = answer(target, name, tokens)
+        profiled = answer(target, name, tokens, settings)
         torch.cuda.synchronize()
     rows = profiler.key_averages()
     device = [row for row in rows if row.device_type == torch.autograd.DeviceType.CUDA]
@@ -82,9 +89,11 @@ def busy(target, name: str, tokens: int) -> str:
     kernels = sum(row.count for row in device) / profiled.target_forwards
     calls = {kind: sum(row.count for row in rows if row.key.startswith(prefixes)) / profiled.target_forwards
              for kind, prefixes in RUNTIME_CALLS.items()}
-    return (f"{name}: a step {step_ms:.2f} ms; the GPU busy {busy_ms:.2f} ms of it ({kernels:.0f} kernels and copies), "
-            f"waiting for the host {step_ms - busy_ms:.2f} ms; {len(summary.tokens) / summary.target_forwards:.2f} "
-            "tokens a pass; the host a step: " + ", ".join(f"{count:.1f} {kind}" for kind, count in calls.items()))
+    label = " ".join([name, *(f"{key}={value}" for key, value in (settings or {}).items())])
+    return (f"{label}: a step {step_ms:.2f} ms; the GPU busy {busy_ms:.2f} ms of it ({kernels:.0f} kernels and "
+            f"copies), waiting for the host {step_ms - busy_ms:.2f} ms; "
+            f"{len(summary.tokens) / summary.target_forwards:.2f} tokens a pass; the host a step: "
+            + ", ".join(f"{count:.1f} {kind}" for kind, count in calls.items()))
 
 
 def idle_by_host(events: list[dict], steps: int, top: int = 12) -> str:
@@ -175,10 +184,10 @@ def main() -> None:
     target = load_model(dtype=args.dtype)
     target = compiled(target) if default_compile(target.device) else target  # graphs with CUDA, as the page runs
     answer(target, args.method, 16)  # loads and captures the companions' passes
-    for name in ("ar", "speculative", "medusa", "lookahead", "cllm") if target.model.device.type == "cuda" else ():
-        answer(target, name, 16)
+    for name, settings in BUSY if target.model.device.type == "cuda" else ():
+        answer(target, name, 16, settings)
         try:
-            print(busy(target, name, args.tokens), flush=True)
+            print(busy(target, name, args.tokens, settings), flush=True)
         except Exception as error:  # noqa: BLE001 -- a profiler of another torch: the other tables still print
             print(f"{name}: the GPU's busy time could not be read: {type(error).__name__}: {error}", flush=True)
     if args.trace and target.model.device.type == "cuda":
