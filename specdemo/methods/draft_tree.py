@@ -27,8 +27,9 @@ branch, what the text or an earlier answer went on with (`extend_likeliest`).
 A static tree (`static_tree`, EAGLE-1's kind) has one shape every pass: two levels, each node
 with its draft's `top_k` best children, and a copied branch beside them. Its shape needs no
 token read on the host, so its tokens stay on the device, the target's pass is queued right
-after the draft's, and the host reads the tree with the target's choices (`verify.read_with_choices`): on
-a GPU a step waits once, not twice, and builds no tree while the device idles.
+after the draft's, and the host reads the tree with the target's choices
+(`verify.read_with_choices`): on a GPU a step waits once, not twice, and builds no tree while
+the device idles.
 """
 
 from collections.abc import Sequence
@@ -148,9 +149,10 @@ def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
 
 
 def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
-    """A static tree read on the host (`verify.read_with_choices`) with its nodes' values, from the
-    drafted nodes' `log_probs` (on a device done by then): a node's value is its parent's plus its
-    own log-probability, as in `add_children`; a copied node has none of its own and takes its parent's."""
+    """A static tree read on the host (`verify.read_with_choices`) with its nodes' values, for its
+    event, from the drafted nodes' `log_probs` (on a device done by then): a node's value is its
+    parent's plus its own log-probability, as in `add_children`; a copied node has none of its own
+    and takes its parent's."""
     own = log_probs.tolist()
     values: list[float] = []
     for node, parent in enumerate(tree.parents):

@@ -36,7 +36,7 @@ from specdemo.core.sampling import GREEDY, SamplingConfig, TokenChooser, logits_
 from specdemo.core.static import CompiledPass, fitted_copy, fitted_size, request_cache
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.transfer import tensor_on
-from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after, read_with_choices
+from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
@@ -186,10 +186,8 @@ class DraftProposer(Proposer):
             accept_length, token, details = accept_sampled(context.choose, candidate, verified.logits, tokens,
                                                            drafted.q)
             return Verdict(list(range(accept_length)), token, details)
-        if proposal.on_device is not None:  # a static tree: read with the choices
-            proposal, choices = read_with_choices(proposal, verified.logits)
-            proposal = draft_tree.static_values(proposal, drafted.log_probs)
-            return Verdict(*accept_greedy(proposal, choices), proposal=proposal)
+        if proposal.on_device is not None:  # a static tree: the shared rule reads it with the choices
+            return super().accept(context, sequence, proposed, verified)
         choices = choices_after(context.choose, sequence, proposal, verified.logits)
         path, token = accept_greedy(proposal, choices)
         return Verdict(path, token, {} if drafted.tree else {"target_choices": choices})
@@ -208,6 +206,8 @@ class DraftProposer(Proposer):
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
         proposal, drafted = proposed.proposal, proposed.step
+        if drafted.log_probs is not None:  # a static tree, read with the verdict: its values, for the event
+            proposal = draft_tree.static_values(proposal, drafted.log_probs)
         if drafted.tree:
             turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
             data = TreeStep(proposal, drafted.root, path, [*path, *turned_down],
