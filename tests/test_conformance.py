@@ -18,6 +18,7 @@ from specdemo.methods.draft import Draft
 from conftest import make_tiny_model
 from test_eagle import feature_draft
 from test_medusa import CHOICES, random_heads
+from test_static_draft_tree import IRREGULAR as STATIC_PATHS
 
 MAX_NEW_TOKENS = 24
 
@@ -53,10 +54,10 @@ def configurations(target, other):
                                               dict(draft=feature_draft(target), gamma=3, draft_tree_size=0), target),
         "speculative, feature draft, tree": (speculative.generate,
                                              dict(draft=feature_draft(target), gamma=3, draft_tree_size=6), target),
-        "speculative, token draft, static tree": (speculative.generate, dict(draft=Draft("other", other), gamma=2,
-                                                                      static_tree=True), target),
-        "speculative, feature draft, static tree": (speculative.generate, dict(draft=feature_draft(target), gamma=2,
-                                                                        static_tree=True), target),
+        "speculative, token draft, static tree": (speculative.generate, dict(draft=Draft("other", other), gamma=3,
+                                                                      draft_tree_top_k=2, static_tree=True), target),
+        "speculative, feature draft, static tree": (speculative.generate, dict(draft=feature_draft(target), gamma=4,
+                                                                        static_tree=STATIC_PATHS), target),
         "speculative, feature draft reading a layer, tree": (
             speculative.generate, dict(draft=feature_draft(target, layers=(1,)), gamma=3, draft_tree_size=6), target),
         "speculative, always-right draft": (speculative.generate,

@@ -18,6 +18,7 @@ from specdemo.methods.draft import Draft
 from conftest import make_tiny_model
 from test_eagle import feature_draft
 from test_medusa import CHOICES, random_heads
+from test_static_draft_tree import IRREGULAR as STATIC_PATHS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -26,8 +27,8 @@ RUNS = {
                                                     dict(draft=Draft("other", o), gamma=3, draft_tree_size=0)),
     "speculative tree, feature draft, copy": lambda m, o: (speculative,
                                                            dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
-    "speculative static tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=2,
-                                                                                  static_tree=True)),
+    "speculative static tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=4,
+                                                                                  static_tree=STATIC_PATHS)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
     "medusa dynamic tree, graphed heads": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree_size=12,
                                                                      heads_passes=FunctionGraphs())),

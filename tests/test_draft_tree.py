@@ -11,7 +11,7 @@ from specdemo import SpecDemoError
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.sampling import SamplingConfig
 from specdemo.core.steps import SamplingCheck, TreeStep
-from specdemo.core.verify import Proposal, accept_greedy, read_with_choices
+from specdemo.core.verify import Proposal, accept_greedy
 from specdemo.methods import ar, draft_tree, speculative
 from specdemo.methods.draft import Draft
 
@@ -335,35 +335,3 @@ def test_a_second_level_queued_ahead_grows_the_tree_fed_a_level_at_a_time(tiny_m
         assert tree.scores == pytest.approx(reference.scores, abs=1e-5)
         if size > 100:
             assert passes == 3 and sum(1 for node in range(tree.size) if tree.parents[node] == 1) == (0 if eos else 3)
-
-
-@pytest.mark.parametrize("draft_kind", ["token", "feature"])
-def test_a_static_tree_is_the_whole_two_level_tree_read_once(tiny_model, prompt_ids, draft_kind):
-    """`static_tree` leaves its tokens on the device; read with the choices (`verify.read_with_choices`,
-    its values by `static_values`) it holds the tree `grow` builds 2 deep when the rerank keeps every
-    node (each of the root's k children and each of theirs, best first, with their values), then the
-    copied branch from the root, valued as the root; the choices are the target's argmax after the
-    root and each node."""
-    draft = Draft("other", tiny_model) if draft_kind == "token" else feature_draft(tiny_model)
-    features = None if draft_kind == "token" else torch.randn(1, prompt_ids.shape[1] - 1, tiny_model.config.hidden_size)
-    grown, _ = draft_tree.grow(draft, DynamicCache(config=tiny_model.config), prompt_ids, features, depth=2, top_k=3,
-                               size=12)
-    cache = DynamicCache(config=tiny_model.config)
-    first = draft_tree.first_logits(draft, cache, prompt_ids, features)
-    tree, log_probs = draft_tree.static_tree(draft, cache, first, 3, [41, 42], "copy")
-    assert tree.tokens == () and tree.size == 14 and cache.get_seq_length() == prompt_ids.shape[1] - 1 + (
-        draft_kind == "token")
-    logits = torch.randn(1 + tree.size, 97)
-    read, choices = read_with_choices(tree, logits)
-    read = draft_tree.static_values(read, log_probs)
-    assert read.tokens == (*grown.tokens, 41, 42) and read.parents == (*grown.parents, -1, 12)
-    assert read.sources == ("draft",) * 12 + ("copy",) * 2 and read.on_device is None
-    assert read.scores == pytest.approx((*grown.scores, 0.0, 0.0), abs=1e-5)
-    assert choices == logits.argmax(-1).tolist()
-
-
-def test_a_static_tree_needs_plain_greedy_decoding_two_deep(tiny_model, prompt_ids):
-    draft = Draft("other", tiny_model)
-    for options in (dict(gamma=3), dict(draft_tree_size=0), dict(sampling=SamplingConfig(do_sample=True))):
-        with pytest.raises(SpecDemoError, match="static draft tree|draft tree"):
-            answer(tiny_model, prompt_ids, draft=draft, static_tree=True, **{"gamma": 2, **options})

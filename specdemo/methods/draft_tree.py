@@ -24,16 +24,11 @@ prompt lookup), which win where the answer quotes its prompt and the draft does 
 retrieved from a datastore of earlier answers (`retrieval`, REST); and below its likeliest
 branch, what the text or an earlier answer went on with (`extend_likeliest`).
 
-A static tree (`static_tree`, EAGLE-1's kind) has one shape every pass: two levels, each node
-with its draft's `top_k` best children, and a copied branch beside them. Its shape needs no
-token read on the host, so its tokens stay on the device, the target's pass is queued right
-after the draft's, and the host reads the tree with the target's choices
-(`verify.read_with_choices`): on a GPU a step waits once, not twice, and builds no tree while
-the device idles.
+A static tree, whose shape is the same every pass and whose tokens stay on the device, is
+`static_draft_tree`'s.
 """
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -125,39 +120,6 @@ def grow(
                            best=best, ahead=ahead)
     keep_prefix(cache, prefix)
     return grown, max(passes, 1 if ahead is None else 2)
-
-
-def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None],
-                top_k: int, copied: list[int], source: str) -> tuple[Proposal, torch.Tensor]:
-    """The static tree after the draft's `first_logits`, its tokens and each drafted node's own
-    log-probability after its parent both on the device: the root's `top_k` best children, each
-    child's `top_k` best (one draft pass for them all, `second_level`), then the `copied` branch
-    from the root (`source`: "copy" or "retrieved"). Nothing is read on the host. The draft's cache
-    ends holding the prefix only."""
-    logits, state = first
-    prefix = cache.get_seq_length()
-    best = best_children(logits, top_k, draft.token_ids)  # [1, k]
-    second, _ = second_level(draft, cache, best, state, prefix)
-    ids, log_probs = best_children(second, top_k, draft.token_ids)  # [k, k]
-    keep_prefix(cache, prefix)
-    tokens = torch.cat([best[0][0], ids.view(-1), tensor_on(copied, logits.device)])
-    drafted = top_k + top_k * top_k
-    parents = (*(-1,) * top_k, *(parent for parent in range(top_k) for _ in range(top_k)),
-               *[-1, *range(drafted, drafted + len(copied) - 1)][: len(copied)])
-    return (Proposal(parents=parents, sources=("draft",) * drafted + (source,) * len(copied), on_device=tokens),
-            torch.cat([best[1][0], log_probs.view(-1)]))
-
-
-def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
-    """A static tree read on the host (`verify.read_with_choices`) with its nodes' values, for its
-    event, from the drafted nodes' `log_probs` (on a device done by then): a node's value is its
-    parent's plus its own log-probability, as in `add_children`; a copied node has none of its own
-    and takes its parent's."""
-    own = log_probs.tolist()
-    values: list[float] = []
-    for node, parent in enumerate(tree.parents):
-        values.append((own[node] if node < len(own) else 0.0) + (values[parent] if parent >= 0 else 0.0))
-    return replace(tree, scores=tuple(values))
 
 
 def picked(rows: torch.Tensor, nodes: list[int]) -> torch.Tensor:

@@ -23,6 +23,7 @@ decoding keeps only the pairs whose feature the target computed (`kvcache.keep_p
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -45,8 +46,11 @@ class FeatureDraft(nn.Module):
     """fc([embedding; feature]) -> one Llama decoder layer -> the next feature. With `layers`, a
     target's feature arrives as [residual stream after each layer; f_t] and `reduce` maps it to H."""
 
-    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor | None = None, layers: tuple[int, ...] = ()):
+    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor | None = None, layers: tuple[int, ...] = (),
+                 tree_choices: Sequence[Sequence[int]] = ()):
         super().__init__()
+        # the rank paths it gets right most often, best first (`training.eagle_tree`): its static tree's
+        self.tree_choices = tuple(tuple(path) for path in tree_choices)
         hidden = target.config.hidden_size
         config = LlamaConfig.from_dict({**target.config.to_dict(), "num_hidden_layers": 1})
         self.layers = tuple(layers)  # the target's layers whose output the first pair reads too (`static.with_layers`)
@@ -123,8 +127,9 @@ def save_feature_draft(draft: FeatureDraft, folder: Path, metadata: dict | None 
     folder.mkdir(parents=True, exist_ok=True)
     save_file({name: tensor.to(torch.float16).contiguous() for name, tensor in draft.state_dict().items()},
               folder / WEIGHTS_FILE)
-    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "layers": list(draft.layers), **(metadata or {})},
-                                                 indent=2) + "\n")
+    shape = {"tree_choices": [list(path) for path in draft.tree_choices]} if draft.tree_choices else {}
+    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "layers": list(draft.layers), **shape,
+                                                  **(metadata or {})}, indent=2) + "\n")
     if draft.vocab is not None:
         (folder / VOCAB_FILE).write_text(json.dumps(draft.vocab.tolist()) + "\n")
 
@@ -133,8 +138,8 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
     """Our feature draft from `folder`, on the target's device and dtype, sharing its embedding and head."""
     vocab_path = folder / VOCAB_FILE
     vocab = torch.tensor(json.loads(vocab_path.read_text()), device=target.device) if vocab_path.exists() else None
-    layers = tuple(json.loads((folder / CONFIG_FILE).read_text()).get("layers", ()))
-    draft = FeatureDraft(target, vocab, layers)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    draft = FeatureDraft(target, vocab, tuple(config.get("layers", ())), config.get("tree_choices", ()))
     try:
         draft.load_state_dict({name: tensor.to(target.dtype)
                                for name, tensor in load_file(folder / WEIGHTS_FILE).items()})

@@ -22,7 +22,7 @@ Sampling drafts the chain, whose rejection rule above keeps the target's distrib
 """
 
 import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,13 +37,14 @@ from specdemo.core.static import CompiledPass, fitted_copy, fitted_size, request
 from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
-from specdemo.methods import draft_tree
+from specdemo.methods import draft_tree, static_draft_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, until_eos
 from specdemo.methods.retrieval import Datastore, guessed_branch
 
 MAX_GAMMA = 16
+MAX_STATIC_NODES = 128  # a static draft tree's nodes at most, as a Medusa tree's (`medusa_tree.MAX_TREE_SIZE`)
 EXTEND_LENGTH = 4  # tokens guessed below the draft's likeliest branch (docs/methods/speculative.md)
 RETRIEVED_SHARE = 0.5  # a retrieved guess goes on while at least half the earlier answers that agreed so far agree on
 # the next token: past that its nodes are seldom accepted, and on a CPU each node costs a few percent of an AR pass
@@ -66,7 +67,7 @@ def generate(
     draft_tree_size: int | None = None,
     draft_tree_top_k: int = 3,
     auto_tree_size: int = AUTO_TREE_SIZE,
-    static_tree: bool = False,
+    static_tree: bool | Sequence[Sequence[int]] = False,
     copy_length: int | None = None,
     retrieve: bool = True,
     datastore: Datastore | None = None,
@@ -79,9 +80,11 @@ def generate(
     `draft_tree_size` > 0 drafts a tree of that many nodes instead of a chain (`draft_tree`, EAGLE-2),
     `gamma` deep, expanding `draft_tree_top_k` nodes per level; None chooses: a tree of
     `auto_tree_size` nodes for plain greedy decoding, the chain otherwise (a tree is verified
-    greedily, without logits processors). `static_tree`: the tree is instead the static one
-    (`draft_tree.static_tree`: 2 deep, `draft_tree_top_k` children a node), whose tokens the host
-    reads with the target's choices. `copy_length` > 0 adds to a tree a branch of up to
+    greedily, without logits processors). `static_tree`: the tree is instead a static one
+    (`static_draft_tree`), whose tokens the host reads with the target's choices: True, the first
+    `draft_tree_size` of the paths the draft brings (`FeatureDraft.tree_choices`) at most `gamma`
+    deep, else every node with `draft_tree_top_k` children, `gamma` deep; or its rank paths (the
+    medusa_choices form), at most `gamma` deep. `copy_length` > 0 adds to a tree a branch of up to
     that many tokens copied from the text (prompt lookup); None chooses COPY_LENGTH with a tree.
     Where the text offers no copy, `retrieve` takes the branch from `datastore` (earlier answers
     of the target: `retrieval`, REST), and below the draft's likeliest branch the tree gets up to
@@ -91,15 +94,14 @@ def generate(
     check_whole("gamma", gamma, 1, MAX_GAMMA, "draft tokens per step")
     draft_tree_size = resolve_tree_size(draft_tree_size, draft_tree_top_k, sampling, auto_tree_size)
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
-    if static_tree and (not draft_tree_size or gamma != 2):
-        raise SpecDemoError("a static draft tree is 2 deep and verified greedily: decode greedily without logits "
-                            "processors, with gamma=2 and a draft tree (draft_tree_size above 0, or None)")
+    choices = draft.tree_choices if isinstance(draft, FeatureDraft) else ()
+    paths = static_paths(static_tree, choices, draft_tree_top_k, gamma, draft_tree_size)
     # the draft's cache holds the prompt, what may still come and a step's deepest feed; static, run by
     # the draft's compiled pass, beside a compiled target's
     cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + MAX_GAMMA * (draft_tree_top_k + 1),
                           draft_passes if passes else None)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
-                             datastore if retrieve else None, static_tree)
+                             datastore if retrieve else None, paths)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling,
                   eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
@@ -128,7 +130,8 @@ class DraftProposer(Proposer):
     target computed. The first pass therefore drafts nothing."""
 
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int,
-                 copy_length: int, cache: Cache, datastore: Datastore | None = None, static: bool = False):
+                 copy_length: int, cache: Cache, datastore: Datastore | None = None,
+                 static: static_draft_tree.Paths = ()):
         self.draft, self.gamma, self.adaptive_gamma, self.static = draft, gamma, adaptive_gamma, static
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
@@ -139,7 +142,7 @@ class DraftProposer(Proposer):
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
         gamma = min(self.gamma, room - 1) if ready else 0
-        if self.static and gamma == 2:
+        if self.static and gamma >= max(map(len, self.static)):  # else (near the request's end) a grown tree
             return self.static_tree(context, sequence, room)
         if self.tree_size and gamma:
             tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
@@ -167,15 +170,17 @@ class DraftProposer(Proposer):
         return tree, draft_passes, int(text[-1])
 
     def static_tree(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
-        """The static tree (`draft_tree.static_tree`) with a branch copied from the text or retrieved,
-        its tokens and values left on the device."""
+        """The static tree (`static_draft_tree`) with a branch copied from the text or retrieved, its
+        tokens and values left on the device."""
         text = context.text.of(sequence)
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         copied, source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore,
                                         RETRIEVED_SHARE)
-        copied = copied[: fitted_copy(self.top_k + self.top_k**2, len(copied), context.bucket)]
-        tree, log_probs = draft_tree.static_tree(self.draft, self.cache, first, self.top_k, copied, source)
-        return Proposed(tree, DraftPass(2, tree=True, draft_passes=2, root=int(text[-1]), log_probs=log_probs))
+        copied = copied[: fitted_copy(len(self.static), len(copied), context.bucket)]
+        tree, log_probs = static_draft_tree.static_tree(self.draft, self.cache, first, self.static, copied, source)
+        depth = max(map(len, self.static))
+        return Proposed(tree, DraftPass(depth, tree=True, draft_passes=depth, root=int(text[-1]),
+                                        log_probs=log_probs))
 
     def accept(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass) -> Verdict:
         """Greedy: exact match (a tree's deepest agreeing branch). Sampling: the speculative sampling rule."""
@@ -207,7 +212,7 @@ class DraftProposer(Proposer):
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
         proposal, drafted = proposed.proposal, proposed.step
         if drafted.log_probs is not None:  # a static tree, read with the verdict: its values, for the event
-            proposal = draft_tree.static_values(proposal, drafted.log_probs)
+            proposal = static_draft_tree.static_values(proposal, drafted.log_probs)
         if drafted.tree:
             turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
             data = TreeStep(proposal, drafted.root, path, [*path, *turned_down],
@@ -244,6 +249,29 @@ def resolve_tree_size(draft_tree_size: int | None, draft_tree_top_k: int, sampli
             "draft a chain (draft_tree_size=0), whose rejection-sampling rule keeps the target's distribution"
         )
     return draft_tree_size
+
+
+def static_paths(static_tree: bool | Sequence[Sequence[int]], choices: static_draft_tree.Paths, top_k: int,
+                 gamma: int, draft_tree_size: int) -> static_draft_tree.Paths:
+    """The rank paths of the static tree that `static_tree` asks for (() for none), checked: True
+    takes the first `draft_tree_size` of the draft's `choices` at most `gamma` deep, or where it
+    brings none the full tree of `top_k` children a node, `gamma` deep."""
+    if static_tree is False:
+        return ()
+    if not draft_tree_size:
+        raise SpecDemoError("a static draft tree is verified greedily: decode greedily without logits processors, "
+                            "with a draft tree (draft_tree_size above 0, or None)")
+    if static_tree is True and choices:
+        static_tree = [path for path in choices if len(path) <= gamma][:draft_tree_size]
+    if static_tree is True:
+        if sum(top_k**depth for depth in range(1, gamma + 1)) > MAX_STATIC_NODES:
+            raise SpecDemoError(f"a full static draft tree of {top_k} children a node, {gamma} deep, is too large: "
+                                f"at most {MAX_STATIC_NODES} nodes")
+        return static_draft_tree.full_paths(top_k, gamma)
+    paths = tuple(tuple(int(rank) for rank in path) for path in static_tree)
+    if len(paths) > MAX_STATIC_NODES or max(map(len, paths), default=0) > gamma:
+        raise SpecDemoError(f"a static draft tree's paths: at most {MAX_STATIC_NODES} of them, at most gamma deep")
+    return paths
 
 
 def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:

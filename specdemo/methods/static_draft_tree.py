@@ -1,0 +1,139 @@
+"""A static draft tree: one shape every pass, drafted and verified without a read on the host.
+
+EAGLE-1 (Li, Wei, Zhang & Zhang 2024, Sec. 3.3) drafts a tree of a fixed shape; vLLM takes such
+a shape as rank paths (`speculative_token_tree`), the form of Medusa's `medusa_choices`: path
+(1, 0) is the draft's second-best token after the root followed by its best after that. A node
+at depth d is the draft's top-r token after its parent, r its path's last rank.
+
+The shape is known before the step, so nothing about it needs a token on the host: the draft's
+passes take each level's tokens and states from the last by fixed indices, on the device, and
+the target's pass is queued right after them. The host reads the tree with the target's choices
+(`verify.read_with_choices`): on a GPU a step waits once, whatever the tree's depth, and builds
+no tree while the device idles. Rules:
+
+- The draft's first pass (`draft_tree.first_logits`) gives the root's children; one pass a level
+  after it feeds every node of that level that has children, each seeing the prefix, its
+  ancestors and itself, at its own depth's position (`draft_tree.branch_visibility`).
+- Every pass takes the same number of best tokens of each row (`StaticPlan.width`), so a level's
+  tokens are one gather of the last pass's, and the tree's one gather of all passes'.
+- The tree a step drafts is the shape's, whatever the draft's confidences (EAGLE-2's dynamic tree
+  drops what the draft is unsure of; here nothing is dropped, and nothing is waited for).
+- `full_paths(top_k, depth)`: every node with its draft's `top_k` best children, `depth` deep.
+"""
+
+import functools
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from transformers import Cache
+
+from specdemo.core.kvcache import keep_prefix
+from specdemo.core.transfer import tensor_on
+from specdemo.core.verify import Proposal
+from specdemo.methods.draft import Draft
+from specdemo.methods.draft_tree import best_children, branch_logits, branch_visibility
+from specdemo.methods.eagle import FeatureDraft
+from specdemo.methods.medusa_tree import cached_tree, top_ranks
+
+Paths = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One draft pass after the first: the nodes it feeds (a level's nodes that have children) and
+    where their tokens and states lie in the pass before's outputs."""
+
+    nodes: tuple[int, ...]
+    tokens: tuple[int, ...]  # each node's index into the pass before's best tokens, flattened [rows * width]
+    rows: tuple[int, ...]  # each node's parent's row in the pass before (the state it followed)
+    sees: np.ndarray  # [q, fed before + q] what each sees of the nodes fed before it and of its own
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """How a shape is drafted: the best tokens each row of a pass gives, the passes after the first,
+    and each node's index into all passes' best tokens, flattened in pass order."""
+
+    shape: Proposal  # ranks as tokens (`medusa_tree.build_tree`)
+    width: int
+    levels: tuple[Level, ...]
+    nodes: tuple[int, ...]
+
+
+def full_paths(top_k: int, depth: int) -> Paths:
+    """Every rank path of up to `depth` steps of ranks below `top_k`: the full tree."""
+    return tuple(path for length in range(1, depth + 1) for path in itertools.product(range(top_k), repeat=length))
+
+
+@functools.lru_cache(maxsize=64)
+def static_plan(paths: Paths) -> StaticPlan:
+    """The plan of the shape that `paths` make (every path's prefix among them)."""
+    shape = cached_tree(paths)
+    width, depths = max(top_ranks(shape)), shape.depths
+    row, fed, levels = {-1: 0}, [], []  # row: each fed node's row in its pass (the root's in the first)
+    for depth in range(2, max(depths) + 1):
+        nodes = tuple(n for n in range(shape.size) if depths[n] == depth - 1 and n in shape.parents)
+        parent_rows = tuple(row[shape.parents[n]] for n in nodes)
+        row.update((node, i) for i, node in enumerate(nodes))
+        levels.append(Level(nodes, tuple(r * width + shape.tokens[n] for r, n in zip(parent_rows, nodes)), parent_rows,
+                            read_only(branch_visibility(shape, fed, list(nodes)))))
+        fed.extend(nodes)
+    # pass p's best tokens start at width * (the rows of the passes before it)
+    offsets = width * np.cumsum([0, 1, *(len(level.nodes) for level in levels)])
+    nodes = tuple(int(offsets[depths[n] - 1]) + row[shape.parents[n]] * width + shape.tokens[n]
+                  for n in range(shape.size))
+    return StaticPlan(shape, width, tuple(levels), nodes)
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def taken(values: torch.Tensor, index: tuple[int, ...]) -> torch.Tensor:
+    """`values[index]` of a flat tensor: a slice where the index is its first entries in order."""
+    if index == tuple(range(len(index))):
+        return values[: len(index)]
+    return values.index_select(0, tensor_on(list(index), values.device))
+
+
+def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None],
+                paths: Paths, copied: list[int], source: str) -> tuple[Proposal, torch.Tensor]:
+    """The static tree of `paths` after the draft's `first_logits`, then the `copied` branch from
+    the root (`source`: "copy" or "retrieved"): its tokens and each drafted node's own
+    log-probability after its parent, both on the device. Nothing is read on the host. The
+    draft's cache ends holding the prefix only."""
+    plan = static_plan(paths)
+    logits, state = first
+    prefix = cache.get_seq_length()
+    ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [1, R]
+    all_ids, all_log_probs = [ids.view(-1)], [log_probs.view(-1)]
+    for depth, level in enumerate(plan.levels, start=1):
+        tokens = taken(all_ids[-1], level.tokens)
+        if state is not None:  # the features each node followed: the root's, then its parent's
+            state = state.expand(len(level.rows), -1) if depth == 1 else taken(state, level.rows)
+        logits, state = branch_logits(draft, cache, tokens, state, sees=level.sees,
+                                      position_ids=np.full(len(level.nodes), prefix + depth - 1))
+        ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [q, R]
+        all_ids.append(ids.view(-1))
+        all_log_probs.append(log_probs.view(-1))
+    keep_prefix(cache, prefix)
+    drafted = plan.shape.size
+    tokens = torch.cat([taken(torch.cat(all_ids), plan.nodes), tensor_on(copied, logits.device)])
+    parents = (*plan.shape.parents, *[-1, *range(drafted, drafted + len(copied) - 1)][: len(copied)])
+    return (Proposal(parents=parents, sources=("draft",) * drafted + (source,) * len(copied), on_device=tokens),
+            taken(torch.cat(all_log_probs), plan.nodes))
+
+
+def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
+    """A static tree read on the host (`verify.read_with_choices`) with its nodes' values, for its
+    event, from the drafted nodes' `log_probs` (on a device done by then): a node's value is its
+    parent's plus its own log-probability, as in `draft_tree.add_children`; a copied node has none
+    of its own and takes its parent's."""
+    own = log_probs.tolist()
+    values: list[float] = []
+    for node, parent in enumerate(tree.parents):
+        values.append((own[node] if node < len(own) else 0.0) + (values[parent] if parent >= 0 else 0.0))
+    return replace(tree, scores=tuple(values))
