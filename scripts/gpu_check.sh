@@ -18,8 +18,9 @@
 # 6. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
 #    GPU's idle time a step by the function of ours the host was in;
-# 7. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the CPU's settings, deeper
-#    trees, wider windows) on 8 of them (one a category), each against graphed AR, a row at a time;
+# 7. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
+#    CPU's settings, deeper trees, wider windows, the methods in turn) on 8 of them (one a category), each
+#    against graphed AR, a row at a time;
 # 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call;
 # 9. transformers' assisted generation, while time is left.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the

@@ -42,8 +42,8 @@ OURS = "specdemo/"  # how a Python frame of this project's code is named in a tr
 
 
 # the methods, and the static trees that the host reads once a step with the target's choices (docs/gpu.md)
-BUSY = (("ar", {}), ("speculative", {}), ("speculative", {"static_tree": True, "draft_tree_top_k": 7}), ("medusa", {}),
-        ("medusa", {"tree": "static", "tree_size": 57}), ("lookahead", {}), ("cllm", {}))
+BUSY = (("ar", {}), ("speculative", {}), ("speculative", {"static_tree": True, "gamma": 6, "draft_tree_size": 60}),
+        ("medusa", {}), ("medusa", {"tree": "static", "tree_size": 57}), ("lookahead", {}), ("cllm", {}))
 
 
 def answer(target, name: str, tokens: int, settings: dict | None = None) -> Summary:

@@ -11,6 +11,7 @@ CPU it measures tokens a pass, which do not depend on the device; the speedups t
 """
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -18,24 +19,36 @@ from pathlib import Path
 from specdemo.bench import DEFAULT_PROMPTS, benchmark, read_prompts
 from specdemo.core.static import default_compile
 from specdemo.defaults import defaults_for
+from specdemo.methods.static_draft_tree import full_paths
 from specdemo.models import compiled, load_model
 
-# the CPU's defaults first (for our heads, a Medusa tree of 8), then deeper and wider: on a GPU a pass of 64 tokens
-# costs about what one of 8 does; a candidate sets what it changes from the device's set (`specdemo.defaults`).
+# per method, what a GPU is likeliest to choose first: the GPU's set and its rivals, then the CPU's defaults, then
+# deeper and wider; a candidate sets what it changes from the device's set (`specdemo.defaults`). The sweep takes the
+# methods' candidates in turn (`in_turn`), so a sweep cut short by its time limit has the first ones of every method.
 # NO_GUESSES: the tree without the branch the host copies or retrieves, whose Python a GPU waits for
 NO_GUESSES = dict(copy_length=0, retrieve=False)
 CANDIDATES = {
-    "speculative": [dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),
-                    *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (2, 3, 4)),
+    "speculative": [dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6),
+                    # the draft's own paths (`training.eagle_tree`), 60 and a copy of up to 3: the 64-token pass
+                    dict(gamma=6, draft_tree_size=60, static_tree=True),
+                    dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10),
+                    dict(gamma=2, static_tree=full_paths(7, 2)),  # 56 nodes and a copy: the 64-token pass
+                    dict(gamma=6, draft_tree_size=60, static_tree=True, **NO_GUESSES),
+                    dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),
                     dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6, **NO_GUESSES),
-                    dict(gamma=2, draft_tree_top_k=7, static_tree=True),  # 56 nodes and a copy: the 64-token pass
-                    dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10)],
-    "medusa": [dict(tree_size=8), dict(tree_size=20), dict(tree_size=31), dict(tree_size=31, **NO_GUESSES),
-               dict(tree_size=63), dict(tree="static", tree_size=57)],  # static: and a copy, the 64-token pass
-    "lookahead": [dict(window=2, candidates=3), dict(window=4, candidates=7), dict(window=5, ngram=4, candidates=7),
-                  dict(window=7, ngram=4, candidates=10)],
-    "cllm": [dict(window=1, candidates=3), dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7)],
+                    *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (3, 4))],
+    "medusa": [dict(tree_size=31), dict(tree_size=63), dict(tree="static", tree_size=57),  # static: and a copy
+               dict(tree_size=31, **NO_GUESSES), dict(tree_size=8), dict(tree_size=20)],
+    "lookahead": [dict(window=4, candidates=7), dict(window=7, ngram=4, candidates=10),
+                  dict(window=5, ngram=4, candidates=7), dict(window=2, candidates=3)],
+    "cllm": [dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7), dict(window=1, candidates=3)],
 }
+
+
+def in_turn(methods: list[str]) -> list[tuple[str, dict]]:
+    """Each method's candidates, the methods taking turns: every method's first, then every second..."""
+    lists = [[(method, settings) for settings in CANDIDATES[method]] for method in methods]
+    return [pair for turn in itertools.zip_longest(*lists) for pair in turn if pair is not None]
 
 
 def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], out: Path | None = None) -> list[dict]:
@@ -43,24 +56,25 @@ def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], 
     step costs and whether every answer was its reference's; `out` (JSON) rewritten after each, so
     a sweep stopped by its time limit keeps what it measured."""
     rows = []
-    for method in methods:
-        for settings in CANDIDATES[method]:
-            names = ["ar", method, *(["cllm_ar"] if method == "cllm" else [])]
-            report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, method: settings})
-            stats = report["methods"][method]
-            rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
-                         "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),
-                         "step_ms": stats["step_ms"], "target_pass_ms": stats["target_pass_ms"],
-                         "ar_step_ms": report["methods"]["ar"]["step_ms"], "matches_ar": stats["matches_ar"]})
-            print(line(rows[-1]), flush=True)
-            if out:
-                out.write_text(json.dumps({"device": str(target.device), "dtype": str(target.dtype), "rows": rows},
-                                          indent=1))
+    for method, settings in in_turn(methods):
+        names = ["ar", method, *(["cllm_ar"] if method == "cllm" else [])]
+        report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, method: settings})
+        stats = report["methods"][method]
+        rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
+                     "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),
+                     "step_ms": stats["step_ms"], "target_pass_ms": stats["target_pass_ms"],
+                     "ar_step_ms": report["methods"]["ar"]["step_ms"], "matches_ar": stats["matches_ar"]})
+        print(line(rows[-1]), flush=True)
+        if out:
+            out.write_text(json.dumps({"device": str(target.device), "dtype": str(target.dtype), "rows": rows},
+                                      indent=1))
     return rows
 
 
 def line(row: dict) -> str:
-    settings = " ".join(f"{name}={value}" for name, value in row["settings"].items()) or "(the device's set)"
+    shown = {name: f"{len(value)} paths" if isinstance(value, list | tuple) else value
+             for name, value in row["settings"].items()}  # a static tree's paths, by their number
+    settings = " ".join(f"{name}={value}" for name, value in shown.items()) or "(the device's set)"
     return (f"{row['method']:<12} {settings:<50} {row['tokens_per_forward']:5.2f} tok/pass {row['speedup']:5.2f}x  "
             f"step {row['step_ms']:5.1f} ms (pass {row['target_pass_ms']:4.1f}, AR {row['ar_step_ms']:4.1f})  "
             f"matches {row['matches_ar']:.2f}")

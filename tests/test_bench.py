@@ -211,6 +211,16 @@ def test_the_gpu_sweep_benches_each_candidate_against_ar(embedded, tmp_path):
     assert json.loads(out.read_text())["rows"] == rows
 
 
+def test_the_gpu_sweep_takes_the_methods_in_turn():
+    """A sweep cut short by its time limit has the first candidates of every method."""
+    sweep = load_script("gpu_sweep")
+    lookahead, cllm = sweep.CANDIDATES["lookahead"], sweep.CANDIDATES["cllm"]
+    order = sweep.in_turn(["lookahead", "cllm"])
+    assert order[:4] == [("lookahead", lookahead[0]), ("cllm", cllm[0]), ("lookahead", lookahead[1]), ("cllm", cllm[1])]
+    assert sorted(map(str, order)) == sorted(map(str, [*(("lookahead", s) for s in lookahead),
+                                                       *(("cllm", s) for s in cllm)]))
+
+
 def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
     """`scripts/host_cost.py`, the host's share of a step on the graph path: every pass after the
     prompt's replays a stand-in graph, Medusa's heads too, and what it counts excludes the replays
