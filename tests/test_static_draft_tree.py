@@ -11,7 +11,7 @@ from specdemo.core.sampling import SamplingConfig
 from specdemo.core.verify import read_with_choices
 from specdemo.methods import ar, draft_tree, speculative, static_draft_tree
 from specdemo.methods.draft import Draft
-from specdemo.methods.static_draft_tree import full_paths, static_plan
+from specdemo.methods.static_draft_tree import full_paths, prepare, static_plan
 
 from test_eagle import feature_draft
 
@@ -44,7 +44,8 @@ def test_a_two_deep_full_tree_is_the_tree_grow_builds_keeping_every_node(tiny_mo
                                size=12)
     cache = DynamicCache(config=tiny_model.config)
     first = draft_tree.first_logits(draft, cache, prompt_ids, features)
-    tree, log_probs = static_draft_tree.static_tree(draft, cache, first, full_paths(3, 2), [41, 42], "copy")
+    tree, log_probs = static_draft_tree.static_tree(draft, cache, first, prepare(full_paths(3, 2), prompt_ids.device),
+                                                      [41, 42], "copy")
     assert tree.tokens == () and tree.size == 14 and cache.get_seq_length() == prompt_ids.shape[1] - 1 + (
         draft_kind == "token")
     logits = torch.randn(1 + tree.size, 97)
@@ -65,7 +66,7 @@ def test_each_node_is_the_draft_s_token_of_its_rank_after_its_path(tiny_model, p
     draft, features = a_draft(draft_kind, tiny_model), features_of(draft_kind, tiny_model, prompt_ids)
     cache = DynamicCache(config=tiny_model.config)
     first = draft_tree.first_logits(draft, cache, prompt_ids, features)
-    tree, log_probs = static_draft_tree.static_tree(draft, cache, first, paths, [], "copy")
+    tree, log_probs = static_draft_tree.static_tree(draft, cache, first, prepare(paths, prompt_ids.device), [], "copy")
     read, _ = read_with_choices(tree, torch.zeros(1 + tree.size, 97))
     read = static_draft_tree.static_values(read, log_probs)
     shape = static_plan(paths).shape

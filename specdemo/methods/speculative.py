@@ -101,7 +101,8 @@ def generate(
     cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + MAX_GAMMA * (draft_tree_top_k + 1),
                           draft_passes if passes else None)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
-                             datastore if retrieve else None, paths)
+                             datastore if retrieve else None,
+                             static_draft_tree.prepare(paths, draft.model.device) if paths else None)
     return decode(model, input_ids, proposer, method="speculative", max_new_tokens=max_new_tokens, sampling=sampling,
                   eos_token_ids=eos_token_ids, stop=stop, passes=passes)
 
@@ -131,7 +132,7 @@ class DraftProposer(Proposer):
 
     def __init__(self, draft: Draft | FeatureDraft, gamma: int, adaptive_gamma: bool, tree_size: int, top_k: int,
                  copy_length: int, cache: Cache, datastore: Datastore | None = None,
-                 static: static_draft_tree.Paths = ()):
+                 static: static_draft_tree.StaticTree | None = None):
         self.draft, self.gamma, self.adaptive_gamma, self.static = draft, gamma, adaptive_gamma, static
         self.tree_size, self.top_k, self.copy_length, self.datastore = tree_size, top_k, copy_length, datastore
         self.features = draft.feature_request if isinstance(draft, FeatureDraft) else False
@@ -142,7 +143,7 @@ class DraftProposer(Proposer):
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
         gamma = min(self.gamma, room - 1) if ready else 0
-        if self.static and gamma >= max(map(len, self.static)):  # else (near the request's end) a grown tree
+        if self.static is not None and gamma >= self.static.depth:  # else (near the request's end) a grown tree
             return self.static_tree(context, sequence, room)
         if self.tree_size and gamma:
             tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
@@ -176,9 +177,9 @@ class DraftProposer(Proposer):
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         copied, source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore,
                                         RETRIEVED_SHARE)
-        copied = copied[: fitted_copy(len(self.static), len(copied), context.bucket)]
+        copied = copied[: fitted_copy(self.static.plan.shape.size, len(copied), context.bucket)]
         tree, log_probs = static_draft_tree.static_tree(self.draft, self.cache, first, self.static, copied, source)
-        depth = max(map(len, self.static))
+        depth = self.static.depth
         return Proposed(tree, DraftPass(depth, tree=True, draft_passes=depth, root=int(text[-1]),
                                         log_probs=log_probs))
 

@@ -92,39 +92,64 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def taken(values: torch.Tensor, index: tuple[int, ...]) -> torch.Tensor:
-    """`values[index]` of a flat tensor: a slice where the index is its first entries in order."""
-    if index == tuple(range(len(index))):
-        return values[: len(index)]
-    return values.index_select(0, tensor_on(list(index), values.device))
+Index = int | torch.Tensor  # n: a flat tensor's first n entries in order (a slice), else the entries' indices
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A static tree ready for a request: its plan and the plan's indices on the device, made once
+    (`prepare`), so that a step copies no index to the device."""
+
+    plan: StaticPlan
+    tokens: tuple[Index, ...]  # each level's `Level.tokens`
+    rows: tuple[Index, ...]  # each level's `Level.rows` (the first level's: 0, its nodes all follow the root)
+    nodes: Index
+
+    @property
+    def depth(self) -> int:
+        return max(self.plan.shape.depths)
+
+
+def prepare(paths: Paths, device: torch.device) -> StaticTree:
+    """The static tree of `paths` for requests on `device`."""
+    plan = static_plan(paths)
+
+    def index(entries: tuple[int, ...]) -> Index:
+        return len(entries) if entries == tuple(range(len(entries))) else tensor_on(list(entries), device)
+
+    return StaticTree(plan, tuple(index(level.tokens) for level in plan.levels),
+                      (0, *(index(level.rows) for level in plan.levels[1:])), index(plan.nodes))
+
+
+def taken(values: torch.Tensor, index: Index) -> torch.Tensor:
+    return values[:index] if isinstance(index, int) else values.index_select(0, index)
 
 
 def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None],
-                paths: Paths, copied: list[int], source: str) -> tuple[Proposal, torch.Tensor]:
-    """The static tree of `paths` after the draft's `first_logits`, then the `copied` branch from
-    the root (`source`: "copy" or "retrieved"): its tokens and each drafted node's own
-    log-probability after its parent, both on the device. Nothing is read on the host. The
-    draft's cache ends holding the prefix only."""
-    plan = static_plan(paths)
+                tree: StaticTree, copied: list[int], source: str) -> tuple[Proposal, torch.Tensor]:
+    """The static `tree` after the draft's `first_logits`, then the `copied` branch from the root
+    (`source`: "copy" or "retrieved"): its tokens and each drafted node's own log-probability after
+    its parent, both on the device. Nothing is read on the host. The draft's cache ends holding
+    the prefix only."""
+    plan = tree.plan
     logits, state = first
     prefix = cache.get_seq_length()
     ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [1, R]
     all_ids, all_log_probs = [ids.view(-1)], [log_probs.view(-1)]
-    for depth, level in enumerate(plan.levels, start=1):
-        tokens = taken(all_ids[-1], level.tokens)
+    for depth, (level, tokens, rows) in enumerate(zip(plan.levels, tree.tokens, tree.rows), start=1):
         if state is not None:  # the features each node followed: the root's, then its parent's
-            state = state.expand(len(level.rows), -1) if depth == 1 else taken(state, level.rows)
-        logits, state = branch_logits(draft, cache, tokens, state, sees=level.sees,
+            state = state.expand(len(level.nodes), -1) if depth == 1 else taken(state, rows)
+        logits, state = branch_logits(draft, cache, taken(all_ids[-1], tokens), state, sees=level.sees,
                                       position_ids=np.full(len(level.nodes), prefix + depth - 1))
         ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [q, R]
         all_ids.append(ids.view(-1))
         all_log_probs.append(log_probs.view(-1))
     keep_prefix(cache, prefix)
     drafted = plan.shape.size
-    tokens = torch.cat([taken(torch.cat(all_ids), plan.nodes), tensor_on(copied, logits.device)])
+    tokens = torch.cat([taken(torch.cat(all_ids), tree.nodes), tensor_on(copied, logits.device)])
     parents = (*plan.shape.parents, *[-1, *range(drafted, drafted + len(copied) - 1)][: len(copied)])
     return (Proposal(parents=parents, sources=("draft",) * drafted + (source,) * len(copied), on_device=tokens),
-            taken(torch.cat(all_log_probs), plan.nodes))
+            taken(torch.cat(all_log_probs), tree.nodes))
 
 
 def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
