@@ -96,10 +96,10 @@ def generate(
     copy_length = resolve_copy_length(copy_length, draft_tree_size)
     choices = draft.tree_choices if isinstance(draft, FeatureDraft) else ()
     paths = static_paths(static_tree, choices, draft_tree_top_k, gamma, draft_tree_size)
-    # the draft's cache holds the prompt, what may still come and a step's deepest feed; static, run by
-    # the draft's compiled pass, beside a compiled target's
-    cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + MAX_GAMMA * (draft_tree_top_k + 1),
-                          draft_passes if passes else None)
+    # the draft's cache holds the prompt, what may still come and a step's deepest feed (a static tree's: at most
+    # its nodes); static, run by the draft's compiled pass, beside a compiled target's
+    feed = max(MAX_GAMMA * (draft_tree_top_k + 1), len(paths))
+    cache = request_cache(draft.model, input_ids.shape[1] + max_new_tokens + feed, draft_passes if passes else None)
     proposer = DraftProposer(draft, gamma, adaptive_gamma, draft_tree_size, draft_tree_top_k, copy_length, cache,
                              datastore if retrieve else None,
                              static_draft_tree.prepare(paths, draft.model.device) if paths else None)
