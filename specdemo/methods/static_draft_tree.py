@@ -102,7 +102,7 @@ class StaticTree:
 
     plan: StaticPlan
     tokens: tuple[Index, ...]  # each level's `Level.tokens`
-    rows: tuple[Index, ...]  # each level's `Level.rows` (the first level's: 0, its nodes all follow the root)
+    rows: tuple[Index, ...]  # each level's `Level.rows` but the first's (whose nodes all follow the root)
     nodes: Index
 
     @property
@@ -118,7 +118,7 @@ def prepare(paths: Paths, device: torch.device) -> StaticTree:
         return len(entries) if entries == tuple(range(len(entries))) else tensor_on(list(entries), device)
 
     return StaticTree(plan, tuple(index(level.tokens) for level in plan.levels),
-                      (0, *(index(level.rows) for level in plan.levels[1:])), index(plan.nodes))
+                      tuple(index(level.rows) for level in plan.levels[1:]), index(plan.nodes))
 
 
 def taken(values: torch.Tensor, index: Index) -> torch.Tensor:
@@ -136,9 +136,9 @@ def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
     prefix = cache.get_seq_length()
     ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [1, R]
     all_ids, all_log_probs = [ids.view(-1)], [log_probs.view(-1)]
-    for depth, (level, tokens, rows) in enumerate(zip(plan.levels, tree.tokens, tree.rows), start=1):
+    for depth, (level, tokens) in enumerate(zip(plan.levels, tree.tokens, strict=True), start=1):
         if state is not None:  # the features each node followed: the root's, then its parent's
-            state = state.expand(len(level.nodes), -1) if depth == 1 else taken(state, rows)
+            state = state.expand(len(level.nodes), -1) if depth == 1 else taken(state, tree.rows[depth - 2])
         logits, state = branch_logits(draft, cache, taken(all_ids[-1], tokens), state, sees=level.sees,
                                       position_ids=np.full(len(level.nodes), prefix + depth - 1))
         ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [q, R]
