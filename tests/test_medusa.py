@@ -13,7 +13,7 @@ from specdemo.core.attention import additive_mask, chain_positions
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.kvcache import keep_positions
 from specdemo.core.sampling import SamplingConfig
-from specdemo.core.verify import accept_greedy, deepest, leaf_paths, path_to, tree_mask
+from specdemo.core.verify import accept_greedy, deepest, leaf_paths, path_to, read_with_choices, tree_mask
 from specdemo.methods import ar, medusa, medusa_heads, medusa_tree
 from specdemo.methods.medusa import probs_after_parents, typical_verdicts
 from specdemo.methods.medusa_heads import MedusaHeads, load_heads
@@ -481,3 +481,15 @@ def test_heads_that_read_their_path_equal_ar(tiny_model, prompt_ids, tree, tree_
         tree, path = event.data.tree, event.data.accepted_path
         assert len(tree.tokens) == len(tree.parents) == len(tree.sources) == len(tree.depths)
         assert all(tree.parents[child] == parent for parent, child in zip([-1, *path], path))  # from the root
+
+
+def test_a_static_tree_gathered_on_the_device_holds_the_heads_tokens_of_its_ranks():
+    """`on_device` read with the choices equals `filled` from the heads' best read on the host
+    (`head_tokens`), with the index made once a request (`gather_index`) or made there."""
+    shape = build_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]], copy_depth=2)
+    ranked = torch.randperm(97)[:9].view(3, 3)  # [K, R]: each head's 3 best
+    expected = medusa_tree.filled(shape, [*medusa_tree.head_tokens(shape, ranked.tolist()), 41, 42])
+    for index in (medusa_tree.gather_index(shape, 3, ranked.device), None):
+        read, _ = read_with_choices(medusa_tree.on_device(shape, ranked, [41, 42], "copy", index),
+                                    torch.zeros(1 + shape.size, 97))
+        assert (read.tokens, read.parents, read.sources) == (expected.tokens, expected.parents, expected.sources)

@@ -42,6 +42,7 @@ from specdemo.methods.medusa_tree import (
     check_dynamic_size,
     dynamic_paths,
     filled,
+    gather_index,
     head_tokens,
     on_device,
     rank_paths,
@@ -118,6 +119,9 @@ class MedusaTree(Proposer):
         self.heads, self.static, self.dynamic_size, self.copy_length, self.typical = (heads, static, dynamic_size,
                                                                                       copy_length, typical)
         self.datastore, self.graphs = datastore, graphs
+        # where the static tree's nodes take their tokens among the heads' best, on their device once a request
+        self.gather = None if static is None else gather_index(static, max(top_ranks(static)),
+                                                               next(heads.parameters()).device)
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
 
@@ -155,11 +159,13 @@ class MedusaTree(Proposer):
             # sorted: one cache entry per shape. The paths take ranks below `size` alone: more ranked change nothing
             paths = tuple(sorted(dynamic_paths(log_probs[:depth_limit], size)))
         else:
-            paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
+            paths, static_size = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit), self.static.size
             copied = copied[: fitted_copy(len(paths), len(copied), context.bucket)]
             if self.typical is None and not context.choose.processors:  # plain greedy: read with the choices
                 ranked, _ = self.heads.ranked(self.hidden, max(top_ranks(self.static)), self.token(root), self.graphs)
-                return Proposed(on_device(cached_tree(paths, len(copied)), ranked, copied, copy_source))
+                whole = len(paths) == static_size  # near the end a shallower tree, gathered at its own index
+                return Proposed(on_device(cached_tree(paths, len(copied)), ranked, copied, copy_source,
+                                          self.gather if whole else None))
             top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)
         shape = cached_tree(paths, len(copied))
         return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))

@@ -125,14 +125,22 @@ def check_tree_size(tree_size: int, largest: int, what: str) -> None:
     check_whole("tree_size", tree_size, 1, largest, what)
 
 
-def on_device(shape: Proposal, ranked: torch.Tensor, copied: list[int], copy_source: str = "copy") -> Proposal:
+def gather_index(shape: Proposal, width: int, device: torch.device) -> torch.Tensor:
+    """Where each heads' node of a shape takes its token among the heads' `width` best each,
+    flattened (`MedusaHeads.ranked` [K, width]): for rank r at depth d, (d - 1) * width + r; on `device`."""
+    depths = shape.depths
+    return tensor_on([(depths[node] - 1) * width + shape.tokens[node] for node in range(shape.sources.count("head"))],
+                     device)
+
+
+def on_device(shape: Proposal, ranked: torch.Tensor, copied: list[int], copy_source: str = "copy",
+              index: torch.Tensor | None = None) -> Proposal:
     """`filled` without a read: the proposal of a shape whose heads' tokens are gathered on the
-    device from `ranked` [K, R] (each head's R best, `MedusaHeads.ranked`), then the copied chain's;
-    the host reads them with the target's choices (`verify.read_with_choices`)."""
-    depths, width = shape.depths, ranked.shape[1]
-    index = [(depths[node] - 1) * width + shape.tokens[node] for node in range(shape.sources.count("head"))]
-    tokens = torch.cat([ranked.view(-1).index_select(0, tensor_on(index, ranked.device)),
-                        tensor_on(copied, ranked.device)])
+    device from `ranked` [K, R] (each head's R best, `MedusaHeads.ranked`) at `index` (`gather_index`,
+    made here where None), then the copied chain's; the host reads them with the target's choices
+    (`verify.read_with_choices`)."""
+    index = gather_index(shape, ranked.shape[1], ranked.device) if index is None else index
+    tokens = torch.cat([ranked.view(-1).index_select(0, index), tensor_on(copied, ranked.device)])
     sources = tuple(copy_source if source == "copy" else source for source in shape.sources)
     return Proposal(parents=shape.parents, sources=sources, on_device=tokens)
 
