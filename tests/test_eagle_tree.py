@@ -9,7 +9,8 @@ from transformers import DynamicCache
 
 from specdemo.methods import speculative
 from specdemo.methods.eagle import load_feature_draft, save_feature_draft
-from training.eagle_tree import MAX_RANK, count_paths, rank_rows
+from training.eagle_tree import MAX_RANK, rank_rows
+from training.train_medusa import count_paths
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
@@ -38,7 +39,7 @@ def test_the_ranks_are_the_draft_s_drafting_a_chain_along_the_true_tokens():
 
 def test_a_path_counts_where_every_step_is_right():
     rows = [[0, 0, 1], [0, MAX_RANK, 0], [1, 0], [MAX_RANK, 0, 0]]
-    assert count_paths(rows) == {(0,): 2, (0, 0): 1, (0, 0, 1): 1, (1,): 1, (1, 0): 1}
+    assert count_paths(rows, MAX_RANK) == {(0,): 2, (0, 0): 1, (0, 0, 1): 1, (1,): 1, (1, 0): 1}
 
 
 def test_the_paths_travel_with_the_draft(tmp_path):

@@ -18,7 +18,6 @@ The draft may have trained on some of these prompts: they choose a shape, they s
 import argparse
 import json
 import random
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ from specdemo.models import load_model
 
 from .real_prompts import SHARED_TRAIN, HeldOut, bench_prompts, read_prompts
 from .train_eagle import drafted_features
-from .train_medusa import best_tree, expected_accept_length
+from .train_medusa import best_tree, count_paths, expected_accept_length
 
 MAX_RANK = 10  # a step's rank at most this, less one: a tree's node seldom holds the draft's 11th best
 
@@ -78,17 +77,6 @@ def rank_rows(draft, target, sequence: list[int], start: int, depth: int) -> lis
     return rows
 
 
-def count_paths(rows: list[list[int]]) -> Counter:
-    """How often each rank path is right at every step (accepted by greedy verification)."""
-    paths = Counter()
-    for row in rows:
-        for depth in range(len(row)):
-            if row[depth] == MAX_RANK:
-                break
-            paths[tuple(row[: depth + 1])] += 1
-    return paths
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=EMBEDDED_EAGLE)
@@ -107,7 +95,7 @@ def main() -> None:
         sequence, start = answer(target, prompt, args.max_new_tokens)
         rows += rank_rows(draft, target, sequence, start, args.depth)
         print(f"{number} answers, {len(rows)} positions", flush=True)
-    paths = count_paths(rows)
+    paths = count_paths(rows, MAX_RANK)
     choices = best_tree(paths, args.nodes)
     config_path = args.folder / CONFIG_FILE
     config = json.loads(config_path.read_text())

@@ -134,13 +134,19 @@ def rank_paths(heads: MedusaHeads, states: dict, proposal_vocab: torch.Tensor) -
         ranks.append(row)
     ranks = torch.cat(ranks)  # [N, K]
     by_rank = torch.stack([torch.bincount(ranks[:, k], minlength=MAX_RANK + 1)[:MAX_RANK] for k in range(num_heads)]) / len(ranks)
+    return by_rank, count_paths(ranks.tolist(), MAX_RANK), len(ranks)
+
+
+def count_paths(rows: list[list[int]], miss: int) -> Counter:
+    """How often each rank path is right at every step, i.e. accepted by greedy verification: each
+    row holds a position's rank at each step (`miss`: the true token not among them)."""
     paths = Counter()
-    for row in ranks.tolist():
-        for depth in range(num_heads):
-            if row[depth] == MAX_RANK:
+    for row in rows:
+        for depth in range(len(row)):
+            if row[depth] == miss:
                 break
             paths[tuple(row[: depth + 1])] += 1
-    return by_rank, paths, len(ranks)
+    return paths
 
 
 def best_tree(paths: Counter, size: int) -> list[list[int]]:

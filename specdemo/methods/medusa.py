@@ -159,11 +159,11 @@ class MedusaTree(Proposer):
             # sorted: one cache entry per shape. The paths take ranks below `size` alone: more ranked change nothing
             paths = tuple(sorted(dynamic_paths(log_probs[:depth_limit], size)))
         else:
-            paths, static_size = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit), self.static.size
+            paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
             copied = copied[: fitted_copy(len(paths), len(copied), context.bucket)]
             if self.typical is None and not context.choose.processors:  # plain greedy: read with the choices
                 ranked, _ = self.heads.ranked(self.hidden, max(top_ranks(self.static)), self.token(root), self.graphs)
-                whole = len(paths) == static_size  # near the end a shallower tree, gathered at its own index
+                whole = len(paths) == self.static.size  # near the end a shallower tree, gathered at its own index
                 return Proposed(on_device(cached_tree(paths, len(copied)), ranked, copied, copy_source,
                                           self.gather if whole else None))
             top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)

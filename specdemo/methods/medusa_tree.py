@@ -17,6 +17,7 @@ value), so a pass goes deep where the heads are sure and wide where they are not
 import functools
 import heapq
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -141,8 +142,7 @@ def on_device(shape: Proposal, ranked: torch.Tensor, copied: list[int], copy_sou
     (`verify.read_with_choices`)."""
     index = gather_index(shape, ranked.shape[1], ranked.device) if index is None else index
     tokens = torch.cat([ranked.view(-1).index_select(0, index), tensor_on(copied, ranked.device)])
-    sources = tuple(copy_source if source == "copy" else source for source in shape.sources)
-    return Proposal(parents=shape.parents, sources=sources, on_device=tokens)
+    return replace(filled(shape, (), copy_source), on_device=tokens)
 
 
 def head_tokens(shape: Proposal, top: list[list[int]]) -> list[int]:

@@ -56,6 +56,7 @@ class StaticPlan:
     """How a shape is drafted: the best tokens each row of a pass gives, the passes after the first,
     and each node's index into all passes' best tokens, flattened in pass order."""
 
+    paths: Paths
     shape: Proposal  # ranks as tokens (`medusa_tree.build_tree`)
     width: int
     levels: tuple[Level, ...]
@@ -84,7 +85,7 @@ def static_plan(paths: Paths) -> StaticPlan:
     offsets = width * np.cumsum([0, 1, *(len(level.nodes) for level in levels)])
     nodes = tuple(int(offsets[depths[n] - 1]) + row[shape.parents[n]] * width + shape.tokens[n]
                   for n in range(shape.size))
-    return StaticPlan(shape, width, tuple(levels), nodes)
+    return StaticPlan(paths, shape, width, tuple(levels), nodes)
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
@@ -145,11 +146,11 @@ def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
         all_ids.append(ids.view(-1))
         all_log_probs.append(log_probs.view(-1))
     keep_prefix(cache, prefix)
-    drafted = plan.shape.size
     tokens = torch.cat([taken(torch.cat(all_ids), tree.nodes), tensor_on(copied, logits.device)])
-    parents = (*plan.shape.parents, *[-1, *range(drafted, drafted + len(copied) - 1)][: len(copied)])
-    return (Proposal(parents=parents, sources=("draft",) * drafted + (source,) * len(copied), on_device=tokens),
-            taken(torch.cat(all_log_probs), tree.nodes))
+    shape = cached_tree(plan.paths, len(copied))  # the same nodes, then the copied chain from the root
+    sources = tuple("draft" if kind == "head" else source for kind in shape.sources)
+    return Proposal(parents=shape.parents, sources=sources, on_device=tokens), taken(torch.cat(all_log_probs),
+                                                                                      tree.nodes)
 
 
 def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
