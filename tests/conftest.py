@@ -17,10 +17,10 @@ from specdemo.models import load_model
 
 # `make test` runs the modules in two processes, a module to a process (pytest-xdist's loadfile): the
 # longest start first, so that neither process is left with one long module at the end
-LONGEST_FIRST = ("test_browser_lesson.py", "test_static_embedded.py", "test_browser_views.py", "test_browser.py",
-                 "test_static.py", "test_browser_runs.py", "test_divergence.py", "test_bench.py", "test_cllm.py",
-                 "test_zerogpu.py", "test_models.py", "test_ui.py", "test_speculative.py", "test_medusa.py",
-                 "test_lesson_prompts.py", "test_distill.py", "test_eagle.py", "test_offload.py")
+LONGEST_FIRST = ("test_browser_lesson.py", "test_browser_views.py", "test_browser.py", "test_static.py",
+                 "test_browser_runs.py", "test_divergence.py", "test_bench.py", "test_static_embedded.py",
+                 "test_cllm.py", "test_zerogpu.py", "test_models.py", "test_ui.py", "test_speculative.py",
+                 "test_medusa.py", "test_lesson_prompts.py", "test_distill.py", "test_eagle.py", "test_offload.py")
 
 
 def pytest_collection_modifyitems(items):
