@@ -100,11 +100,23 @@ def test_autoplay_advances_the_steps(page):
     shown_step = "() => +(document.querySelector('#explanation .specdemo-beats')?.dataset.step || 0)"
     page.wait_for_function(f"({shown_step})() >= 3", timeout=30_000)  # steps 2 and 3 came on their own
     page.locator("#pause").click()
-    page.wait_for_timeout(500)  # a tick already sent may still land
-    held = page.locator("#step input[type=number]").input_value()
-    page.wait_for_timeout(1500)
+    held = settled(page.locator("#step input[type=number]"))  # ticks already sent may land, late when busy
+    page.wait_for_timeout(2000)  # four ticks at the pace chosen
     assert page.locator("#step input[type=number]").input_value() == held and 3 <= int(held) < total_steps(page), held
     page.screenshot(path=str(SCREENSHOTS / "lesson-step-through.png"))
+
+
+def settled(field, still_ms: int = 1500, within_ms: int = 20_000) -> str:
+    """The value of the input `field` once it has held for `still_ms`; an AssertionError if it never
+    holds that long within `within_ms` (a step-through that keeps playing)."""
+    value, still = field.input_value(), 0
+    for _ in range(within_ms // 100):
+        field.page.wait_for_timeout(100)
+        now = field.input_value()
+        value, still = now, (still + 100 if now == value else 0)
+        if still >= still_ms:
+            return value
+    raise AssertionError(f"the step kept changing: {value}")
 
 
 def total_steps(page) -> int:
