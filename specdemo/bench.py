@@ -34,12 +34,10 @@ from specdemo.bench_table import (  # noqa: F401
 )
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import final_summary, guesses_by_source
-from specdemo.core.static import default_compile
 from specdemo.defaults import defaults_for, with_defaults
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
 from specdemo.methods import METHODS, ar, decoded, get_method, method_options, settings_of, speculative, token_draft
-from specdemo.models import AUTO, EMBEDDED, LoadedModel, compiled, load_model
-from specdemo.placement import parse_max_memory
+from specdemo.models import LoadedModel, add_arguments, from_arguments, load_model
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 8
@@ -398,24 +396,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also measure how far the dtype's rounding moves AR's top-two logit gaps "
                              "(docs/divergence.md)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", choices=[AUTO, "float32", "bfloat16"], default=AUTO,
-                        help="auto: as the app chooses (specdemo.models.default_dtype)")
-    parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    add_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
                         help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
-    parser.add_argument("--device-map", default=None,
-                        help="spread the target over devices (auto, balanced, balanced_low_0, sequential) or offload "
-                        "every decoder layer to disk (disk), through accelerate")
-    parser.add_argument("--max-memory", default=None,
-                        help="with --device-map: per-device limits, e.g. 0=6GiB,cpu=30GiB")
-    parser.add_argument("--offload-folder", type=Path, default=None,
-                        help="with --device-map: where offloaded weights go")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the target's pass over a static KV cache (default: on with CUDA, off on a CPU: "
-                             "docs/benchmarks.md)")
     return parser.parse_args(argv)
 
 
@@ -428,11 +412,7 @@ def main(argv: list[str] | None = None, target: LoadedModel | None = None) -> di
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
-    target = target or load_model(args.model, args.dtype, args.device, args.trust_remote_code,
-                                  device_map=args.device_map, max_memory=parse_max_memory(args.max_memory),
-                                  offload_folder=args.offload_folder)
-    if default_compile(target.device) if args.compile is None else args.compile:  # its companions compile as they load
-        target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    target = from_arguments(args, lambda message: print(message, file=sys.stderr, flush=True), target)
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)
     print(format_table(report))
     if args.json:

