@@ -12,11 +12,8 @@ from pathlib import Path
 
 import torch
 
+from specdemo.assets import EMBEDDED_ANSWERS, EMBEDDED_CLLM, EMBEDDED_EAGLE, EMBEDDED_HEADS
 from specdemo.core.errors import SpecDemoError
-from specdemo.methods.cllm import EMBEDDED_CLLM
-from specdemo.methods.eagle import EMBEDDED_EAGLE
-from specdemo.methods.medusa_heads import EMBEDDED_HEADS
-from specdemo.methods.retrieval import EMBEDDED_ANSWERS
 from specdemo.models import EMBEDDED
 
 

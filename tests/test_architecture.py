@@ -63,6 +63,14 @@ def test_the_core_knows_no_method(module):
     assert not imports(module) & (METHODS | {"methods", "models", "presets"})
 
 
+def test_the_presets_name_companions_without_importing_a_method():
+    """The methods' registry reads the presets (`methods.method_options`): the presets sit below
+    the methods, naming the companions by the paths of `specdemo.assets`."""
+    tree = ast.parse((PACKAGE / "presets.py").read_text())
+    named = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "specdemo.assets" in named and not {name for name in named if name.startswith("specdemo.methods")}
+
+
 @pytest.mark.parametrize("module", ["ui", "ui_offload", "ui_settings", "handlers", *sorted(VIEWS), "lesson", "clicks"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""

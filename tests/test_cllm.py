@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdemo import SpecDemoError
+from specdemo.assets import EMBEDDED_CLLM
 from specdemo.core.events import StepEvent, final_summary
 from specdemo.core.steps import JacobiStep, LookaheadStep
 from specdemo.methods import ar, cllm, jacobi
@@ -105,9 +106,9 @@ def test_consistency_training_cuts_jacobi_passes():
 
 
 def test_stored_cllm_loads_offline_and_is_another_model(embedded):
-    if not (cllm.EMBEDDED_CLLM / cllm.ADAPTER_FILE).exists():
-        pytest.fail(f"the CLLM adapters are missing from {cllm.EMBEDDED_CLLM}: run python -m training.train_cllm")
-    model = cllm.load_cllm(cllm.EMBEDDED_CLLM, embedded)
+    if not (EMBEDDED_CLLM / cllm.ADAPTER_FILE).exists():
+        pytest.fail(f"the CLLM adapters are missing from {EMBEDDED_CLLM}: run python -m training.train_cllm")
+    model = cllm.load_cllm(EMBEDDED_CLLM, embedded)
     assert model is not embedded.model
     base = dict(embedded.model.named_parameters())
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, base[name])]

@@ -5,9 +5,10 @@ near-copy of them (`training.real_prompts.HeldOut`, applied when a plan is made)
 import pytest
 
 from specdemo.app.lesson import LESSON, shown_prompts
+from specdemo.assets import EMBEDDED_ANSWERS
 from specdemo.core.events import final_summary
 from specdemo.methods import ar
-from specdemo.methods.retrieval import EMBEDDED_ANSWERS, load_datastore
+from specdemo.methods.retrieval import load_datastore
 from training.prompts import first_stage_prompts, without_bench_prompts
 from training.real_prompts import SHARED_TRAIN, Prompt, SamplingPlan, bench_prompts, plan, read_prompts
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from specdemo.methods.cllm import EMBEDDED_CLLM, QUALITY_FILE, load_cllm
+from specdemo.assets import EMBEDDED_CLLM
+from specdemo.methods.cllm import QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
 from . import distill

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from specdemo import final_summary
+from specdemo.assets import EMBEDDED_EAGLE
 from specdemo.core.static import with_layers
 from specdemo.methods import ar
-from specdemo.methods.eagle import CONFIG_FILE, EMBEDDED_EAGLE, load_feature_draft
+from specdemo.methods.eagle import CONFIG_FILE, load_feature_draft
 from specdemo.methods.speculative import MAX_STATIC_NODES
 from specdemo.models import load_model
 

@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 
 from specdemo import final_summary, load_model
+from specdemo.assets import EMBEDDED_EAGLE
 from specdemo.bench import DEFAULT_PROMPTS, read_prompts
 from specdemo.core.static import with_layers
 from specdemo.methods import ar
 from specdemo.methods.draft import load_draft
-from specdemo.methods.eagle import EMBEDDED_EAGLE, FeatureDraft, load_feature_draft
+from specdemo.methods.eagle import FeatureDraft, load_feature_draft
 
 TOP = 3  # a draft tree's default top_k
 

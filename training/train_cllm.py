@@ -41,10 +41,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from specdemo.assets import EMBEDDED_CLLM
 from specdemo.core.attention import additive
 from specdemo.core.events import final_summary
 from specdemo.methods import jacobi
-from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, EMBEDDED_CLLM, QUALITY_FILE, load_cllm
+from specdemo.methods.cllm import ADAPTER_FILE, CONFIG_FILE, QUALITY_FILE, load_cllm
 from specdemo.models import load_model
 
 from . import distill, selfdistill

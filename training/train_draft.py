@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from specdemo.methods.draft import EMBEDDED_DRAFT, build_shared_draft, save_shared_draft
+from specdemo.assets import EMBEDDED_DRAFT
+from specdemo.methods.draft import build_shared_draft, save_shared_draft
 from specdemo.models import load_model
 
 from .selfdistill import draft_vocabulary, length_groups, load_split

@@ -29,10 +29,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
+from specdemo.assets import EMBEDDED_DRAFT, EMBEDDED_EAGLE
 from specdemo.core.static import with_layers
-from specdemo.methods.draft import EMBEDDED_DRAFT, load_draft
+from specdemo.methods.draft import load_draft
 from specdemo.methods.eagle import (
-    EMBEDDED_EAGLE,
     VOCAB_FILE,
     WEIGHTS_FILE,
     FeatureDraft,

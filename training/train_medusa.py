@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdemo.methods.medusa_heads import EMBEDDED_HEADS, HEADS_FILE, VOCAB_KEY, MedusaHeads
+from specdemo.assets import EMBEDDED_HEADS
+from specdemo.methods.medusa_heads import HEADS_FILE, VOCAB_KEY, MedusaHeads
 from specdemo.models import load_model
 
 from . import distill, selfdistill

@@ -40,7 +40,6 @@ from specdemo.methods import jacobi, lookahead
 from specdemo.methods.retrieval import Datastore
 from specdemo.models import LoadedModel, load_model, read_model
 
-EMBEDDED_CLLM = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-cllm"
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
 DECODERS = ("lookahead", "jacobi")

@@ -17,14 +17,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from specdemo.assets import EMBEDDED_DRAFT
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
-
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-EMBEDDED_DRAFT = ASSETS / "smollm2-135m-draft"
 
 
 @dataclass

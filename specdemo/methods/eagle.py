@@ -36,9 +36,8 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.static import decoder_pass
-from specdemo.methods.draft import ASSETS, spread
+from specdemo.methods.draft import spread
 
-EMBEDDED_EAGLE = ASSETS / "smollm2-135m-eagle"
 WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE = "eagle.safetensors", "eagle_config.json", "draft_vocab.json"
 
 

@@ -23,13 +23,11 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.transfer import tensor_on
-from specdemo.methods.draft import ASSETS
 from specdemo.models import local_folder
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 VOCAB_KEY = "proposal_vocab"  # in HEADS_FILE: the token ids our heads propose from
 MIXERS_KEY = "mixers"  # in HEADS_FILE: the prefix of the token mixers' weights, for heads that read the token
-EMBEDDED_HEADS = ASSETS / "smollm2-135m-medusa"
 PUBLISHED_FILE, PUBLISHED_CONFIG = "medusa_lm_head.pt", "config.json"
 
 

@@ -22,10 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from specdemo.core.errors import SpecDemoError
-from specdemo.methods.draft import ASSETS
 from specdemo.methods.prompt_lookup import copied_branch, until_eos
 
-EMBEDDED_ANSWERS = ASSETS / "smollm2-135m-answers"  # the embedded target's greedy answers (its MANIFEST.md)
 TOKENS_FILE, CONFIG_FILE = "answers.npy", "datastore.json"
 SHORTEST_MATCH = 2  # as for prompt lookup: after a single token the guess is rarely right
 MOST_OCCURRENCES = 256  # a suffix seen more often is followed in this many of its occurrences, spread evenly
