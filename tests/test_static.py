@@ -148,14 +148,19 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
         torch.testing.assert_close(padded.keys[:, :, : n + 5], unpadded.keys[:, :, : n + 5])
 
 
-def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_model):
-    cache = StaticKV(tiny_model, 32)
-    for layer in cache.layers:
+@pytest.mark.parametrize("per_layer", [False, True], ids=["one buffer", "a buffer a layer"])
+def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_model, per_layer):
+    cache = StaticKV(tiny_model, 32, per_layer=per_layer)
+    assert (cache.buffer is None) == per_layer
+    for index, layer in enumerate(cache.layers):
         layer.keys.copy_(torch.arange(32, dtype=torch.float32)[None, None, :, None].expand_as(layer.keys))
+        layer.values.copy_(100 * index + torch.arange(32, dtype=torch.float32)[None, None, :, None])
     cache.length = 12
     keep_positions(cache, 5, [7, 9])  # keep 5, then the entries at 7 and 9 moved to 5 and 6
     assert cache.get_seq_length() == 7
-    assert cache.layers[1].keys[0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 7, 9]
+    for index, layer in enumerate(cache.layers):
+        assert layer.keys[0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 7, 9]
+        assert layer.values[0, -1, :7, -1].tolist() == [100 * index + p for p in (0, 1, 2, 3, 4, 7, 9)]
     keep_prefix(cache, 3)
     assert cache.get_seq_length() == 3
     with pytest.raises(ValueError):

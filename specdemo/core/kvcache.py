@@ -34,8 +34,9 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     positions = list(positions)
     if positions != list(range(length, length + len(positions))):
         index = tensor_on(positions, cache.layers[0].keys.device)
-        if isinstance(cache, StaticKV):  # every layer's keys and values in one buffer: two kernels, not four a layer
-            cache.buffer[..., length : length + len(positions), :] = cache.buffer.index_select(-2, index)
+        if isinstance(cache, StaticKV):  # two kernels for the whole model where its layers share one buffer
+            for pair in [cache.buffer] if cache.buffer is not None else [layer.pair for layer in cache.layers]:
+                pair[..., length : length + len(positions), :] = pair.index_select(-2, index)
         else:
             for layer in cache.layers:  # copy only the kept entries into place; the crop drops the rest
                 layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
@@ -45,7 +46,8 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
 
 class SlotLayer(StaticLayer):
     """One layer of a `StaticKV`: a pass writes its keys and values at the buffer's `start` and on.
-    `pair` [2, 1, heads, capacity, head_dim]: its keys and values, a slice of the cache's one buffer."""
+    `pair` [2, 1, heads, capacity, head_dim]: its keys and values, a slice of the cache's one buffer
+    or (`StaticKV`'s `per_layer`) a buffer of its own."""
 
     def __init__(self, max_cache_len: int, start: torch.Tensor, pair: torch.Tensor):
         super().__init__(max_cache_len)
@@ -94,21 +96,27 @@ class StaticKV(Cache):
     tensor at a fixed address, set before each pass, so one compiled graph serves every pass.
     Every layer's keys and values are slices of one tensor (`buffer` [layers, 2, 1, heads,
     capacity, head_dim]), so moving an accepted branch into place (`keep_positions`) is one copy
-    for the whole model: on a GPU each copy is a kernel launch.
+    for the whole model: on a GPU each copy is a kernel launch. With `per_layer` each layer has a
+    buffer [2, 1, heads, capacity, head_dim] of its own (`buffer` None), for inductor: a graph
+    whose cache writes are views of one tensor compiles about twice as slowly (reinplacing them
+    grows with their square), and on a CPU a copy a layer costs next to nothing.
     `passes`: the compiled pass (`static.CompiledPass`) that runs this cache's passes, given when
     the cache is made (`static.request_cache`); None runs them eagerly.
     `rotary`: each position's rotary cosine and sine [capacity, 2, D] where the pass reads them from
     a table (`llama.rotary_table`, made with the buffer as gpt-fast makes its `freqs_cis` with its
     caches); None: the pass computes its own."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int, passes=None, rotary: torch.Tensor | None = None):
+    def __init__(self, model: PreTrainedModel, capacity: int, passes=None, rotary: torch.Tensor | None = None,
+                 per_layer: bool = False):
         config = model.config.get_text_config(decoder=True)
         self.start = torch.zeros((), dtype=torch.long, device=model.device)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.buffer = torch.zeros(config.num_hidden_layers, 2, 1, heads, capacity, head_dim, dtype=model.dtype,
-                                  device=model.device)
-        super().__init__(layers=[SlotLayer(capacity, self.start, pair) for pair in self.buffer])
+        shape, count = (2, 1, heads, capacity, head_dim), config.num_hidden_layers
+        self.buffer = None if per_layer else torch.zeros(count, *shape, dtype=model.dtype, device=model.device)
+        pairs = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(count)] if per_layer \
+            else self.buffer
+        super().__init__(layers=[SlotLayer(capacity, self.start, pair) for pair in pairs])
         self.early_initialization(1, heads, head_dim, model.dtype, model.device)
         if model.device.type == "cuda":
             torch._dynamo.mark_static_address(self.start)
@@ -134,7 +142,7 @@ class StaticKV(Cache):
             Cache.__init__(view, layers=[layer.window(length) for layer in self.layers])
             view.start, view.capacity, view.windows, view.passes = self.start, length, {}, self.passes
             view.rotary = self.rotary
-            view.buffer = self.buffer[..., :length, :]
+            view.buffer = None if self.buffer is None else self.buffer[..., :length, :]
             self.windows[length] = view
         self.windows[length].length = self.length
         return self.windows[length]
