@@ -63,10 +63,15 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
 
     from specdemo.app import handlers
 
-    # two rounds, the fewest a race times, so docs/lesson.md's screenshot shows each method's range
+    # two rounds, the fewest a race times, so docs/lesson.md's screenshot shows each method's range; half
+    # the step's 64 tokens (the race runs every method: the suite's longest wait)
     monkeypatch.setattr(handlers, "RACE_MIN_ROUNDS", 2)
     page.get_by_role("tab", name="Lesson").click()
     page.locator("#lesson-step").get_by_label(lesson.TITLES[-1]).check()
+    expect(page.locator("#race")).to_be_visible()  # the step opened the race
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#max-new-tokens input[type=number]").fill("32")
+    page.get_by_role("tab", name="Race").click()
     page.locator("#race").click()
     chart = page.locator("#race-plot .js-plotly-plot")
     expect(chart.first).to_be_visible(timeout=300_000)
