@@ -8,7 +8,8 @@ its tensors), by kind; and the operations inside the replays, besides views and 
 or `contiguous` counts where it copies): the kernels a step's graphs hold on a GPU, where each
 costs a few microseconds whatever it computes (AR's: one target pass).
 
-    PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16]
+    PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
+        [--set speculative.static_tree=true ...]
 
 The operations do not depend on the machine. The time does, and on a CPU it also holds the eager
 products (a draft's logits, the target's argmax) that a GPU runs in microseconds, so compare it
@@ -17,6 +18,7 @@ only between runs on one machine. Trees are sized as on a CPU (`static.fitted_si
 
 import argparse
 import contextlib
+import functools
 import sys
 import time
 from collections import Counter
@@ -27,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_graphs import ReplayedFunctionGraphs, ReplayedGraphs  # noqa: E402
 
+from specdemo.bench import parse_settings  # noqa: E402
 from specdemo.core.events import final_summary  # noqa: E402
 from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, joined_forward, warm_up  # noqa: E402
 from specdemo.methods import get_method, method_options  # noqa: E402
@@ -78,17 +81,21 @@ class Operations(TorchDispatchMode):
 def stand_ins(clock: Clock):
     """The replaying graphs, their replays timed by `clock`."""
 
-    class Graphs(ReplayedGraphs):
-        def capture(self, *args):
-            graph = clock.timed(super().capture)(*args)
-            graph.graph.replay = clock.timed(graph.graph.replay)
-            return graph
-
     class Functions(ReplayedFunctionGraphs):
         def capture(self, function, inputs):
             captured = clock.timed(super().capture)(function, inputs)
             captured.graph.replay = clock.timed(captured.graph.replay)
             return captured
+
+    class Graphs(ReplayedGraphs):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.functions = Functions()  # a static draft tree's levels
+
+        def capture(self, *args):
+            graph = clock.timed(super().capture)(*args)
+            graph.graph.replay = clock.timed(graph.graph.replay)
+            return graph
 
     def graphed(model, buckets, role):
         # as `static.compile_passes` with CUDA: the decoder's products joined
@@ -100,10 +107,11 @@ def stand_ins(clock: Clock):
     return graphed, Functions
 
 
-def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None):
-    """(seconds outside replays, steps) of `name` answering PROMPTS; the prompt's pass (eager where
-    it is wider than every bucket) is no step's work and counts in neither."""
-    options = dict(method_options(name, target))
+def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None,
+            settings: dict):
+    """(seconds outside replays, steps) of `name` answering PROMPTS with `settings`; the prompt's
+    pass (eager where it is wider than every bucket) is no step's work and counts in neither."""
+    options = dict(method_options(name, target)) | settings
     if options.get("draft_passes") is None and "draft" in options:
         options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
     if "cllm_model" in options:
@@ -128,16 +136,21 @@ def main() -> None:
     parser.add_argument("--methods", default="ar,speculative,medusa,lookahead,cllm")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
+                        help="a method's setting, as the bench takes it")
     args = parser.parse_args()
+    methods = args.methods.split(",")
+    settings = parse_settings(args.set, methods)
     target = load_model(dtype=args.dtype)
     clock = Clock()
     graphed, functions = stand_ins(clock)
     passes = graphed(target.model, BUCKETS, "target")
-    for name in args.methods.split(","):
-        measure(target, name, passes, graphed, functions, clock, 16, None)  # loads the companions, captures
-        outside, steps = measure(target, name, passes, graphed, functions, clock, args.tokens, None)
+    for name in methods:
+        run = functools.partial(measure, target, name, passes, graphed, functions, clock, settings=settings[name])
+        run(16, None)  # loads the companions, captures
+        outside, steps = run(args.tokens, None)
         ops = Operations(clock)
-        _, counted = measure(target, name, passes, graphed, functions, clock, args.tokens, ops)
+        _, counted = run(args.tokens, ops)
         work = Counter({kind: count for kind, count in ops.kinds.items() if kind not in VIEWS})
         kinds = ", ".join(f"{kind} {count / counted:.1f}" for kind, count in work.most_common(8))
         kernels = sum(count for kind, count in ops.graphed.items() if kind not in VIEWS | {"to"})

@@ -25,7 +25,7 @@ from specdemo.core.static import (
     static_pass,
     warm_up,
 )
-from specdemo.methods import medusa, speculative
+from specdemo.methods import ar, medusa, speculative
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
@@ -38,6 +38,10 @@ ROOM = 1 << 40  # bytes a decoder's joined products may take: any
 class ReplayedGraphs(CudaGraphs):
     """CUDA graphs' contract without CUDA: a replay reruns the captured pass on the captured
     tensors and writes its result into the captured outputs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.functions = ReplayedFunctionGraphs()
 
     def capture(self, forward, decoder, cache, inputs, layout, bucket, head, layers) -> Graph:
         inputs, layout = inputs.clone(), layout.clone()
@@ -193,6 +197,31 @@ def test_a_deep_draft_tree_replays_its_drafts_look_back_passes(prompt_ids):
     assert looked_back and draft_passes.runs[0] == 0  # no draft pass ran eagerly
 
 
+def test_a_static_draft_tree_drafts_its_levels_in_one_graph(prompt_ids):
+    """A feature draft's static tree on its graphs' buffer drafts every level after the first
+    pass in one graph (`static_draft_tree.graphed_levels`), captured once and replayed every step
+    that drafts the tree; each step's tree is the one the draft's eager passes draft, and the
+    answer is AR's."""
+    target = make_tiny_model()
+    draft = feature_draft(target)
+    options = dict(draft=draft, gamma=3, draft_tree_top_k=2, static_tree=True, max_new_tokens=MAX_NEW_TOKENS,
+                   eos_token_ids=())
+    draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+    runs = [list(speculative.generate(target, prompt_ids, passes=graphed(target), draft_passes=passes, **options))
+            for passes in (None, draft_passes)]  # the draft eager, then replaying its graphs
+    reference = final_summary(ar.generate(target, prompt_ids, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=()))
+    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == reference.tokens
+    trees = [[(event.proposed, event.accepted) for event in events[:-1]] for events in runs]
+    assert trees[0] == trees[1]
+    values = [[score for event in events[1:-1] for score in event.data.tree.scores] for events in runs]
+    torch.testing.assert_close(values[1], values[0], rtol=0, atol=1e-6)  # each node's log-probability too
+    static_steps = sum(len(event.proposed) >= 14 for event in runs[1][:-1])  # 2 + 4 + 8 nodes and any copy
+    functions = draft_passes.graphs.functions
+    assert len(functions.graphs) == 1 and functions.replays == static_steps > 2
+    # no level ran a pass of its own: the draft's graphs are the warm-up's, for its first pass
+    assert {key[0] for key in draft_passes.graphs.graphs} == set(DRAFT_BUCKETS) and draft_passes.runs[0] == 0
+
+
 class ReplayedFunctionGraphs(FunctionGraphs):
     """`FunctionGraphs`' contract without CUDA: a replay reruns the captured function on the
     captured inputs and writes its result into the captured outputs."""
@@ -211,7 +240,7 @@ class ReplayedFunctionGraphs(FunctionGraphs):
                 for mine, theirs in zip(out, function(*inputs)):
                     mine.copy_(theirs)
 
-        return Captured(Replay(), inputs, out)
+        return Captured(Replay(), inputs, out, function)
 
 
 @pytest.mark.parametrize("tree, tree_size", [("dynamic", 6), ("dynamic", 12), (CHOICES, None)])

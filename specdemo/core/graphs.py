@@ -25,7 +25,9 @@ Python. A CUDA graph records one pass's kernels once and replays them with one l
 - All graphs share one memory pool: they never run at once, so their scratch memory can overlap.
 
 A companion's small layers outside any decoder pass (Medusa's heads) are graphs too
-(`FunctionGraphs`): no KV buffer, fixed-shape inputs, outputs copied out under a lock.
+(`FunctionGraphs`): fixed-shape inputs, outputs copied out under a lock. So is a function of
+several passes over the buffer (a static draft tree's levels: `CudaGraphs.functions`), which
+reads its layouts from its inputs as one pass does.
 """
 
 import gc
@@ -64,6 +66,7 @@ class CudaGraphs:
         self.graphs: dict[tuple, Graph] = {}
         self.lock = threading.Lock()
         self.holder: weakref.ref | None = None  # the view lent to the request running now
+        self.functions = FunctionGraphs()  # graphs of functions of several passes over this buffer
 
     def lease(self, need: int, passes) -> StaticKV | None:
         """The graphs' buffer as a fresh view of length 0, run by `passes` (the `static.CompiledPass`
@@ -182,6 +185,7 @@ class Captured:
     graph: "torch.cuda.CUDAGraph"
     inputs: tuple[torch.Tensor, ...]
     out: tuple[torch.Tensor, ...]
+    function: object  # held as long as its graph, and with it every tensor it reads besides its inputs
 
 
 class FunctionGraphs:
@@ -211,7 +215,7 @@ class FunctionGraphs:
     def capture(self, function, inputs: tuple[torch.Tensor, ...]) -> Captured:
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         graph, out = recorded(lambda: function(*inputs), inputs[0].device, self.pool)
-        return Captured(graph, inputs, out)
+        return Captured(graph, inputs, out, function)
 
 
 def padded_inputs(inputs: torch.Tensor, bucket: int) -> torch.Tensor:

@@ -19,6 +19,8 @@ no tree while the device idles. Rules:
 - The tree a step drafts is the shape's, whatever the draft's confidences (EAGLE-2's dynamic tree
   drops what the draft is unsure of; here nothing is dropped, and nothing is waited for).
 - `full_paths(top_k, depth)`: every node with its draft's `top_k` best children, `depth` deep.
+- With CUDA graphs a feature draft's levels after the first pass are one graph, replayed with the
+  levels' layouts as its one input (`graphed_levels`); they draft what the passes a level draft.
 """
 
 import functools
@@ -29,8 +31,10 @@ import numpy as np
 import torch
 from transformers import Cache
 
+from specdemo.core.graphs import CudaGraphs, layout_views
 from specdemo.core.kvcache import keep_prefix
-from specdemo.core.transfer import tensor_on
+from specdemo.core.static import padded_layout
+from specdemo.core.transfer import tensor_on, to_device
 from specdemo.core.verify import Proposal
 from specdemo.methods.draft import Draft
 from specdemo.methods.draft_tree import best_children, branch_logits, branch_visibility
@@ -131,26 +135,96 @@ def static_tree(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
     """The static `tree` after the draft's `first_logits`, then the `copied` branch from the root
     (`source`: "copy" or "retrieved"): its tokens and each drafted node's own log-probability after
     its parent, both on the device. Nothing is read on the host. The draft's cache ends holding
-    the prefix only."""
+    the prefix only. A feature draft on its CUDA graphs' buffer drafts every level in one graph
+    (`graphed_levels`); otherwise each level is a pass of its own."""
     plan = tree.plan
     logits, state = first
     prefix = cache.get_seq_length()
+    graphs = level_graphs(draft, cache, prefix + sum(len(level.nodes) for level in plan.levels))
+    if graphs is not None:
+        ids, log_probs = graphed_levels(graphs, draft, cache.passes.forward, tree, logits, state, prefix)
+    else:
+        def level_logits(depth: int, level: Level, tokens: torch.Tensor, states: torch.Tensor | None):
+            return branch_logits(draft, cache, tokens, states, sees=level.sees,
+                                 position_ids=np.full(len(level.nodes), prefix + depth - 1))
+
+        ids, log_probs = drafted_levels(draft, tree, logits, state, level_logits)
+    keep_prefix(cache, prefix)
+    tokens = torch.cat([ids, tensor_on(copied, logits.device)])
+    shape = cached_tree(plan.paths, len(copied))  # the same nodes, then the copied chain from the root
+    sources = tuple("draft" if kind == "head" else source for kind in shape.sources)
+    return Proposal(parents=shape.parents, sources=sources, on_device=tokens), log_probs
+
+
+def drafted_levels(draft: Draft | FeatureDraft, tree: StaticTree, logits: torch.Tensor, state: torch.Tensor | None,
+                   level_logits) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every drafted node's token and own log-probability [n], from the first pass's `logits` [1, K]
+    (and a feature draft's predicted `state` [1, H]) and one `level_logits(depth, level, tokens,
+    states)` a level after it (the draft's logits [q, K] and predicted states after the level's
+    `tokens` [q], each following its parent's `states` [q, H])."""
+    plan = tree.plan
     ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [1, R]
     all_ids, all_log_probs = [ids.view(-1)], [log_probs.view(-1)]
     for depth, (level, tokens) in enumerate(zip(plan.levels, tree.tokens, strict=True), start=1):
         if state is not None:  # the features each node followed: the root's, then its parent's
             state = state.expand(len(level.nodes), -1) if depth == 1 else taken(state, tree.rows[depth - 2])
-        logits, state = branch_logits(draft, cache, taken(all_ids[-1], tokens), state, sees=level.sees,
-                                      position_ids=np.full(len(level.nodes), prefix + depth - 1))
+        logits, state = level_logits(depth, level, taken(all_ids[-1], tokens), state)
         ids, log_probs = best_children(logits, plan.width, draft.token_ids)  # [q, R]
         all_ids.append(ids.view(-1))
         all_log_probs.append(log_probs.view(-1))
-    keep_prefix(cache, prefix)
-    tokens = torch.cat([taken(torch.cat(all_ids), tree.nodes), tensor_on(copied, logits.device)])
-    shape = cached_tree(plan.paths, len(copied))  # the same nodes, then the copied chain from the root
-    sources = tuple("draft" if kind == "head" else source for kind in shape.sources)
-    return Proposal(parents=shape.parents, sources=sources, on_device=tokens), taken(torch.cat(all_log_probs),
-                                                                                      tree.nodes)
+    return taken(torch.cat(all_ids), tree.nodes), taken(torch.cat(all_log_probs), tree.nodes)
+
+
+def level_graphs(draft: Draft | FeatureDraft, cache: Cache, reach: int) -> CudaGraphs | None:
+    """The CUDA graphs whose buffer `cache` is a view of, where a feature draft's levels may run as
+    one graph of them: the pass is graphed and the levels' nodes, written from the prefix on, end
+    at `reach` within the buffer. None: each level runs as a pass of its own."""
+    passes = getattr(cache, "passes", None)
+    if (not isinstance(draft, FeatureDraft) or passes is None or passes.graphs is None or not passes.serves(cache)
+            or reach > passes.graphs.cache.capacity):
+        return None
+    return passes.graphs
+
+
+def level_layouts(plan: StaticPlan, prefix: int) -> tuple[torch.Tensor, list[slice]]:
+    """Every level's layout (`static.padded_layout`, unpadded: the graph has each level's shape)
+    after `prefix` positions, as one byte buffer on the CPU, and where each lies in it (from a
+    multiple of 8 bytes, where its int64 part may be viewed): a level's nodes sit at the position
+    after their parents' and are written after the levels fed before, at which they look back."""
+    layouts, fed = [], 0
+    for depth, level in enumerate(plan.levels, start=1):
+        width = len(level.nodes)
+        layouts.append(padded_layout(np.full(width, prefix + depth - 1), level.sees, width, fed, prefix + fed))
+        fed += width
+    starts = (8 * np.cumsum([0, *(-(-layout.shape[0] // 8) for layout in layouts)])).tolist()
+    joined = torch.zeros(max(starts[-1], 8), dtype=torch.uint8)
+    bounds = [slice(start, start + layout.shape[0]) for start, layout in zip(starts, layouts)]
+    for bound, layout in zip(bounds, layouts):
+        joined[bound] = layout
+    return joined, bounds
+
+
+def graphed_levels(graphs: CudaGraphs, draft: FeatureDraft, forward, tree: StaticTree, logits: torch.Tensor,
+                   state: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`drafted_levels` replayed as one CUDA graph of `graphs` (`graphs.FunctionGraphs`), the
+    levels' passes `forward` (the draft's `static.CompiledPass.forward`) over the graphs' buffer:
+    on a GPU one launch for the whole tree after the first pass, where a pass a level costs a
+    dozen. The levels' layouts are its input, one copy; its function holds the tree's indices."""
+    layouts, bounds = level_layouts(tree.plan, prefix)
+    span = graphs.window(prefix + sum(len(level.nodes) for level in tree.plan.levels))
+    cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
+
+    def draft_tree(logits: torch.Tensor, state: torch.Tensor, layouts: torch.Tensor):
+        def level_logits(depth: int, level: Level, tokens: torch.Tensor, states: torch.Tensor):
+            views = layout_views(layouts[bounds[depth - 1]], len(level.nodes))
+            cache.start.copy_(views.start)
+            predicted = forward(decoder, cache, draft.fuse(states[None], tokens[None]), views)[0]  # [q, H]
+            return draft.logits(predicted), predicted
+
+        return drafted_levels(draft, tree, logits, state, level_logits)
+
+    return graphs.functions(("static draft tree", tree.plan.paths, span), draft_tree, logits, state,
+                            to_device(layouts, logits.device))
 
 
 def static_values(tree: Proposal, log_probs: torch.Tensor) -> Proposal:
