@@ -126,6 +126,23 @@ def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cu
     assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
 
 
+def test_a_static_draft_tree_replays_one_graph_for_its_levels_on_cuda(compiled_models, cuda_prompt):
+    """A feature draft's static tree over its graphs' buffer drafts its levels in one CUDA graph
+    (`static_draft_tree.graphed_levels`), and the answer is still AR's, as with the draft eager
+    (`tests/test_graphs.py` checks the trees node for node on a CPU)."""
+    from specdemo.core.static import DRAFT_BUCKETS, compile_passes
+
+    model, _, passes = compiled_models
+    draft = feature_draft(model)
+    draft_passes = compile_passes(draft.model, DRAFT_BUCKETS, role="draft")
+    expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes)).tokens
+    runs = [list(speculative.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes,
+                                      draft=draft, gamma=4, static_tree=STATIC_PATHS, draft_passes=given))
+            for given in (None, draft_passes)]
+    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == expected
+    assert len(draft_passes.graphs.functions.graphs) == 1 and not draft_passes.failed
+
+
 def test_passes_replay_wider_windows_as_the_answer_grows_on_cuda(cuda_prompt):
     """Graphs captured at the start over windows of 16, 32 and 64 positions of the buffer, and over
     the whole buffer: an answer of 96 tokens grows through each, and is eager AR's answer."""
