@@ -1,12 +1,13 @@
 """The host's share of a step on the CUDA-graph path, measured on a CPU. On a GPU a small model's
 step outside the target's pass is host work: Python, and one launch per torch operation outside a
-graph. Here every graph of the target, the draft, the CLLM and Medusa's heads runs through the
-replaying stand-ins of tests/test_graphs.py, and for each method this prints the time a step
-outside the replays and the torch operations a step outside them (the prompt's pass is no step's
-work): all, then those that do more than make a view (on a GPU, a launch each where they act on
-its tensors), by kind; and the operations inside the replays, besides views and casts (a reshape
-or `contiguous` counts where it copies): the kernels a step's graphs hold on a GPU, where each
-costs a few microseconds whatever it computes (AR's: one target pass).
+graph. Here every graph of the target, the draft (a static tree's levels too), the CLLM and Medusa's
+heads runs through the replaying stand-ins of tests/test_graphs.py, and for each method this
+prints the time a step outside the replays and the torch operations a step outside them (the
+prompt's pass is no step's work): all, then those that do more than make a view (on a GPU, a
+launch each where they act on its tensors), by kind; and the operations inside the replays,
+besides views and casts (a reshape or `contiguous` counts where it copies): the kernels a step's
+graphs hold on a GPU, where each costs a few microseconds whatever it computes (AR's: one target
+pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
         [--set speculative.static_tree=true ...]

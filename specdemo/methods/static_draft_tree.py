@@ -208,8 +208,8 @@ def graphed_levels(graphs: CudaGraphs, draft: FeatureDraft, forward, tree: Stati
                    state: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`drafted_levels` replayed as one CUDA graph of `graphs` (`graphs.FunctionGraphs`), the
     levels' passes `forward` (the draft's `static.CompiledPass.forward`) over the graphs' buffer:
-    on a GPU one launch for the whole tree after the first pass, where a pass a level costs a
-    dozen. The levels' layouts are its input, one copy; its function holds the tree's indices."""
+    on a GPU one launch for every level after the first pass, where each level took a dozen. The
+    levels' layouts are its input, one copy; its function holds the tree's indices."""
     layouts, bounds = level_layouts(tree.plan, prefix)
     span = graphs.window(prefix + sum(len(level.nodes) for level in tree.plan.levels))
     cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
