@@ -109,10 +109,10 @@ def stand_ins(clock: Clock):
 
 
 def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None,
-            settings: dict):
+            settings: dict | None = None):
     """(seconds outside replays, steps) of `name` answering PROMPTS with `settings`; the prompt's
     pass (eager where it is wider than every bucket) is no step's work and counts in neither."""
-    options = dict(method_options(name, target)) | settings
+    options = dict(method_options(name, target)) | (settings or {})
     if options.get("draft_passes") is None and "draft" in options:
         options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
     if "cllm_model" in options:

@@ -223,14 +223,17 @@ def test_the_gpu_sweep_takes_the_methods_in_turn():
 
 def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
     """`scripts/host_cost.py`, the host's share of a step on the graph path: every pass after the
-    prompt's replays a stand-in graph, Medusa's heads too, and what it counts excludes the replays
-    and the prompt's pass (a decoder layer's or a head's SiLU runs only inside them)."""
+    prompt's replays a stand-in graph, Medusa's heads and a static draft tree's levels too, and what
+    it counts excludes the replays and the prompt's pass (a decoder layer's or a head's SiLU runs
+    only inside them; the feature draft's one layer runs outside them once a prompt, over the
+    prompt's pairs, wider than its widest graph)."""
     host_cost = load_script("host_cost")
     clock = host_cost.Clock()
     graphed, functions = host_cost.stand_ins(clock)
     passes = graphed(embedded.model, (1, 8, 16), "target")
-    for name in ("ar", "medusa"):
+    for name, settings, eager_layers in (("ar", {}, 0), ("medusa", {}, 0),
+                                         ("speculative", {"static_tree": True, "gamma": 3}, len(host_cost.PROMPTS))):
         ops = host_cost.Operations(clock)
-        outside, steps = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, ops)
+        outside, steps = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, ops, settings)
         assert steps >= len(host_cost.PROMPTS) and outside > 0 and sum(ops.kinds.values()) > 0
-        assert "silu" not in ops.kinds and clock.inside > 0  # no decoder layer ran outside a replay
+        assert ops.kinds["silu"] == eager_layers and clock.inside > 0  # no other decoder layer ran outside a replay
