@@ -29,9 +29,10 @@ from specdemo.models import compiled, load_model
 NO_GUESSES = dict(copy_length=0, retrieve=False)
 CANDIDATES = {
     "speculative": [dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6),
+                    # EAGLE-3's tree: a feature draft grows it on the device, read once (`device_draft_tree`)
+                    dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10),
                     # the draft's own paths (`training.eagle_tree`), 60 and a copy of up to 3: the 64-token pass
                     dict(gamma=6, draft_tree_size=60, static_tree=True),
-                    dict(gamma=7, draft_tree_size=60, draft_tree_top_k=10),
                     dict(gamma=2, static_tree=full_paths(7, 2)),  # 56 nodes and a copy: the 64-token pass
                     dict(gamma=6, draft_tree_size=60, static_tree=True, **NO_GUESSES),
                     dict(gamma=2, draft_tree_size=7, draft_tree_top_k=3),

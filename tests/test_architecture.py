@@ -9,8 +9,9 @@ import torch
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "llama", "graphs",
         "prepack", "verify", "loop", "sampling", "errors", "process", "transfer"}
-METHODS = {"ar", "speculative", "draft_tree", "static_draft_tree", "draft", "eagle", "prompt_lookup", "retrieval",
-           "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi", "cllm", "beam", "contrastive"}
+METHODS = {"ar", "speculative", "draft_tree", "static_draft_tree", "device_draft_tree", "draft", "eagle",
+           "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi", "cllm", "beam",
+           "contrastive"}
 # a package: its `__init__` and its modules
 VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}
 APP = {"ui", "ui_offload", "ui_settings", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run",

@@ -111,19 +111,24 @@ def test_greedy_equals_ar_through_the_compiled_pass_on_cuda(compiled_models, cud
 
 
 def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cuda_prompt):
-    """A tree 4 deep looks back at its earlier branches from its third level on: with CUDA, those
-    draft passes replay graphs of their look-back window, and the answer is still AR's."""
+    """A token draft's tree 4 deep looks back at its earlier branches from its third level on:
+    with CUDA, those draft passes replay graphs of their look-back window, and the answer is still
+    AR's. A feature draft's tree grows on the device in one graph, and its answer is AR's too."""
     from specdemo.core.static import DRAFT_BUCKETS, compile_passes
 
-    model, _, passes = compiled_models
-    draft = feature_draft(model)
-    draft_passes = compile_passes(draft.model, DRAFT_BUCKETS, role="draft")
+    model, other, passes = compiled_models
     expected = final_summary(ar.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes)).tokens
-    summary = final_summary(speculative.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(), passes=passes,
-                                                 draft=draft, gamma=4, draft_tree_size=24, draft_passes=draft_passes))
-    assert summary.tokens == expected
-    assert any(key[1] > key[0] for key in draft_passes.graphs.graphs)  # a look-back graph was captured and replayed
-    assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
+    for draft in (Draft("other", other), feature_draft(model)):
+        draft_passes = compile_passes(draft.model, DRAFT_BUCKETS, role="draft")
+        summary = final_summary(speculative.generate(model, cuda_prompt, max_new_tokens=48, eos_token_ids=(),
+                                                     passes=passes, draft=draft, gamma=4, draft_tree_size=24,
+                                                     draft_passes=draft_passes))
+        assert summary.tokens == expected
+        assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
+        if isinstance(draft, Draft):  # a look-back graph was captured and replayed: columns past the width and frame
+            assert any(key[1] > key[0] + 2 for key in draft_passes.graphs.graphs)
+        else:
+            assert {kind[0][0] for kind in draft_passes.graphs.functions.graphs} == {"dynamic draft tree"}
 
 
 def test_a_static_draft_tree_replays_one_graph_for_its_levels_on_cuda(compiled_models, cuda_prompt):

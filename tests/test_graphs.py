@@ -26,12 +26,14 @@ from specdemo.core.static import (
     warm_up,
 )
 from specdemo.methods import ar, medusa, speculative
+from specdemo.methods.draft import Draft
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
 from test_medusa import CHOICES, random_heads
 
 BUCKETS = (1, 8, 16)
+PROMPT = torch.tensor([[5, 17, 42, 8, 63, 21]])  # conftest's prompt_ids
 ROOM = 1 << 40  # bytes a decoder's joined products may take: any
 
 
@@ -178,23 +180,64 @@ def key_of_width(passes, width: int) -> bool:
     return any(key[0] == width for key in passes.graphs.graphs)
 
 
-def test_a_deep_draft_tree_replays_its_drafts_look_back_passes(prompt_ids):
-    """A draft tree 4 deep: from its third level on, a draft pass looks back at the branches fed
-    before it. With graphs, those passes replay graphs of their own look-back window too, and
-    every tree is the one the draft's eager passes grow, node for node; the answer is the eager one."""
+def trees_through_graphs(target, draft, **options) -> tuple[list, list, CompiledPass]:
+    """`draft`'s speculative runs on a graphed target, the draft eager, then replaying its graphs
+    (`graphed`), and those graphs."""
+    draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+    runs = [list(speculative.generate(target, PROMPT, passes=graphed(target), draft=draft, draft_passes=passes,
+                                      max_new_tokens=MAX_NEW_TOKENS, **options))
+            for passes in (None, draft_passes)]
+    return runs[0], runs[1], draft_passes
+
+
+def looked_back(passes: CompiledPass) -> list[tuple]:
+    """The graphs' kinds whose nodes look back at nodes fed before them: a node's columns
+    (`static.padded_layout`) beyond its pass's width and the two framing ones."""
+    return [key for key in passes.graphs.graphs if key[1] > key[0] + 2]
+
+
+def test_a_deep_token_draft_tree_replays_its_drafts_look_back_passes():
+    """A token draft's tree 4 deep: from its third level on, a draft pass looks back at the
+    branches fed before it. With graphs, those passes replay graphs of their own look-back
+    window too, and every tree is the one the draft's eager passes grow, node for node; the
+    answer is AR's."""
+    target = make_tiny_model()
+    eager, replayed, draft_passes = trees_through_graphs(target, Draft("other", make_tiny_model(seed=1)), gamma=4,
+                                                         draft_tree_size=12, draft_tree_top_k=3, eos_token_ids=())
+    assert final_summary(replayed).tokens == final_summary(eager).tokens == answer_of(target)
+    trees = [[(event.proposed, event.accepted) for event in events[:-1]] for events in (eager, replayed)]
+    assert trees[0] == trees[1] and max(len(proposed) for proposed, _ in trees[1]) > 8
+    assert looked_back(draft_passes) and draft_passes.runs[0] == 0  # no draft pass ran eagerly
+
+
+@pytest.mark.parametrize("ends", [False, True])
+def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
+    """A feature draft's dynamic tree on its graphs' buffer grows in one graph
+    (`device_draft_tree`), read once a step: each step's tree is the one the host grows from the
+    draft's eager passes, node for node and value for value, and the answer is AR's. With `ends`,
+    a token the draft proposes ends the answer: such a node is not expanded, there as here."""
     target = make_tiny_model()
     draft = feature_draft(target)
-    options = dict(draft=draft, gamma=4, draft_tree_size=12, draft_tree_top_k=3, max_new_tokens=MAX_NEW_TOKENS,
-                   eos_token_ids=())
-    eager = final_summary(speculative.generate(target, prompt_ids, **options))
-    draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
-    runs = [list(speculative.generate(target, prompt_ids, passes=graphed(target), draft_passes=passes, **options))
-            for passes in (None, draft_passes)]  # the draft eager, then replaying its graphs
-    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == eager.tokens
-    trees = [[(event.proposed, event.accepted) for event in events[:-1]] for events in runs]
+    options = dict(gamma=4, draft_tree_size=12, draft_tree_top_k=3, eos_token_ids=())
+    if ends:  # a token the draft proposes that the answer never holds
+        proposed = Counter(token for event in trees_through_graphs(target, draft, **options)[0][:-1]
+                           for token in event.proposed)
+        options["eos_token_ids"] = (next(token for token, _ in proposed.most_common()
+                                         if token not in answer_of(target)),)
+    eager, replayed, draft_passes = trees_through_graphs(target, draft, **options)
+    assert final_summary(replayed).tokens == final_summary(eager).tokens == answer_of(target, options["eos_token_ids"])
+    trees = [[(event.proposed, event.accepted) for event in events[:-1]] for events in (eager, replayed)]
     assert trees[0] == trees[1] and max(len(proposed) for proposed, _ in trees[1]) > 8
-    looked_back = [key for key in draft_passes.graphs.graphs if key[1] > key[0]]  # (width, window + width, ...)
-    assert looked_back and draft_passes.runs[0] == 0  # no draft pass ran eagerly
+    values = [[score for event in events[1:-1] for score in event.data.tree.scores] for events in (eager, replayed)]
+    torch.testing.assert_close(values[1], values[0], rtol=0, atol=1e-6)
+    functions = draft_passes.graphs.functions
+    assert {kind[0][0] for kind in functions.graphs} == {"dynamic draft tree"}
+    assert functions.replays == len(replayed) - 2  # every step but the first, which drafts nothing
+    assert not looked_back(draft_passes) and draft_passes.runs[0] == 0  # no level ran a pass of its own
+
+
+def answer_of(target, eos: tuple[int, ...] = ()) -> tuple[int, ...]:
+    return final_summary(ar.generate(target, PROMPT, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=eos)).tokens
 
 
 def test_a_static_draft_tree_drafts_its_levels_in_one_graph(prompt_ids):
@@ -216,8 +259,9 @@ def test_a_static_draft_tree_drafts_its_levels_in_one_graph(prompt_ids):
     values = [[score for event in events[1:-1] for score in event.data.tree.scores] for events in runs]
     torch.testing.assert_close(values[1], values[0], rtol=0, atol=1e-6)  # each node's log-probability too
     static_steps = sum(len(event.proposed) >= 14 for event in runs[1][:-1])  # 2 + 4 + 8 nodes and any copy
-    functions = draft_passes.graphs.functions
-    assert len(functions.graphs) == 1 and functions.replays == static_steps > 2
+    functions = draft_passes.graphs.functions  # near the answer's end, too short for the tree: a grown one
+    assert [kind[0][0] for kind in functions.graphs].count("static draft tree") == 1
+    assert functions.replays >= static_steps > 2
     # no level ran a pass of its own: the draft's graphs are the warm-up's, for its first pass
     assert {key[0] for key in draft_passes.graphs.graphs} == set(DRAFT_BUCKETS) and draft_passes.runs[0] == 0
 

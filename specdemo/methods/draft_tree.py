@@ -25,7 +25,7 @@ retrieved from a datastore of earlier answers (`retrieval`, REST); and below its
 branch, what the text or an earlier answer went on with (`extend_likeliest`).
 
 A static tree, whose shape is the same every pass and whose tokens stay on the device, is
-`static_draft_tree`'s.
+`static_draft_tree`'s; this tree grown on the device in one graph, read once, `device_draft_tree`'s.
 """
 
 from collections.abc import Sequence

@@ -38,6 +38,7 @@ from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree, static_draft_tree
+from specdemo.methods.device_draft_tree import device_grow
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, until_eos
@@ -164,8 +165,15 @@ class DraftProposer(Proposer):
         size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
-        tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
-                                             top_k=top_k, size=size, eos=context.eos, first=first)
+        prefix = self.cache.get_seq_length()
+        graphs = static_draft_tree.level_graphs(self.draft, self.cache, prefix + (gamma - 1) * top_k)
+        if graphs is not None:  # grown on the device, read once
+            tree = device_grow(graphs, self.draft, self.cache.passes.forward, first, prefix, depth=gamma, top_k=top_k,
+                               size=size, eos=context.eos)
+            draft_passes = gamma
+        else:
+            tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
+                                                 top_k=top_k, size=size, eos=context.eos, first=first)
         tree = draft_tree.add_copy(tree, copied, source=source)
         tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
         return tree, draft_passes, int(text[-1])
