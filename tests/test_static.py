@@ -317,9 +317,10 @@ def compiled_drafts() -> dict:
 
 
 def compiled_draft(compiled_drafts: dict, draft):
-    """The compiled pass of `draft` (widths 1 and 4), made once a module: tests share its graphs."""
+    """The compiled pass of `draft` (one width, 4: a chain's one token and a tree level's nodes padded
+    to it; each width compiles for half a minute here), made once a module: tests share its graphs."""
     if id(draft.model) not in compiled_drafts:
-        compiled_drafts[id(draft.model)] = compile_passes(draft.model, buckets=(1, 4), role="draft")
+        compiled_drafts[id(draft.model)] = compile_passes(draft.model, buckets=(4,), role="draft")
     return compiled_drafts[id(draft.model)]
 
 
@@ -338,7 +339,7 @@ def test_a_compiled_draft_proposes_what_the_eager_draft_proposes(compiled_models
     assert [event.proposed for event in runs[1][:-1]] == [event.proposed for event in runs[0][:-1]]
     assert runs[1][-1].tokens == expected[name]
     # the prompt eagerly, steps compiled
-    assert passes.runs[0] and sum(passes.runs[width] for width in (1, 4)) > len(runs[1]) // 2
+    assert passes.runs[0] and passes.runs[4] > len(runs[1]) // 2
     assert not passes.failed
 
 
