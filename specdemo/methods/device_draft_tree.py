@@ -20,24 +20,31 @@ built on the device from the chosen nodes. Rules:
 import math
 
 import torch
+from transformers import Cache
 
-from specdemo.core.graphs import CudaGraphs, PassLayout
+from specdemo.core.graphs import PassLayout
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal
+from specdemo.methods.draft import Draft
 from specdemo.methods.draft_tree import best_children, best_nodes
 from specdemo.methods.eagle import FeatureDraft
+from specdemo.methods.static_draft_tree import level_graphs
 
 
-def device_grow(graphs: CudaGraphs, draft: FeatureDraft, forward, first: tuple[torch.Tensor, torch.Tensor],
-                prefix: int, *, depth: int, top_k: int, size: int, eos: tuple[int, ...] = ()) -> Proposal:
-    """The draft tree `draft_tree.grow` grows after the draft's `first_logits` (`first`) over
-    `prefix` cached positions, grown in one graph of `graphs` (`forward`: the draft's
-    `static.CompiledPass.forward`) and read on the host once. The draft's cache keeps its length:
-    what the levels wrote lies past it."""
+def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None], *,
+                depth: int, top_k: int, size: int, eos: tuple[int, ...] = ()) -> Proposal | None:
+    """The draft tree `draft_tree.grow` grows after the draft's `first_logits` (`first`), grown in
+    one graph of the CUDA graphs whose buffer the draft's `cache` is a view of and read on the host
+    once; None where the draft cannot grow it there (`static_draft_tree.level_graphs`). The draft's
+    cache keeps its length: what the levels wrote lies past it."""
     logits, state = first
     k = min(top_k, logits.shape[-1])
-    fed = k + (depth - 2) * k  # the levels' nodes in the draft's cache: the root's children, then k a level
-    span = graphs.window(prefix + max(fed, 0))
+    prefix = cache.get_seq_length()
+    reach = prefix + (depth - 1) * k  # the levels' nodes in the draft's cache: the root's children, then k a level
+    graphs = level_graphs(draft, cache, reach)
+    if graphs is None:
+        return None
+    forward, span = cache.passes.forward, graphs.window(reach)
     cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
 
     def grown(logits: torch.Tensor, state: torch.Tensor, prefix: torch.Tensor):

@@ -165,13 +165,10 @@ class DraftProposer(Proposer):
         size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
-        prefix = self.cache.get_seq_length()
-        graphs = static_draft_tree.level_graphs(self.draft, self.cache, prefix + (gamma - 1) * top_k)
-        if graphs is not None:  # grown on the device, read once
-            tree = device_grow(graphs, self.draft, self.cache.passes.forward, first, prefix, depth=gamma, top_k=top_k,
-                               size=size, eos=context.eos)
-            draft_passes = gamma
-        else:
+        # grown on the device and read once, where the draft can (every level runs); else on the host
+        tree, draft_passes = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, size=size,
+                                         eos=context.eos), gamma
+        if tree is None:
             tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                                  top_k=top_k, size=size, eos=context.eos, first=first)
         tree = draft_tree.add_copy(tree, copied, source=source)
