@@ -166,8 +166,8 @@ class DraftProposer(Proposer):
         # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
         # grown on the device and read once, where the draft can (every level runs); else on the host
-        tree, draft_passes = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, size=size,
-                                         eos=context.eos), gamma
+        tree = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, size=size, eos=context.eos)
+        draft_passes = gamma
         if tree is None:
             tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                                  top_k=top_k, size=size, eos=context.eos, first=first)
