@@ -30,8 +30,9 @@ RUNS = {
     "speculative static tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=4,
                                                                                   static_tree=STATIC_PATHS)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
-    "medusa dynamic tree, graphed heads": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree_size=12,
-                                                                     heads_passes=FunctionGraphs())),
+    "medusa dynamic tree, graphed heads reading the token": lambda m, o: (
+        medusa, dict(heads=random_heads(m, reads_token=True).to(m.device), tree_size=12,
+                     heads_passes=FunctionGraphs())),
     "lookahead": lambda m, o: (lookahead, dict()),
     "jacobi": lambda m, o: (jacobi, dict(block_size=8)),
 }

@@ -5,11 +5,13 @@ plumbing around the graphs is checked here; `tests/test_cuda.py` runs the real g
 
 import gc
 from collections import Counter
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
@@ -37,6 +39,43 @@ PROMPT = torch.tensor([[5, 17, 42, 8, 63, 21]])  # conftest's prompt_ids
 ROOM = 1 << 40  # bytes a decoder's joined products may take: any
 
 
+class Capturable(TorchDispatchMode):
+    """Raises on what CUDA's stream capture refuses or records wrongly, so that a captured
+    function on a CPU fails where its capture would on a GPU: a value read on the host
+    (`.item()`, `bool()`, `int()`), a shape that depends on values (`nonzero`, a boolean index,
+    `repeat_interleave` without its output's size, `unique`), a tensor made from host data (the
+    graph would copy from that host memory at every replay, whatever it holds then)."""
+
+    READS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+                       "unique_consecutive", "equal", "is_nonzero", "lift_fresh", "lift_fresh_copy"})
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = func.overloadpacket.__name__
+        tensors = [arg for arg in (args[1] if kind in ("index", "index_put", "index_put_") else ())
+                   if isinstance(arg, torch.Tensor)]
+        if (kind in self.READS or any(tensor.dtype == torch.bool for tensor in tensors)
+                or (kind == "repeat_interleave" and (kwargs or {}).get("output_size") is None)):
+            raise RuntimeError(f"{func} cannot be captured in a CUDA graph")
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def capturing():
+    """`Capturable`, and `Tensor.tolist` raising: a copy to the host (waits for the device,
+    which capture forbids)."""
+    tolist = torch.Tensor.tolist
+
+    def refused(self):
+        raise RuntimeError("tolist cannot be captured in a CUDA graph")
+
+    torch.Tensor.tolist = refused
+    try:
+        with Capturable():
+            yield
+    finally:
+        torch.Tensor.tolist = tolist
+
+
 class ReplayedGraphs(CudaGraphs):
     """CUDA graphs' contract without CUDA: a replay reruns the captured pass on the captured
     tensors and writes its result into the captured outputs."""
@@ -49,11 +88,13 @@ class ReplayedGraphs(CudaGraphs):
         inputs, layout = inputs.clone(), layout.clone()
         # the window of the buffer the view shares (a graph holds its addresses, not the request's view)
         run = replayable(forward, decoder, self.cache.window(cache.capacity), inputs, layout, bucket, head, layers)
-        out = run()
+        with capturing():
+            out = run()
 
         class Replay:
             def replay(self):
-                new = run()
+                with capturing():
+                    new = run()
                 for mine, theirs in zip(out if isinstance(out, tuple) else (out,),
                                         new if isinstance(new, tuple) else (new,)):
                     mine.copy_(theirs)
@@ -275,25 +316,30 @@ class ReplayedFunctionGraphs(FunctionGraphs):
         self.replays = 0
 
     def capture(self, function, inputs) -> Captured:
-        out = function(*inputs)
+        with capturing():
+            out = function(*inputs)
         graphs = self
 
         class Replay:
             def replay(self):
                 graphs.replays += 1
-                for mine, theirs in zip(out, function(*inputs)):
+                with capturing():
+                    new = function(*inputs)
+                for mine, theirs in zip(out, new):
                     mine.copy_(theirs)
 
         return Captured(Replay(), inputs, out, function)
 
 
-@pytest.mark.parametrize("tree, tree_size", [("dynamic", 6), ("dynamic", 12), (CHOICES, None)])
-def test_medusas_heads_replay_their_graphs(prompt_ids, tree, tree_size):
+@pytest.mark.parametrize("tree, tree_size, reads_token",
+                         [("dynamic", 6, False), ("dynamic", 12, True), (CHOICES, None, False)])
+def test_medusas_heads_replay_their_graphs(prompt_ids, tree, tree_size, reads_token):
     """With graphs of the heads beside the target's, every proposal after the prompt's pass
     replays one, and each pass proposes the very tree the eager heads propose: the answer is the
-    eager one, AR's."""
+    eager one, AR's. Heads that read the token each state predicted (the embedded model's) take
+    it as an input of their graph."""
     target = make_tiny_model()
-    heads = random_heads(target)
+    heads = random_heads(target, reads_token=reads_token)
     graphs = ReplayedFunctionGraphs()
     runs = [list(medusa.generate(target, prompt_ids, heads=heads, tree=tree, tree_size=tree_size, max_new_tokens=24,
                                  eos_token_ids=(), passes=graphed(target), heads_passes=given))

@@ -218,10 +218,13 @@ def test_kv_compaction_keeps_exactly_the_accepted_path(tiny_model, prompt_ids):
         torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=1e-4)
 
 
-def random_heads(model, num_heads=3, seed=0, vocab=None):
+def random_heads(model, num_heads=3, seed=0, vocab=None, reads_token=False):
+    """Heads sharing `model`'s LM head, random blocks; with `reads_token`, reading the token each
+    hidden state predicted too (as the embedded model's do; their mixers start as [I 0])."""
     torch.manual_seed(seed)
     heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads,
-                        shared_lm_head=model.get_output_embeddings(), vocab=vocab)
+                        shared_lm_head=model.get_output_embeddings(), vocab=vocab,
+                        embedding=model.get_input_embeddings() if reads_token else None)
     for block in heads.blocks:
         for layer in block:
             torch.nn.init.normal_(layer.linear.weight, std=0.2)

@@ -140,8 +140,10 @@ class MedusaHeads(nn.Module):
                       packed=self.proposal_packed)
 
     def embedded(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The target's embeddings of `tokens` [...] -> [..., H], in `dtype`."""
-        return self.embedding_weight[tokens].to(dtype)
+        """The target's embeddings of `tokens` [...] -> [..., H], in `dtype`. A lookup, not an index:
+        indexing by a tensor of no dimensions reads its value on the host, which a CUDA graph
+        cannot capture."""
+        return nn.functional.embedding(tokens, self.embedding_weight).to(dtype)
 
     def head_logits(self, k: int, joined: torch.Tensor) -> torch.Tensor:
         """Head k's logits [q, S] for heads that read their path: `joined` [q, (2 + k) H] is
