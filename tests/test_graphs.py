@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph, layout_views, replayable
-from specdemo.core.kvcache import StaticKV
+from specdemo.core.kvcache import StaticKV, keep_prefix
 from specdemo.core.static import (
     DRAFT_BUCKETS,
     CompiledPass,
@@ -27,7 +27,8 @@ from specdemo.core.static import (
     static_pass,
     warm_up,
 )
-from specdemo.methods import ar, medusa, speculative
+from specdemo.methods import ar, draft_tree, medusa, speculative
+from specdemo.methods.device_draft_tree import device_grow
 from specdemo.methods.draft import Draft
 
 from conftest import make_tiny_model
@@ -375,3 +376,38 @@ def test_a_layout_reads_back_as_the_positions_start_and_sees_it_was_built_from()
     expected[:3, 7:12] = torch.from_numpy(sees)  # but where `sees` says otherwise
     expected[3, 12] = True  # the padded node sees itself alone; the last column, past the pass, none
     assert torch.equal(view.sees, expected)
+
+
+def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
+    """Checked against a brute-force reference: each of the candidates `device_grow` drafts (all
+    of them, the tree taking more nodes than there are) has the value of its path drafted as a
+    chain by the draft's eager passes, token by token from the same first pass (the sum of each
+    token's log-probability after its ancestors), and is among its parent's k best children. So
+    each level's nodes see their own ancestors at their positions, and nothing else drafted."""
+    target = make_tiny_model()
+    draft, depth, k = feature_draft(target), 4, 3
+    with torch.no_grad():  # siblings' states differ (fed their tokens too) and their children's values by far
+        draft.fc.weight.add_(0.1 * torch.randn_like(draft.fc.weight))
+        target.get_output_embeddings().weight.mul_(30)  # shared with the draft
+    passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+    with torch.inference_mode():
+        features = target.model(PROMPT).last_hidden_state[:, :-1]  # those of the pairs the draft reads
+        cache = request_cache(draft.model, 64, passes)
+        tree = device_grow(draft, cache, draft_tree.first_logits(draft, cache, PROMPT, features), depth=depth,
+                           top_k=k, size=10_000)
+        assert passes.graphs.functions.graphs and tree.size == k + (depth - 1) * k * k
+        eager = request_cache(draft.model, 64, None)
+        first = draft_tree.first_logits(draft, eager, PROMPT, features)
+        for node in range(tree.size):
+            path = [node]
+            while tree.parents[path[0]] >= 0:
+                path.insert(0, tree.parents[path[0]])
+            (logits, state), value = first, 0.0
+            for depth_, n in enumerate(path):
+                log_probs = torch.log_softmax(logits[-1].float(), dim=-1)
+                assert tree.tokens[n] in log_probs.topk(k).indices.tolist()
+                value += float(log_probs[tree.tokens[n]])
+                if depth_ < len(path) - 1:
+                    logits, state = draft_tree.branch_logits(draft, eager, torch.tensor([tree.tokens[n]]), state[-1:])
+            keep_prefix(eager, PROMPT.shape[1] - 1)
+            assert tree.scores[node] == pytest.approx(value, abs=1e-4)

@@ -49,45 +49,52 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
 
     def grown(logits: torch.Tensor, state: torch.Tensor, prefix: torch.Tensor):
         ids, log_probs = best_children(logits, k, draft.token_ids)  # [1, k]
-        tokens, scores, parents = [ids.view(-1)], [log_probs.view(-1)], [torch.full_like(ids.view(-1), -1)]
-        rows = torch.zeros_like(tokens[0])  # each candidate's parent's row among the last pass's states
-        seen, written = None, 0  # [q, written]: what each node of the last pass saw of the nodes fed, itself too
+        tokens, scores, chosen = [ids.view(-1)], [log_probs.view(-1)], []
+        # made once for every level, each of k nodes: the slots after the prefix (a level's position
+        # is one of them too), what a node sees of itself and the frame around it, each candidate's
+        # parent's row among its level's states
+        after = prefix + torch.arange((depth - 1) * k, device=logits.device)
+        itself = torch.eye(k, dtype=torch.bool, device=logits.device)
+        framing = itself.new_ones(k, 1), itself.new_zeros(k, 1)
+        children_rows = torch.arange(k, device=logits.device)[:, None].expand(k, k).reshape(-1)
+        rows, first = torch.zeros_like(tokens[0]), prefix[0] - 1
+        seen = itself[:, :0]  # [k, written]: what each node of the last pass saw of the nodes fed before it
         for level in range(2, depth + 1):
-            start = sum(part.shape[0] for part in tokens[:-1])  # the last level's candidates' first index
             value = scores[-1]
             for token in eos:  # a node that ends the answer is not expanded
                 value = value.masked_fill(tokens[-1] == token, -math.inf)
-            value, chosen = value.topk(min(k, value.shape[0]))  # best first
-            q = chosen.shape[0]
-            parent_rows = rows.index_select(0, chosen)
-            sees = torch.eye(q, dtype=torch.bool, device=logits.device)
-            if seen is not None:
-                sees = torch.cat([seen.index_select(0, parent_rows), sees], dim=1)
-            layout = level_layout(prefix + level - 2, prefix + written, sees)
+            value, best = value.topk(k)  # best first
+            parent_rows, written = rows.index_select(0, best), seen.shape[1]
+            sees = torch.cat([framing[0], seen.index_select(0, parent_rows), itself, framing[1]], dim=1)
+            layout = PassLayout(after[level - 2].expand(1, k), after[written], first,
+                                after[written : written + k], sees)
             cache.start.copy_(layout.start)
-            inputs = draft.fuse(state.index_select(0, parent_rows)[None], tokens[-1].index_select(0, chosen)[None])
-            state = forward(decoder, cache, inputs, layout)[0]  # [q, H]
-            ids, log_probs = best_children(draft.logits(state), k, draft.token_ids)  # [q, k]
+            inputs = draft.fuse(state.index_select(0, parent_rows)[None], tokens[-1].index_select(0, best)[None])
+            state = forward(decoder, cache, inputs, layout)[0]  # [k, H]
+            ids, log_probs = best_children(draft.logits(state), k, draft.token_ids)  # [k, k]
             tokens.append(ids.view(-1))
             scores.append((value[:, None] + log_probs).view(-1))
-            parents.append((start + chosen)[:, None].expand(q, k).reshape(-1))
-            rows = torch.arange(q, device=logits.device)[:, None].expand(q, k).reshape(-1)
-            seen, written = sees, written + q
-        return torch.cat(tokens), torch.cat(scores), torch.cat(parents)
+            chosen.append(best)
+            rows, seen = children_rows, sees[:, 1:-1]
+        return torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0])
 
     key = ("dynamic draft tree", depth, k, eos, span)
     tokens, scores, parents = graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device))
     return read_tree(tokens.tolist(), scores.tolist(), parents.tolist(), size)
 
 
-def level_layout(position: torch.Tensor, start: torch.Tensor, sees: torch.Tensor) -> PassLayout:
-    """A level's layout on the device (`static.padded_layout`'s, unpadded): its q nodes at
-    `position` [1], written from `start` [1] on, node i seeing what `sees` [q, back + q] says of
-    the back nodes written before it and of its own, the cache before them all, nothing past them."""
-    q, back = sees.shape[0], sees.shape[1] - sees.shape[0]
-    framed = torch.cat([sees.new_ones(q, 1), sees, sees.new_zeros(q, 1)], dim=1)
-    slots = start + torch.arange(q, device=sees.device)
-    return PassLayout(position.expand(1, q), start[0], start[0] - back - 1, slots, framed)
+def tree_parents(chosen: list[torch.Tensor], root_children: torch.Tensor) -> torch.Tensor:
+    """Each candidate's parent among all candidates, -1 for the root's k children
+    (`root_children` [k]), where from the second level on each level expands the k candidates
+    `chosen` [k] of the level before into k children each: that level's candidates start after
+    the root's children, k * k a level."""
+    k = root_children.shape[0]
+    root = torch.full_like(root_children, -1)
+    if not chosen:
+        return root
+    chosen = torch.stack(chosen)  # [levels, k]
+    start = torch.arange(k - k * k, k - k * k + chosen.shape[0] * k * k, k * k, device=chosen.device).clamp_(min=0)
+    return torch.cat([root, (chosen + start[:, None])[:, :, None].expand(-1, k, k).reshape(-1)])
 
 
 def read_tree(tokens: list[int], scores: list[float], parents: list[int], size: int) -> Proposal:
