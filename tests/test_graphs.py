@@ -383,7 +383,8 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
     of them, the tree taking more nodes than there are) has the value of its path drafted as a
     chain by the draft's eager passes, token by token from the same first pass (the sum of each
     token's log-probability after its ancestors), and is among its parent's k best children. So
-    each level's nodes see their own ancestors at their positions, and nothing else drafted."""
+    each level's nodes see their own ancestors at their positions, and nothing else drafted. A
+    smaller tree is the rerank of those candidates."""
     target = make_tiny_model()
     draft, depth, k = feature_draft(target), 4, 3
     with torch.no_grad():  # siblings' states differ (fed their tokens too) and their children's values by far
@@ -393,9 +394,11 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
     with torch.inference_mode():
         features = target.model(PROMPT).last_hidden_state[:, :-1]  # those of the pairs the draft reads
         cache = request_cache(draft.model, 64, passes)
-        tree = device_grow(draft, cache, draft_tree.first_logits(draft, cache, PROMPT, features), depth=depth,
-                           top_k=k, size=10_000)
+        first = draft_tree.first_logits(draft, cache, PROMPT, features)
+        tree = device_grow(draft, cache, first, depth=depth, top_k=k, size=10_000)
         assert passes.graphs.functions.graphs and tree.size == k + (depth - 1) * k * k
+        # the graph keeps the candidates the rerank keeps: the host reads no more
+        assert device_grow(draft, cache, first, depth=depth, top_k=k, size=10) == draft_tree.best_nodes(tree, 10)
         eager = request_cache(draft.model, 64, None)
         first = draft_tree.first_logits(draft, eager, PROMPT, features)
         for node in range(tree.size):

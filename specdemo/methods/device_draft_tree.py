@@ -3,9 +3,10 @@
 `draft_tree.grow` chooses each level's nodes on the host, so a step waits for the draft once a
 level. EAGLE-2's own implementation grows the tree on the GPU instead: each level expands the
 `top_k` nodes of highest value among the last level's children, each into its `top_k` best
-children, and the host reads every candidate once, then reranks (`draft_tree.best_nodes`). Here
-that growth is one graph of the draft's buffer (`graphs.CudaGraphs.functions`), its layouts
-built on the device from the chosen nodes. Rules:
+children, then reranks every candidate (`draft_tree.best_nodes`). Here that growth is one graph
+of the draft's buffer (`graphs.CudaGraphs.functions`), its layouts built on the device from the
+chosen nodes, and the graph keeps the candidates the rerank may keep: the host reads those once
+and reranks them. Rules:
 
 - The tree equals `draft_tree.grow`'s: the same nodes are expanded in the same order (a level's
   best first), a node ending the answer is not expanded (its children get no value and are
@@ -76,9 +77,9 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
             scores.append((value[:, None] + log_probs).view(-1))
             chosen.append(best)
             rows, seen = children_rows, sees[:, 1:-1]
-        return torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0])
+        return preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]), size)
 
-    key = ("dynamic draft tree", depth, k, eos, span)
+    key = ("dynamic draft tree", depth, k, eos, span, size)
     tokens, scores, parents = graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device))
     return read_tree(tokens.tolist(), scores.tolist(), parents.tolist(), size)
 
@@ -95,6 +96,21 @@ def tree_parents(chosen: list[torch.Tensor], root_children: torch.Tensor) -> tor
     chosen = torch.stack(chosen)  # [levels, k]
     start = torch.arange(k - k * k, k - k * k + chosen.shape[0] * k * k, k * k, device=chosen.device).clamp_(min=0)
     return torch.cat([root, (chosen + start[:, None])[:, :, None].expand(-1, k, k).reshape(-1)])
+
+
+def preselected(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
+                size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `size` candidates of highest value (all, where there are fewer), in their order, their
+    parents renumbered among them: those `draft_tree.best_nodes` keeps, ties going to the earlier
+    candidate (so the shallower: candidates come level by level). A candidate's value is at most
+    its parent's, so each comes with its parent, and the host reads `size` candidates, not all."""
+    if size >= scores.shape[0]:
+        return tokens, scores, parents
+    kept = scores.sort(descending=True, stable=True).indices[:size].sort().values
+    renumbered = torch.full_like(parents, -1).index_copy_(0, kept, torch.arange(size, device=kept.device))
+    parents = parents.index_select(0, kept)
+    parents = torch.where(parents < 0, parents, renumbered.index_select(0, parents.clamp(min=0)))
+    return tokens.index_select(0, kept), scores.index_select(0, kept), parents
 
 
 def read_tree(tokens: list[int], scores: list[float], parents: list[int], size: int) -> Proposal:
