@@ -30,6 +30,7 @@ from specdemo.core.static import (
 from specdemo.methods import ar, draft_tree, medusa, speculative
 from specdemo.methods.device_draft_tree import device_grow
 from specdemo.methods.draft import Draft
+from specdemo.methods.eagle import FeatureDraft
 
 from conftest import make_tiny_model
 from test_eagle import feature_draft
@@ -259,7 +260,7 @@ def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
     draft's eager passes, node for node and value for value, and the answer is AR's. With `ends`,
     a token the draft proposes ends the answer: such a node is not expanded, there as here."""
     target = make_tiny_model()
-    draft = feature_draft(target)
+    draft = fed_its_tokens(feature_draft(target))
     options = dict(gamma=4, draft_tree_size=12, draft_tree_top_k=3, eos_token_ids=())
     if ends:  # a token the draft proposes that the answer never holds
         proposed = Counter(token for event in trees_through_graphs(target, draft, **options)[0][:-1]
@@ -278,6 +279,15 @@ def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
     assert not looked_back(draft_passes) and draft_passes.runs[0] == 0  # no level ran a pass of its own
 
 
+def fed_its_tokens(draft: FeatureDraft) -> FeatureDraft:
+    """`draft` with its `fc` perturbed: it starts passing the feature through, so that siblings in
+    a tree, fed one state and different tokens, would have one state again, and a node that saw
+    the wrong sibling would go unnoticed."""
+    with torch.no_grad():
+        draft.fc.weight.add_(0.1 * torch.randn_like(draft.fc.weight))
+    return draft
+
+
 def answer_of(target, eos: tuple[int, ...] = ()) -> tuple[int, ...]:
     return final_summary(ar.generate(target, PROMPT, max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=eos)).tokens
 
@@ -288,7 +298,7 @@ def test_a_static_draft_tree_drafts_its_levels_in_one_graph(prompt_ids):
     that drafts the tree; each step's tree is the one the draft's eager passes draft, and the
     answer is AR's."""
     target = make_tiny_model()
-    draft = feature_draft(target)
+    draft = fed_its_tokens(feature_draft(target))
     options = dict(draft=draft, gamma=3, draft_tree_top_k=2, static_tree=True, max_new_tokens=MAX_NEW_TOKENS,
                    eos_token_ids=())
     draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
@@ -386,9 +396,8 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
     each level's nodes see their own ancestors at their positions, and nothing else drafted. A
     smaller tree is the rerank of those candidates."""
     target = make_tiny_model()
-    draft, depth, k = feature_draft(target), 4, 3
-    with torch.no_grad():  # siblings' states differ (fed their tokens too) and their children's values by far
-        draft.fc.weight.add_(0.1 * torch.randn_like(draft.fc.weight))
+    draft, depth, k = fed_its_tokens(feature_draft(target)), 4, 3
+    with torch.no_grad():  # its children's values differ by far
         target.get_output_embeddings().weight.mul_(30)  # shared with the draft
     passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
     with torch.inference_mode():
