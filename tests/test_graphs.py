@@ -280,9 +280,9 @@ def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
 
 
 def fed_its_tokens(draft: FeatureDraft) -> FeatureDraft:
-    """`draft` with its `fc` perturbed: it starts passing the feature through, so that siblings in
-    a tree, fed one state and different tokens, would have one state again, and a node that saw
-    the wrong sibling would go unnoticed."""
+    """`draft` with its `fc` perturbed. `feature_draft`'s passes the feature through: siblings in a
+    tree, fed one state and different tokens, then have one state, and a node that saw the wrong
+    sibling goes unnoticed."""
     with torch.no_grad():
         draft.fc.weight.add_(0.1 * torch.randn_like(draft.fc.weight))
     return draft
