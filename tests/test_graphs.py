@@ -12,11 +12,12 @@ import pytest
 import torch
 from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answers
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import DynamicCache
 
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph, layout_views, replayable
-from specdemo.core.kvcache import StaticKV, keep_prefix
+from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import (
     DRAFT_BUCKETS,
     CompiledPass,
@@ -408,18 +409,13 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
         assert passes.graphs.functions.graphs and tree.size == k + (depth - 1) * k * k
         # the graph keeps the candidates the rerank keeps: the host reads no more
         assert device_grow(draft, cache, first, depth=depth, top_k=k, size=10) == draft_tree.best_nodes(tree, 10)
-        eager = request_cache(draft.model, 64, None)
-        first = draft_tree.first_logits(draft, eager, PROMPT, features)
         for node in range(tree.size):
-            path = [node]
-            while tree.parents[path[0]] >= 0:
-                path.insert(0, tree.parents[path[0]])
-            (logits, state), value = first, 0.0
-            for depth_, n in enumerate(path):
+            steps = speculative.draft_logits(draft, DynamicCache(config=draft.model.config), PROMPT, features)
+            logits, value = next(steps), 0.0
+            for n in tree.ancestry(node):
                 log_probs = torch.log_softmax(logits[-1].float(), dim=-1)
                 assert tree.tokens[n] in log_probs.topk(k).indices.tolist()
                 value += float(log_probs[tree.tokens[n]])
-                if depth_ < len(path) - 1:
-                    logits, state = draft_tree.branch_logits(draft, eager, torch.tensor([tree.tokens[n]]), state[-1:])
-            keep_prefix(eager, PROMPT.shape[1] - 1)
+                if n != node:
+                    logits = steps.send(torch.tensor([[tree.tokens[n]]]))
             assert tree.scores[node] == pytest.approx(value, abs=1e-4)

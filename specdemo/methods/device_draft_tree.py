@@ -5,8 +5,7 @@ level. EAGLE-2's own implementation grows the tree on the GPU instead: each leve
 `top_k` nodes of highest value among the last level's children, each into its `top_k` best
 children, then reranks every candidate (`draft_tree.best_nodes`). Here that growth is one graph
 of the draft's buffer (`graphs.CudaGraphs.functions`), its layouts built on the device from the
-chosen nodes, and the graph keeps the candidates the rerank may keep: the host reads those once
-and reranks them. Rules:
+chosen nodes, and the graph reranks the candidates too: the host reads the tree once. Rules:
 
 - The tree equals `draft_tree.grow`'s: the same nodes are expanded in the same order (a level's
   best first), a node ending the answer is not expanded (its children get no value and are
@@ -27,7 +26,7 @@ from specdemo.core.graphs import PassLayout
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal
 from specdemo.methods.draft import Draft
-from specdemo.methods.draft_tree import best_children, best_nodes
+from specdemo.methods.draft_tree import best_children
 from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.static_draft_tree import level_graphs
 
@@ -81,7 +80,7 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
 
     key = ("dynamic draft tree", depth, k, eos, span, size)
     tokens, scores, parents = graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device))
-    return read_tree(tokens.tolist(), scores.tolist(), parents.tolist(), size)
+    return read_tree(tokens.tolist(), scores.tolist(), parents.tolist())
 
 
 def tree_parents(chosen: list[torch.Tensor], root_children: torch.Tensor) -> torch.Tensor:
@@ -103,21 +102,21 @@ def preselected(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tenso
     """The `size` candidates of highest value (all, where there are fewer), in their order, their
     parents renumbered among them: those `draft_tree.best_nodes` keeps, ties going to the earlier
     candidate (so the shallower: candidates come level by level). A candidate's value is at most
-    its parent's, so each comes with its parent, and the host reads `size` candidates, not all."""
+    its parent's, so each comes with its parent, and the host reads `size` candidates, not all.
+    Ascending, they are also in `best_nodes`' order: parents first, level by level."""
     if size >= scores.shape[0]:
         return tokens, scores, parents
     kept = scores.sort(descending=True, stable=True).indices[:size].sort().values
-    renumbered = torch.full_like(parents, -1).index_copy_(0, kept, torch.arange(size, device=kept.device))
     parents = parents.index_select(0, kept)
-    parents = torch.where(parents < 0, parents, renumbered.index_select(0, parents.clamp(min=0)))
+    # a kept parent's place among the kept (ascending): where it sorts in
+    parents = torch.where(parents < 0, parents, torch.searchsorted(kept, parents))
     return tokens.index_select(0, kept), scores.index_select(0, kept), parents
 
 
-def read_tree(tokens: list[int], scores: list[float], parents: list[int], size: int) -> Proposal:
-    """The candidates read on the host, less those below a node that ends the answer (no value),
-    reranked to the `size` of highest value (`draft_tree.best_nodes`)."""
+def read_tree(tokens: list[int], scores: list[float], parents: list[int]) -> Proposal:
+    """The candidates `preselected` kept, read on the host, less those below a node that ends the
+    answer (no value): already `draft_tree.best_nodes`' rerank, in its order."""
     kept = [node for node, score in enumerate(scores) if score > -math.inf]
     index = {node: i for i, node in enumerate(kept)}
-    tree = Proposal(tuple(tokens[n] for n in kept), tuple(index.get(parents[n], -1) for n in kept),
+    return Proposal(tuple(tokens[n] for n in kept), tuple(index.get(parents[n], -1) for n in kept),
                     ("draft",) * len(kept), scores=tuple(scores[n] for n in kept))
-    return best_nodes(tree, size)
