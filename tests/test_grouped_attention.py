@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -165,3 +166,31 @@ def test_the_layers_of_a_pass_share_one_tiled_mask(prompt_ids):
     # a model that runs another attention, or any module without a config, is given nothing
     assert grouped_attention.per_pass(make_tiny_model()) == {}
     assert grouped_attention.per_pass(torch.nn.Linear(2, 2)) == {}
+
+
+class Copies(TorchDispatchMode):
+    """Counts the operations that copy a tensor's data (a clone, a `copy_`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ in ("clone", "copy_", "_to_copy")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernels_layout", ["rows", "heads last"])
+def test_the_heads_come_out_token_by_token_in_one_copy(kernels_layout):
+    """SDPA's output of the grouped rows becomes transformers' [B, q, H, D] in one copy, whether the
+    kernel wrote it row by row (a CPU's) or with the key/value heads last and handed a transposed
+    view (CUDA's fused kernels): reshaping to [B, H, q, D] first and transposing after copies twice there."""
+    batch, kv_heads, groups, queries, dim = 2, 3, 3, 5, 16
+    generator = torch.Generator().manual_seed(0)
+    written = torch.randn(batch, kv_heads, groups * queries, dim, generator=generator)
+    out = written if kernels_layout == "rows" else written.transpose(1, 2).contiguous().transpose(1, 2)
+    want = written.reshape(batch, kv_heads * groups, queries, dim).transpose(1, 2)
+    with Copies() as copies:
+        got = grouped_attention.heads_by_token(out, kv_heads * groups, queries)
+    assert copies.count == 1
+    assert got.is_contiguous() and torch.equal(got, want)

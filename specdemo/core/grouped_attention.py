@@ -49,9 +49,8 @@ def grouped_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if not takes_grouped_path(query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    out = grouped_attention(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling,
-                            kwargs.get(TILED))
-    return out.transpose(1, 2).contiguous(), None
+    return grouped_attention(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling,
+                             kwargs.get(TILED)), None
 
 
 def takes_grouped_path(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float,
@@ -81,15 +80,24 @@ def grouped_widths(device_type: str, dtype: torch.dtype) -> range:
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                       scale: float, tiled: dict | None = None) -> torch.Tensor:
     """softmax(q k^T scale + mask) v for query [B, H, q, D] and key, value [B, H_kv, k, D], query
-    head h reading key/value head h // (H / H_kv); returns [B, H, q, D]. `tiled`: the pass's
-    masks tiled so far (`per_pass`)."""
+    head h reading key/value head h // (H / H_kv); returns [B, q, H, D] (`heads_by_token`). `tiled`:
+    the pass's masks tiled so far (`per_pass`)."""
     batch, heads, q, dim = query.shape
     groups = heads // key.shape[1]
     rows = query.reshape(batch, key.shape[1], groups * q, dim)  # row g q + i: query head h_kv groups + g, token i
     if mask is not None:
         mask = tiled_mask(mask, groups, tiled)
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scale)
-    return out.reshape(batch, heads, q, dim)
+    return heads_by_token(out, heads, q)
+
+
+def heads_by_token(out: torch.Tensor, heads: int, q: int) -> torch.Tensor:
+    """SDPA's output of the grouped rows, `out` [B, H_kv, groups q, D], as transformers' attention
+    returns it: [B, q, H, D], contiguous, in one copy whatever layout the kernel wrote. A CPU's
+    kernels write it row by row; CUDA's fused kernels write the key/value heads last and hand a
+    transposed view, so that reshaping to [B, H, q, D] first, then transposing, copies twice."""
+    batch, dim = out.shape[0], out.shape[-1]
+    return out.view(batch, out.shape[1], -1, q, dim).permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim).contiguous()
 
 
 def tiled_mask(mask: torch.Tensor, groups: int, tiled: dict | None = None) -> torch.Tensor:
