@@ -35,6 +35,9 @@ rm -rf "$R" && mkdir -p "$OUT" "$R"
 BEGAN=$(date +%s)
 TOTAL=${TOTAL:-585}  # seconds for the whole check: each stage gets at most what is left
 cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (left > 5 ? left : 5) : $1 )); }
+# a bench's deadline within its stage's cap: it starts no prompt past it and reports those done
+# (killed at the cap, it would report none); a prompt's methods take seconds on a GPU
+deadline() { echo $(( $1 > 40 ? $1 - 20 : $1 / 2 )); }
 say() { tar -czf "$OUT/reports.tar.gz" -C "$R" . 2>/dev/null; echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
 if [ $# -gt 0 ]; then
     rm -rf "$PAY" && mkdir -p "$PAY" && cat "$@" | xz -d | tar -x -C "$PAY" || exit 1
@@ -53,8 +56,8 @@ say "1. tests"
 timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_llama.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
 
 say "2. bench, bfloat16"
-timeout $(cap 170) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --max-new-tokens 128 --dtype bfloat16 \
-    --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+c=$(cap 170); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
+    --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
 timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
@@ -69,12 +72,12 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in t
 fi
 
 say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
-timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 64 --dtype bfloat16 \
-    --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+    --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "5. float32 exactness, 8 questions"
-timeout $(cap 130) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
-    --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 --limit 8 \
+    --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
@@ -94,6 +97,6 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
 fi
 
 say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
-timeout $(cap 60) $PY -m specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
-    --methods ar,hf_assisted --json "$R/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+    --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 say "done"

@@ -266,10 +266,12 @@ def explain_differences(target: LoadedModel, input_ids: torch.Tensor, methods: l
 
 
 def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_new_tokens: int,
-              settings: dict | None = None, rounding: bool = False) -> dict:
+              settings: dict | None = None, rounding: bool = False, deadline: float | None = None) -> dict:
     """Run every method on every prompt; return the report (the `--json` schema). With
     `rounding`, also measure on each prompt how far the dtype's rounding moves AR's top-two logit
-    gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged."""
+    gaps (`divergence.rounding_noise`), the scale against which divergence margins are judged.
+    `deadline` (a `time.monotonic()` value): no prompt but the first starts after it; the report
+    holds the prompts done, every method on each (`prompts`)."""
     settings = settings or {name: {} for name in methods}
     noise: list[float] = []
     passes = target.passes
@@ -281,6 +283,8 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     rows = []
     with tqdm(total=len(encoded) * len(methods), desc="bench", unit="run", file=sys.stderr) as progress:
         for index, (question_id, category, input_ids) in enumerate(encoded):
+            if index and deadline is not None and time.monotonic() >= deadline:
+                break
             # rotate the order per prompt, so no method always runs first (each still follows the same one)
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
             runs = {}
@@ -316,6 +320,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "compiled": compile_report(passes),
         "defaults": defaults_report(target.device, methods),
         "settings": settings,
+        "prompts": {"asked": len(encoded), "done": len(rows) // len(methods)},
         "methods": aggregate(methods, rows),
         "rows": rows,
         **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
@@ -398,6 +403,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     add_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                        help="start no prompt (but the first) this many seconds after the bench began, loading "
+                             "included, and report the prompts done: a run stopped from outside reports none")
     parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
                         help="a method's own setting, e.g. lookahead.window=5 or speculative.gamma=4 (repeatable)")
     return parser.parse_args(argv)
@@ -406,14 +414,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, target: LoadedModel | None = None) -> dict:
     """Run the bench as `argv` asks; `target`: the model already loaded as they ask (a caller that
     holds one), else loaded here."""
-    args = parse_args(argv)
+    started, args = time.monotonic(), parse_args(argv)
     methods = parse_methods(args.methods)
     if args.limit is not None and args.limit < 1:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
     prompts = read_prompts(args.prompts, args.limit, args.per_category)
     target = from_arguments(args, lambda message: print(message, file=sys.stderr, flush=True), target)
-    report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise)
+    report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise,
+                       None if args.deadline is None else started + args.deadline)
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

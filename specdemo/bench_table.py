@@ -21,6 +21,10 @@ def format_table(report: dict) -> str:
              f"max_new_tokens {report['max_new_tokens']}")
     lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]),
              defaults_line(report.get("defaults")), header]
+    prompts = report.get("prompts", {})
+    if prompts.get("done", 0) < prompts.get("asked", 0):
+        lines.insert(-1, f"stopped at its deadline: {prompts['done']} of {prompts['asked']} prompts, "
+                         "every method on each")
     for name, s in report["methods"].items():
         lines.append(
             f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"

@@ -10,8 +10,8 @@ from specdemo import SpecDemoError, bench
 
 from conftest import load_script
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "methods", "rows",
-            "suspect_margin"}
+TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "prompts", "methods",
+            "rows", "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
                "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin", "guesses_per_pass"}
@@ -39,6 +39,7 @@ def test_bench_json_schema(embedded, tmp_path):
     assert report["methods"]["hf_generate"]["matches_ar"] == 1.0
     assert report["methods"]["hf_generate"]["divergences"] == [] and report["methods"]["hf_generate"]["differs"] == 0.0
     assert report["methods"]["hf_generate"]["forward_passes"] == report["methods"]["hf_generate"]["tokens"]
+    assert report["prompts"] == {"asked": 2, "done": 2}
     assert len(report["rows"]) == 4 and all(set(row) == ROW_KEYS for row in report["rows"])
     assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"] * 2
     # the first two prompts are writing
@@ -46,6 +47,19 @@ def test_bench_json_schema(embedded, tmp_path):
     ar = report["methods"]["ar"]  # our loop times the target's passes; transformers' own loop is not ours to time
     assert 0 < ar["target_s"] < ar["wall_s"] and 0 < ar["target_pass_ms"] < ar["step_ms"]
     assert report["methods"]["hf_generate"]["target_s"] == 0.0
+
+
+def test_a_deadline_stops_between_prompts_and_reports_those_done(embedded, capsys):
+    """Past its deadline the bench starts no more prompts (the first always runs), so a run cut
+    short still compares every method on the prompts it finished; one killed from outside reports none."""
+    argv = ["--methods", "ar,hf_generate", "--limit", "3", "--max-new-tokens", "4", "--dtype", "float32",
+            "--device", "cpu", "--deadline"]
+    report = bench.main([*argv, "0"], embedded)
+    assert report["prompts"] == {"asked": 3, "done": 1}
+    assert [row["method"] for row in report["rows"]] == ["ar", "hf_generate"]
+    assert "stopped at its deadline: 1 of 3 prompts" in capsys.readouterr().out
+    assert bench.main([*argv, "3600"], embedded)["prompts"] == {"asked": 3, "done": 3}
+    assert "stopped at its deadline" not in capsys.readouterr().out
 
 
 def test_step_costs_split_each_step_into_the_target_pass_and_the_rest():
