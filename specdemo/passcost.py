@@ -88,26 +88,31 @@ def main(argv: list[str] | None = None) -> dict:
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     widths = tuple(int(width) for width in args.widths.split(","))
     report = {"model": target.source, "device": device_name(target.device),
-              "dtype": str(target.dtype).removeprefix("torch."), "torch": torch.__version__, "context": args.context,
-              "eager": pass_costs(target.model, widths, args.context, args.repeats)}
+              "dtype": str(target.dtype).removeprefix("torch."), "torch": torch.__version__, "context": args.context}
+
+    def measured(kind: str, model: torch.nn.Module, passes: CompiledPass | None = None) -> None:
+        """`kind`'s costs, printed and written once measured: a run stopped later keeps them."""
+        report[kind] = costs = pass_costs(model, widths, args.context, args.repeats, passes)
+        print(f"{kind}: " + ", ".join(f"{width} {ms:.2f} ms" for width, ms in costs.items()), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+
+    measured("eager", target.model)
     if args.graphs:
-        passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
-        report["graphed"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
+        def progress(message: str) -> None:
+            print(message, file=sys.stderr, flush=True)
+
+        measured("graphed", target.model, compile_passes(target.model, progress=progress))
         if args.windowed:
-            passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True),
-                                    windows=GRAPH_WINDOWS)
-            report["graphed-window"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
+            measured("graphed-window", target.model,
+                     compile_passes(target.model, progress=progress, windows=GRAPH_WINDOWS))
         if args.sdpa:  # the alternative, for a choice by measurement; this process's model is not used after it
             target.model.set_attn_implementation("sdpa")
-            passes = compile_passes(target.model, progress=lambda message: print(message, file=sys.stderr, flush=True))
-            report["graphed-sdpa"] = pass_costs(target.model, widths, args.context, args.repeats, passes)
+            measured("graphed-sdpa", target.model, compile_passes(target.model, progress=progress))
     if args.offloaded:
-        offloaded = load_model(args.model, args.dtype, args.device, device_map="disk",
-                               offload_folder=args.offload_folder)
-        report["offloaded"] = pass_costs(offloaded.model, widths, args.context, args.repeats)
+        measured("offloaded", load_model(args.model, args.dtype, args.device, device_map="disk",
+                                         offload_folder=args.offload_folder).model)
     print(format_table(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -1,5 +1,9 @@
 """The pass-cost measure: every width measured in turns, each pass rolled back."""
 
+import json
+
+import pytest
+
 from specdemo import passcost
 
 
@@ -67,3 +71,31 @@ def test_windowed_times_the_graphed_pass_again_over_a_window_of_the_graphs_buffe
     assert windows == [(), GRAPH_WINDOWS]
     assert set(report["graphed"]) == set(report["graphed-window"]) == {1, 4}
     assert "graphed-window ms" in passcost.format_table(report)
+
+
+def test_each_kind_is_written_once_measured(monkeypatch, tmp_path, capsys):
+    """A run stopped partway (here the SDPA pass fails to compile; on a GPU, a time limit) keeps in
+    its --json and its output the kinds it measured before."""
+    from types import SimpleNamespace
+
+    from specdemo.core import grouped_attention
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    grouped_attention.use_grouped_attention(model)  # as `load_model` does: SDPA comes last
+
+    def compiled(model, progress=None):
+        if model.config._attn_implementation == "sdpa":
+            raise RuntimeError("stopped")
+
+    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
+        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    monkeypatch.setattr(passcost, "compile_passes", compiled)
+    out = tmp_path / "out.json"
+    with pytest.raises(RuntimeError, match="stopped"):
+        passcost.main(["--graphs", "--sdpa", "--widths", "1,4", "--repeats", "1", "--context", "8",
+                       "--json", str(out)])
+    kept = json.loads(out.read_text())
+    assert set(kept["eager"]) == set(kept["graphed"]) == {"1", "4"} and "graphed-sdpa" not in kept
+    printed = capsys.readouterr().out
+    assert printed.startswith("eager: 1 ") and "\ngraphed: 1 " in printed
