@@ -25,7 +25,9 @@
 # 9. transformers' assisted generation, while time is left.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
 # later ones load that copy (`models.converted`).
-# Each stage has a time limit and the next runs whatever the last gave.
+# Each stage has a time limit and the next runs whatever the last gave. A bench starts no question
+# past a deadline 20 s inside its limit and passcost writes each kind it measured at once, so a stage
+# cut short keeps what it measured.
 set -u
 OUT=${1:?output folder}; shift
 PY=${PYTHON:-python3}
@@ -57,7 +59,8 @@ timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/
 
 say "2. bench, bfloat16"
 c=$(cap 170); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
-    --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
 timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
@@ -73,11 +76,14 @@ fi
 
 say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
 c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-    --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "5. float32 exactness, 8 questions"
-c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 --limit 8 \
-    --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
+    --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
+    --json "$R/bench-fp32.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
@@ -98,5 +104,6 @@ fi
 
 say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
 c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-    --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 say "done"
