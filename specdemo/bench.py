@@ -293,23 +293,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
                 progress.update()
             parted = explain_differences(target, input_ids, methods,
                                          {name: run.tokens for name, (run, _) in runs.items()})
-            for name in methods:
-                run, wall_s = runs[name]
-                rows.append(
-                    {
-                        "question_id": question_id,
-                        "category": category,
-                        "method": name,
-                        "tokens": len(run.tokens),
-                        "forward_passes": run.forward_passes,
-                        "wall_s": wall_s,
-                        "target_s": run.target_s,
-                        "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
-                        "matches_base_ar": run.tokens == runs["ar"][0].tokens,
-                        "divergence": asdict(parted[name]) if parted.get(name) else None,
-                        "guesses_by_source": guesses_by_source(run.events),
-                    }
-                )
+            rows += [prompt_row(question_id, category, name, runs, parted) for name in methods]
             if rounding:
                 noise.append(rounding_noise(target.model, input_ids, runs["ar"][0].tokens, target.passes))
     return {
@@ -325,6 +309,25 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "rows": rows,
         **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
         "suspect_margin": SUSPECT_MARGIN,
+    }
+
+
+def prompt_row(question_id, category: str, name: str, runs: dict, parted: dict) -> dict:
+    """The report's row of method `name` on one prompt, from every method's run on it (`runs`:
+    name -> (run, wall seconds)) and where each parted from its reference (`parted`)."""
+    run, wall_s = runs[name]
+    return {
+        "question_id": question_id,
+        "category": category,
+        "method": name,
+        "tokens": len(run.tokens),
+        "forward_passes": run.forward_passes,
+        "wall_s": wall_s,
+        "target_s": run.target_s,
+        "matches_ar": run.tokens == runs[REFERENCES.get(name, "ar")][0].tokens,
+        "matches_base_ar": run.tokens == runs["ar"][0].tokens,
+        "divergence": asdict(parted[name]) if parted.get(name) else None,
+        "guesses_by_source": guesses_by_source(run.events),
     }
 
 
