@@ -82,8 +82,7 @@ c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompt
 say "5. float32 exactness, 8 questions"
 c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
     --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
-    --json "$R/bench-fp32.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "6. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \

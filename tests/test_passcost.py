@@ -1,10 +1,17 @@
 """The pass-cost measure: every width measured in turns, each pass rolled back."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from specdemo import passcost
+
+
+def loads(monkeypatch, model) -> None:
+    """`passcost.main` loads `model` (a tiny one) in place of the embedded model."""
+    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
+        model=model, source="tiny", device=model.device, dtype=model.dtype))
 
 
 def test_widths_take_turns_and_every_pass_is_rolled_back(tiny_model, monkeypatch):
@@ -35,16 +42,13 @@ def test_the_table_gives_each_kind_against_its_own_one_token_pass():
 def test_sdpa_times_the_graphed_pass_again_with_transformers_attention(monkeypatch):
     """`--graphs --sdpa`: the compiled pass of the loaded model (grouped attention), then the same
     model's compiled pass with transformers' SDPA, each timed; the table shows both."""
-    from types import SimpleNamespace
-
     from specdemo.core import grouped_attention
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model()
     grouped_attention.use_grouped_attention(model)
     compiled_with = []
-    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
-        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    loads(monkeypatch, model)
     monkeypatch.setattr(passcost, "compile_passes",
                         lambda model, progress=None: compiled_with.append(model.config._attn_implementation))
     report = passcost.main(["--graphs", "--sdpa", "--widths", "1,4", "--repeats", "1", "--context", "8"])
@@ -56,15 +60,12 @@ def test_sdpa_times_the_graphed_pass_again_with_transformers_attention(monkeypat
 def test_windowed_times_the_graphed_pass_again_over_a_window_of_the_graphs_buffer(monkeypatch):
     """`--graphs --windowed`: the compiled pass over the graphs' whole buffer, then over the window
     that holds it (`graphs.GRAPH_WINDOWS`), each timed; the table shows both."""
-    from types import SimpleNamespace
-
     from specdemo.core.graphs import GRAPH_WINDOWS
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model()
     windows = []
-    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
-        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    loads(monkeypatch, model)
     monkeypatch.setattr(passcost, "compile_passes",
                         lambda model, progress=None, **given: windows.append(given.get("windows", ())))
     report = passcost.main(["--graphs", "--windowed", "--widths", "1,4", "--repeats", "1", "--context", "8"])
@@ -76,8 +77,6 @@ def test_windowed_times_the_graphed_pass_again_over_a_window_of_the_graphs_buffe
 def test_each_kind_is_written_once_measured(monkeypatch, tmp_path, capsys):
     """A run stopped partway (here the SDPA pass fails to compile; on a GPU, a time limit) keeps in
     its --json and its output the kinds it measured before."""
-    from types import SimpleNamespace
-
     from specdemo.core import grouped_attention
     from tests.conftest import make_tiny_model
 
@@ -88,8 +87,7 @@ def test_each_kind_is_written_once_measured(monkeypatch, tmp_path, capsys):
         if model.config._attn_implementation == "sdpa":
             raise RuntimeError("stopped")
 
-    monkeypatch.setattr(passcost, "load_model", lambda *args, **kwargs: SimpleNamespace(
-        model=model, source="tiny", device=model.device, dtype=model.dtype))
+    loads(monkeypatch, model)
     monkeypatch.setattr(passcost, "compile_passes", compiled)
     out = tmp_path / "out.json"
     with pytest.raises(RuntimeError, match="stopped"):
