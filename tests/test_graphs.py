@@ -29,7 +29,7 @@ from specdemo.core.static import (
     warm_up,
 )
 from specdemo.methods import ar, draft_tree, medusa, speculative
-from specdemo.methods.device_draft_tree import device_grow
+from specdemo.methods.device_draft_tree import device_grow, read_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
 
@@ -277,6 +277,10 @@ def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
     functions = draft_passes.graphs.functions
     assert {kind[0][0] for kind in functions.graphs} == {"dynamic draft tree"}
     assert functions.replays == len(replayed) - 2  # every step but the first, which drafts nothing
+    # one graph a depth (less near the answer's end) and look-back span, whatever the length of the
+    # branch copied beside the tree, though a tree's size on the compiled path depends on it (`static.fitted_size`)
+    sizes = Counter(sum(source == "draft" for source in event.data.tree.sources) for event in replayed[1:-1])
+    assert len(sizes) > 1 and len(functions.graphs) == len({kind[0][1:5] for kind in functions.graphs})
     assert not looked_back(draft_passes) and draft_passes.runs[0] == 0  # no level ran a pass of its own
 
 
@@ -405,10 +409,13 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
         features = target.model(PROMPT).last_hidden_state[:, :-1]  # those of the pairs the draft reads
         cache = request_cache(draft.model, 64, passes)
         first = draft_tree.first_logits(draft, cache, PROMPT, features)
-        tree = device_grow(draft, cache, first, depth=depth, top_k=k, size=10_000)
+        tree = read_tree(device_grow(draft, cache, first, depth=depth, top_k=k, most=10_000), 10_000)
         assert passes.graphs.functions.graphs and tree.size == k + (depth - 1) * k * k
-        # the graph keeps the candidates the rerank keeps: the host reads no more
-        assert device_grow(draft, cache, first, depth=depth, top_k=k, size=10) == draft_tree.best_nodes(tree, 10)
+        # the graph keeps the candidates the rerank keeps, and any smaller tree is cut from them
+        kept = device_grow(draft, cache, first, depth=depth, top_k=k, most=12)
+        assert kept.scores.shape == (12,)
+        for size in (1, 5, 10, 12):
+            assert read_tree(kept, size) == draft_tree.best_nodes(tree, size)
         for node in range(tree.size):
             steps = speculative.draft_logits(draft, DynamicCache(config=draft.model.config), PROMPT, features)
             logits, value = next(steps), 0.0

@@ -13,11 +13,15 @@ chosen nodes, and the graph reranks the candidates too: the host reads the tree 
   kept; here every level runs (fixed shapes), and what it adds the rerank drops.
 - A level's nodes sit at the position after their parents' and are written after the nodes fed
   before them; each sees the prefix, its ancestors among them, and itself.
+- The graph keeps the `most` candidates of highest value that any pass of the step may take, and
+  the host cuts them to the tree's size once it knows it (`read_tree`): the graph is queued before
+  the host guesses a copied branch, whose length sets that size, and one graph serves every size.
 - Only a feature draft on its graphs' buffer grows this way (`static_draft_tree.level_graphs`);
   elsewhere the host grows the tree.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 from transformers import Cache
@@ -31,12 +35,23 @@ from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.static_draft_tree import level_graphs
 
 
+class Candidates(NamedTuple):
+    """A tree's candidates on the device, as the graph left them: their tokens, values and parents
+    (-1: the root's children), in the order `draft_tree.best_nodes` keeps them."""
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    parents: torch.Tensor
+
+
 def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None], *,
-                depth: int, top_k: int, size: int, eos: tuple[int, ...] = ()) -> Proposal | None:
-    """The draft tree `draft_tree.grow` grows after the draft's `first_logits` (`first`), grown in
-    one graph of the CUDA graphs whose buffer the draft's `cache` is a view of and read on the host
-    once; None where the draft cannot grow it there (`static_draft_tree.level_graphs`). The draft's
-    cache keeps its length: what the levels wrote lies past it."""
+                depth: int, top_k: int, most: int, eos: tuple[int, ...] = ()) -> Candidates | None:
+    """The candidates of the draft tree `draft_tree.grow` grows after the draft's `first_logits`
+    (`first`) with `top_k` children a node, the `most` of highest value, grown in one graph of the
+    CUDA graphs whose buffer the draft's `cache` is a view of and left on the device, queued
+    (`read_tree` reads a tree of any size up to `most`); None where the draft cannot grow it there
+    (`static_draft_tree.level_graphs`). The draft's cache keeps its length: what the levels wrote
+    lies past it."""
     logits, state = first
     k = min(top_k, logits.shape[-1])
     prefix = cache.get_seq_length()
@@ -76,11 +91,10 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
             scores.append((value[:, None] + log_probs).view(-1))
             chosen.append(best)
             rows, seen = children_rows, sees[:, 1:-1]
-        return preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]), size)
+        return preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]), most)
 
-    key = ("dynamic draft tree", depth, k, eos, span, size)
-    tokens, scores, parents = graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device))
-    return read_tree(tokens.tolist(), scores.tolist(), parents.tolist())
+    key = ("dynamic draft tree", depth, k, eos, span, most)
+    return Candidates(*graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device)))
 
 
 def tree_parents(chosen: list[torch.Tensor], root_children: torch.Tensor) -> torch.Tensor:
@@ -113,10 +127,14 @@ def preselected(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tenso
     return tokens.index_select(0, kept), scores.index_select(0, kept), parents
 
 
-def read_tree(tokens: list[int], scores: list[float], parents: list[int]) -> Proposal:
-    """The candidates `preselected` kept, read on the host, less those below a node that ends the
-    answer (no value): already `draft_tree.best_nodes`' rerank, in its order."""
-    kept = [node for node, score in enumerate(scores) if score > -math.inf]
+def read_tree(candidates: Candidates, size: int) -> Proposal:
+    """The tree of the `size` candidates of highest value among those `preselected` kept, read on
+    the host, ties going to the earlier, less those below a node that ends the answer (no value):
+    `draft_tree.best_nodes`' rerank, in its order. Each comes with its parent, which is earlier
+    and of at least its value."""
+    tokens, scores, parents = (values.tolist() for values in candidates)
+    best = sorted(range(len(scores)), key=lambda node: -scores[node])[:size]  # stable: ties keep their order
+    kept = [node for node in sorted(best) if scores[node] > -math.inf]
     index = {node: i for i, node in enumerate(kept)}
     return Proposal(tuple(tokens[n] for n in kept), tuple(index.get(parents[n], -1) for n in kept),
                     ("draft",) * len(kept), scores=tuple(scores[n] for n in kept))

@@ -38,7 +38,7 @@ from specdemo.core.steps import ChainStep, SamplingCheck, TreeStep
 from specdemo.core.transfer import tensor_on
 from specdemo.core.verify import Proposal, TargetPass, accept_greedy, choices_after
 from specdemo.methods import draft_tree, static_draft_tree
-from specdemo.methods.device_draft_tree import device_grow
+from specdemo.methods.device_draft_tree import device_grow, read_tree
 from specdemo.methods.draft import Draft
 from specdemo.methods.eagle import FeatureDraft
 from specdemo.methods.prompt_lookup import COPY_LENGTH, check_copy_length, until_eos
@@ -158,17 +158,22 @@ class DraftProposer(Proposer):
         a guess below its likeliest branch, the draft's passes that grew it and its root token."""
         length = min(self.copy_length, room - 1)
         text = context.text.of(sequence)
-        # the draft's first pass is queued before the host guesses a branch, so on a GPU they overlap
-        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
-        copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
-        size = fitted_size(self.tree_size, len(copied) + max(extend, 0), context.bucket, context.model.device)
-        # on the compiled path the tree fills its padded pass's slots, with more children per node where it must
-        top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(size, gamma, self.top_k)
-        # grown on the device and read once, where the draft can (every level runs); else on the host
-        tree = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, size=size, eos=context.eos)
-        draft_passes = gamma
-        if tree is None:
+        # the tree's size beside `guessed` tokens copied and guessed below it (on the compiled path it fills its
+        # padded pass's slots), and the children a node that fill the largest any guess leaves it
+        size_of = lambda guessed: fitted_size(self.tree_size, guessed, context.bucket, context.model.device)  # noqa: E731
+        most = max(map(size_of, range(self.copy_length + min(EXTEND_LENGTH, self.copy_length) + 1)))
+        top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(most, gamma, self.top_k)
+        # the draft's first pass, and where the draft can, its tree of the largest size grown on the device
+        # (one graph for every step; every level runs), are queued before the host guesses a branch, so on a
+        # GPU they overlap
+        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        grown = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, most=most, eos=context.eos)
+        copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
+        size, draft_passes = size_of(len(copied) + max(extend, 0)), gamma
+        if grown is not None:
+            tree = read_tree(grown, size)
+        else:  # grown on the host, a level at a time
             tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                                  top_k=top_k, size=size, eos=context.eos, first=first)
         tree = draft_tree.add_copy(tree, copied, source=source)
