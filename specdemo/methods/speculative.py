@@ -159,9 +159,11 @@ class DraftProposer(Proposer):
         length = min(self.copy_length, room - 1)
         text = context.text.of(sequence)
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
-        # the tree's size beside `guessed` tokens copied and guessed below it (on the compiled path it fills its
-        # padded pass's slots), and the children a node that fill the largest any guess leaves it
-        size_of = lambda guessed: fitted_size(self.tree_size, guessed, context.bucket, context.model.device)  # noqa: E731
+
+        def size_of(guessed: int) -> int:  # beside `guessed` tokens copied and guessed (compiled: to fill its pass)
+            return fitted_size(self.tree_size, guessed, context.bucket, context.model.device)
+
+        # the largest tree any guess leaves room for, and the children a node that fill it
         most = max(map(size_of, range(self.copy_length + min(EXTEND_LENGTH, self.copy_length) + 1)))
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(most, gamma, self.top_k)
         # the draft's first pass, and where the draft can, its tree of the largest size grown on the device
