@@ -15,12 +15,12 @@
 #    (`scripts/gpu_pack.sh REV`), that tree's graphed pass too, at three widths;
 # 4. eager AR against graphed AR on 13 of them (one a category; 64 new tokens: eager runs at a sixth of the speed);
 # 5. float32 exactness on 8 of them;
-# 6. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
-#    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
-#    GPU's idle time a step by the function of ours the host was in;
-# 7. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
+# 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
 #    CPU's settings, deeper trees, wider windows, the methods in turn) on 8 of them (one a category), each
 #    against graphed AR, a row at a time;
+# 7. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
+#    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
+#    GPU's idle time a step by the function of ours the host was in;
 # 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call;
 # 9. transformers' assisted generation, while time is left.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
@@ -84,14 +84,14 @@ c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --promp
     --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
     --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
-say "6. where a step's time goes: the GPU busy against waiting for the host"
+say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "7. where a step's time goes: the GPU busy against waiting for the host"
 timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
     2>>"$OUT/check.log"
 head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
-
-say "7. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-timeout $(cap 150) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     say "8. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
