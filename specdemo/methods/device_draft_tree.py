@@ -13,9 +13,10 @@ chosen nodes, and the graph reranks the candidates too: the host reads the tree 
   kept; here every level runs (fixed shapes), and what it adds the rerank drops.
 - A level's nodes sit at the position after their parents' and are written after the nodes fed
   before them; each sees the prefix, its ancestors among them, and itself.
-- The graph keeps the `most` candidates of highest value that any pass of the step may take, and
-  the host cuts them to the tree's size once it knows it (`read_tree`): the graph is queued before
-  the host guesses a copied branch, whose length sets that size, and one graph serves every size.
+- The graph keeps the candidates of highest value for the largest tree a step may take (`most`),
+  and the host cuts them to the step's size once it knows it (`read_tree`): the graph is queued
+  before the host guesses a copied branch, whose length sets that size, and one graph serves
+  every size.
 - Only a feature draft on its graphs' buffer grows this way (`static_draft_tree.level_graphs`);
   elsewhere the host grows the tree.
 """

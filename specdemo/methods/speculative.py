@@ -172,9 +172,9 @@ class DraftProposer(Proposer):
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         grown = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, most=most, eos=context.eos)
         copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
-        size, draft_passes = size_of(len(copied) + max(extend, 0)), gamma
+        size = size_of(len(copied) + max(extend, 0))
         if grown is not None:
-            tree = read_tree(grown, size)
+            tree, draft_passes = read_tree(grown, size), gamma
         else:  # grown on the host, a level at a time
             tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                                  top_k=top_k, size=size, eos=context.eos, first=first)
