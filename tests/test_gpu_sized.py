@@ -25,8 +25,17 @@ def sized_as_on_cuda(monkeypatch, module) -> None:
                         fitted_size(size, copied, bucket, torch.device("cuda")))
 
 
-def answer_of(target) -> tuple[int, ...]:
-    return final_summary(ar.generate(target, PROMPT, max_new_tokens=NEW_TOKENS, eos_token_ids=())).tokens
+def fill_their_passes(runs: list[list], target, target_passes: list, source: str) -> None:
+    """Checks two runs, the companion eager then through its graphs: both give AR's answer and
+    propose the same trees, no target pass outgrew the widest graph, and the trees' `source` nodes
+    fill their passes past the 31 asked, in sizes that change with the copy's length."""
+    answer = final_summary(ar.generate(target, PROMPT, max_new_tokens=NEW_TOKENS, eos_token_ids=())).tokens
+    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == answer
+    trees = [[event.data.tree for event in events[1:-1]] for events in runs]
+    assert [tree.tokens for tree in trees[0]] == [tree.tokens for tree in trees[1]]
+    assert all(passes.runs[0] == 0 for passes in target_passes)
+    sizes = Counter(sum(node == source for node in tree.sources) for tree in trees[1])
+    assert len(sizes) > 1 and max(sizes) > 31
 
 
 def test_a_gpu_sized_draft_tree_fills_the_widest_pass_from_one_graph(monkeypatch):
@@ -44,12 +53,7 @@ def test_a_gpu_sized_draft_tree_fills_the_widest_pass_from_one_graph(monkeypatch
     target_passes = [graphed(target, buckets=BUCKETS) for _ in range(2)]
     runs = [list(speculative.generate(target, PROMPT, passes=passes, draft_passes=drafts, **options))
             for passes, drafts in zip(target_passes, (None, draft_passes))]  # the draft eager, then its graphs
-    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == answer_of(target)
-    trees = [[event.data.tree for event in events[1:-1]] for events in runs]
-    assert [tree.tokens for tree in trees[0]] == [tree.tokens for tree in trees[1]]
-    assert all(passes.runs[0] == 0 for passes in target_passes)  # no pass outgrew the widest graph
-    drafted = Counter(sum(source == "draft" for source in tree.sources) for tree in trees[1])
-    assert len(drafted) > 1 and max(drafted) > 31  # sizes filling their pass, as on CUDA
+    fill_their_passes(runs, target, target_passes, "draft")
     keys = [kind[0] for kind in draft_passes.graphs.functions.graphs]
     assert len(keys) == len({key[1:5] for key in keys})  # one graph a depth and look-back span
     assert {key[5] for key in keys if key[1] == 2} == {62} and {key[2] for key in keys if key[1] == 2} == {8}
@@ -68,10 +72,5 @@ def test_a_gpu_sized_medusa_tree_fills_the_widest_pass_beside_one_graph_of_the_h
     runs = [list(medusa.generate(target, PROMPT, heads=heads, tree_size=31, max_new_tokens=NEW_TOKENS,
                                  eos_token_ids=(), passes=passes, heads_passes=given))
             for passes, given in zip(target_passes, (None, graphs))]
-    assert final_summary(runs[1]).tokens == final_summary(runs[0]).tokens == answer_of(target)
-    trees = [[event.data.tree for event in events[1:-1]] for events in runs]
-    assert [tree.tokens for tree in trees[0]] == [tree.tokens for tree in trees[1]]
-    assert all(passes.runs[0] == 0 for passes in target_passes)  # no pass outgrew the widest graph
-    heads_nodes = Counter(sum(source == "head" for source in tree.sources) for tree in trees[1])
-    assert len(heads_nodes) > 1 and max(heads_nodes) > 31  # sizes filling their pass, as on CUDA
+    fill_their_passes(runs, target, target_passes, "head")
     assert len(graphs.graphs) == 1
