@@ -27,6 +27,7 @@ from specdemo.models import compiled, load_model
 # methods' candidates in turn (`in_turn`), so a sweep cut short by its time limit has the first ones of every method.
 # NO_GUESSES: the tree without the branch the host copies or retrieves, whose Python a GPU waits for
 NO_GUESSES = dict(copy_length=0, retrieve=False)
+MORE_GUESSES = dict(retrieved_branches=3)
 CANDIDATES = {
     "speculative": [dict(gamma=2, draft_tree_size=31, draft_tree_top_k=6),
                     # EAGLE-3's tree: a feature draft grows it on the device, read once (`device_draft_tree`)
@@ -40,9 +41,12 @@ CANDIDATES = {
                     *(dict(gamma=gamma, draft_tree_size=31, draft_tree_top_k=6) for gamma in (3, 4))],
     "medusa": [dict(tree_size=31), dict(tree_size=63), dict(tree="static", tree_size=57),  # static: and a copy
                dict(tree_size=31, **NO_GUESSES), dict(tree_size=8), dict(tree_size=20)],
-    "lookahead": [dict(window=4, candidates=7), dict(window=7, ngram=4, candidates=10),
-                  dict(window=5, ngram=4, candidates=7), dict(window=2, candidates=3)],
-    "cllm": [dict(window=3, candidates=7), dict(window=4, ngram=4, candidates=7), dict(window=1, candidates=3)],
+    # MORE_GUESSES: three guesses from earlier answers in place of one (REST's trie, a branch a next token)
+    "lookahead": [dict(window=4, candidates=7), dict(window=4, candidates=7, **MORE_GUESSES),
+                  dict(window=7, ngram=4, candidates=10), dict(window=5, ngram=4, candidates=7),
+                  dict(window=2, candidates=3)],
+    "cllm": [dict(window=3, candidates=7), dict(window=3, candidates=7, **MORE_GUESSES),
+             dict(window=4, ngram=4, candidates=7), dict(window=1, candidates=3)],
 }
 
 

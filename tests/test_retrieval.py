@@ -31,17 +31,28 @@ def brute_force(answers: list[list[int]], text: list[int], length: int, width: i
     found inside an answer; then, among the occurrences that agreed so far, the most common next
     token (ties: the smallest), until an answer ends, fewer than `least_share` of them agree, or
     `length` tokens."""
+    return walked(answers, found_after(answers, text, width), length, least_share)
+
+
+def found_after(answers: list[list[int]], text: list[int], width: int) -> list[tuple[int, int]]:
+    """(answer, index) after each occurrence of the longest suffix of `text` that occurs, by search."""
     for k in range(min(width, len(text)), SHORTEST_MATCH - 1, -1):
         suffix = text[len(text) - k :]
         found = [(a, i + k) for a, answer in enumerate(answers) for i in range(len(answer) - k + 1)
                  if answer[i : i + k] == suffix]
         if found:
-            break
-    else:
-        return ()
+            return found
+    return []
+
+
+def next_tokens(answers: list[list[int]], found: list[tuple[int, int]]) -> Counter:
+    return Counter(answers[a][i] if i < len(answers[a]) else None for a, i in found)  # None: the answer ended
+
+
+def walked(answers: list[list[int]], found: list[tuple[int, int]], length: int, least_share: float) -> tuple[int, ...]:
     guessed = []
-    for _ in range(length):
-        following = Counter(answers[a][i] if i < len(answers[a]) else None for a, i in found)  # None: the answer ended
+    for _ in range(length if found else 0):
+        following = next_tokens(answers, found)
         best = max(following.values())
         token = min((t for t, n in following.items() if n == best), key=lambda t: float("inf") if t is None else t)
         if token is None or best < least_share * len(found):
@@ -49,6 +60,19 @@ def brute_force(answers: list[list[int]], text: list[int], length: int, width: i
         guessed.append(token)
         found = [(a, i + 1) for a, i in found if i < len(answers[a]) and answers[a][i] == token]
     return tuple(guessed)
+
+
+def brute_force_branches(answers: list[list[int]], text: list[int], length: int, width: int, branches: int,
+                         least_share: float) -> list[tuple[int, ...]]:
+    """The guesses by their definition: the `branches` next tokens most occurrences hold (ties: the
+    smaller; an answer's end counts, as the largest), less the end and those fewer than
+    `least_share` of them hold, each then walked as `brute_force` walks among those that hold it."""
+    found = found_after(answers, text, width) if length else []
+    following = next_tokens(answers, found)
+    ranked = sorted(following, key=lambda t: (-following[t], float("inf") if t is None else t))[:branches]
+    return [(t, *walked(answers, [(a, i + 1) for a, i in found if i < len(answers[a]) and answers[a][i] == t],
+                         length - 1, least_share))
+            for t in ranked if t is not None and following[t] >= least_share * len(found)]
 
 
 @pytest.mark.parametrize("vocab_size", [5, 9, 70_000])  # 70,000: 17 bits a token, 3 tokens a key
@@ -63,6 +87,22 @@ def test_guesses_equal_the_brute_force_reference(vocab_size):
         length, share = rng.randrange(0, 10), rng.choice([0.0, 0.3, 0.5, 0.9])
         assert store.continuation(text, length, share) == \
             brute_force(answers, text, length, store.width, share), (text, length, share)
+
+
+def test_several_guesses_equal_the_brute_force_reference():
+    """`continuations`: a guess for each of the next tokens most occurrences hold, most first (REST's
+    trie, one branch a first token); one of them is `continuation`'s guess."""
+    rng = random.Random(3)
+    answers = [[rng.randrange(4) for _ in range(rng.randrange(0, 30))] for _ in range(40)]
+    store = Datastore.of_answers(answers, 9)
+    for _ in range(300):
+        text = [rng.randrange(4) for _ in range(rng.randrange(1, 8))]
+        length, share, branches = rng.randrange(0, 10), rng.choice([0.0, 0.3, 0.5]), rng.randrange(1, 5)
+        guesses = store.continuations(text, length, branches, share)
+        assert guesses == brute_force_branches(answers, text, length, store.width, branches, share)
+        first = store.continuation(text, length, share)
+        assert store.continuations(text, length, 1, share) == ([first] if first else [])
+        assert len({guess[0] for guess in guesses}) == len(guesses)  # one a first token
 
 
 def test_a_guess_never_runs_past_an_answer_and_needs_a_repeat_of_two():
@@ -139,6 +179,7 @@ GUESSERS = {  # each method that takes the datastore: its generator and what it 
     "medusa": lambda model: (medusa.generate, dict(heads=medusa.MedusaHeads(
         model.config.hidden_size, model.config.vocab_size, 2).eval())),
     "lookahead": lambda model: (lookahead.generate, {}),  # the guess is its candidate after the copy
+    "lookahead, 3 guesses": lambda model: (lookahead.generate, {"retrieved_branches": 3}),
 }
 
 
@@ -180,6 +221,11 @@ def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
     assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2, datastore=store, eos=(3,))[0][1] == (3,)
     # no datastore
     assert lookahead.choose_candidates(pool, tokens, limit=3, copy_length=2)[1] == ["copy", "pool", "pool"]
+    # two guesses, each after another next token: "4 8" goes on with "3" twice, "6" once
+    store = Datastore.of_answers([[4, 8, 3, 3, 9], [4, 8, 3, 5], [4, 8, 6, 1]], vocab_size=16)
+    candidates, sources = lookahead.choose_candidates(pool, tokens, limit=4, copy_length=2, datastore=store,
+                                                      retrieved=2)
+    assert candidates == [(7, 0), (3, 3), (6, 1), (2, 2)] and sources == ["copy", "retrieved", "retrieved", "pool"]
 
 
 def test_a_token_draft_tree_with_a_datastore_keeps_ar_answer(tiny_model, answered, prompt_ids):

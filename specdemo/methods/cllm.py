@@ -70,16 +70,18 @@ def generate(
     candidates: int = lookahead.CANDIDATES,
     copy_length: int = lookahead.COPY_LENGTH,
     retrieve: bool = True,
+    retrieved_branches: int = 1,
     datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
     passes: CompiledPass | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` with `cllm_model` by `decoder`: "jacobi" over blocks of
-    `block_size`, or "lookahead" with its `window`, `ngram`, `candidates`, `copy_length` and
-    `retrieve` from `datastore` (`specdemo.methods.lookahead`). `model`, the target, only has to
-    share its vocabulary (the prompt was tokenized for it). The CLLM's passes run by `cllm_passes`,
-    its own compiled pass, beside a compiled target's `passes` (None: eager)."""
+    `block_size`, or "lookahead" with its `window`, `ngram`, `candidates`, `copy_length`,
+    `retrieve` and `retrieved_branches` from `datastore` (`specdemo.methods.lookahead`). `model`,
+    the target, only has to share its vocabulary (the prompt was tokenized for it). The CLLM's
+    passes run by `cllm_passes`, its own compiled pass, beside a compiled target's `passes` (None:
+    eager)."""
     if cllm_model.config.vocab_size != model.config.vocab_size:
         raise SpecDemoError("the CLLM's vocabulary differs from the target's: it was trained for another model")
     common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, stop=stop,
@@ -88,7 +90,8 @@ def generate(
         return jacobi.generate(cllm_model, input_ids, block_size=block_size, **common)
     if decoder == "lookahead":
         return lookahead.generate(cllm_model, input_ids, window=window, ngram=ngram, candidates=candidates,
-                                  copy_length=copy_length, retrieve=retrieve, datastore=datastore, **common)
+                                  copy_length=copy_length, retrieve=retrieve, retrieved_branches=retrieved_branches,
+                                  datastore=datastore, **common)
     raise SpecDemoError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
 
 

@@ -45,6 +45,7 @@ from specdemo.methods.retrieval import Datastore
 # W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
 # cllm, decoded by lookahead, takes the same but a window of 1 (`cllm.WINDOW`, docs/methods/cllm.md)
 WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
+MAX_RETRIEVED_BRANCHES = 8  # guesses from earlier answers a pass may verify, each after another next token
 
 
 class NgramPool:
@@ -89,6 +90,7 @@ def generate(
     text_ngrams: bool = True,
     copy_length: int = COPY_LENGTH,
     retrieve: bool = True,
+    retrieved_branches: int = 1,
     datastore: Datastore | None = None,
     eos_token_ids: Iterable[int] | None = None,
     stop: threading.Event | None = None,
@@ -97,16 +99,18 @@ def generate(
 ) -> Iterator[StepEvent | Summary]:
     """Decode after `input_ids` [1, L] with lookahead window W=`window`, n-gram size N=`ngram`
     and at most G=`candidates` verified candidates a pass (with `text_ngrams`, the first of
-    them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next one
-    guessed as long from `datastore`, the target's earlier answers). The defaults are the fastest
+    them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next
+    `retrieved_branches` guessed as long from `datastore`, the target's earlier answers, each after
+    another next token: `retrieval.Datastore.continuations`). The defaults are the fastest
     we measured on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G,
     since a wider pass costs it little. `passes`: the model's compiled static pass (None: eager)."""
     check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32),
-                                   ("copy_length", copy_length, 1, 32)):
+                                   ("copy_length", copy_length, 1, 32),
+                                   ("retrieved_branches", retrieved_branches, 1, MAX_RETRIEVED_BRANCHES)):
         check_whole(name, value, low, high)
     proposer = Lookahead(input_ids, window, ngram, candidates, copy_length if text_ngrams else 0,
-                         datastore if retrieve else None)
+                         datastore if retrieve else None, retrieved_branches)
     # A pass's root (the last committed token) is at least 1 before the request's last position,
     # and its window reaches W + N - 2 past the root: W + N - 3 past that position at most.
     reach = max(window + ngram - 3, 0)
@@ -127,9 +131,10 @@ class Lookahead(Proposer):
     root, with the Jacobi window as work nodes; learns a new window level and the n-grams down its columns."""
 
     def __init__(self, input_ids: torch.Tensor, window: int, ngram: int, candidates: int, copy_length: int,
-                 datastore: Datastore | None = None):
+                 datastore: Datastore | None = None, retrieved_branches: int = 1):
         self.window, self.ngram, self.limit, self.copy_length, self.datastore = (window, ngram, candidates, copy_length,
                                                                                  datastore)
+        self.retrieved_branches = retrieved_branches
         self.pool = NgramPool(ngram, per_key=max(candidates, 1))
         if copy_length:  # text n-grams: the prompt's go into the pool too
             self.pool.insert_text(input_ids[0].tolist())
@@ -138,7 +143,7 @@ class Lookahead(Proposer):
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         text = context.text.of(sequence)
         tried = Tried(*choose_candidates(self.pool, text, self.limit, self.copy_length, room - 1, self.datastore,
-                                         context.eos))
+                                         context.eos, self.retrieved_branches))
         return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
@@ -209,17 +214,19 @@ def proposal(tried: list[tuple[int, ...]], sources: list[str], levels: list[list
 
 def choose_candidates(
     pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None,
-    datastore: Datastore | None = None, eos: tuple[int, ...] = (),
+    datastore: Datastore | None = None, eos: tuple[int, ...] = (), retrieved: int = 1,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """Up to `limit` continuations of the text's last token (`tokens` on the CPU) to verify, and where each came from:
     first a copy from the text (when `copy_length` > 0), then what `datastore` guesses as long
-    (the continuation most earlier answers share, up to an EOS: `retrieval.Datastore.continuation`),
+    (`retrieved` continuations, those most earlier answers share after as many next tokens, each up to
+    an EOS: `retrieval.Datastore.continuations`),
     then the pool's n-grams, newest first, leaving out any that a longer candidate already starts
     with. Each is cut to `max_length` tokens (None: uncut): near the end of the answer, what could
     no longer be committed is not fed."""
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
     if copy_length and datastore is not None:
-        found.append((tuple(until_eos(datastore.continuation(tokens, copy_length), eos)), "retrieved"))
+        found += [(tuple(until_eos(guess, eos)), "retrieved")
+                  for guess in datastore.continuations(tokens, copy_length, retrieved)]
     found += [(ngram, "pool") for ngram in pool.lookup(int(tokens[-1]))]
     found = [(candidate[:max_length], source) for candidate, source in found]
     chosen: list[tuple[tuple[int, ...], str]] = []

@@ -11,8 +11,10 @@ The datastore is a list of answers (token ids). Its index sorts every position b
 from it packed into one 64-bit key (K = 64 // bits per token: 4 for a vocabulary under 65,535),
 so the positions after any k <= K tokens are one contiguous run of keys. A guess takes the
 longest suffix of the text (K down to SHORTEST_MATCH tokens) that occurs in the datastore and
-follows its occurrences, token by token, down the continuation most of them share (REST keeps a
-trie of the continuations and verifies its likeliest branches; our tree has room for one).
+follows its occurrences, token by token, down the continuation most of them share. REST keeps a
+trie of the continuations and verifies its likeliest branches; a tree here takes one, and
+lookahead's candidates may take several (`continuations`: one for each of the likeliest next
+tokens, `lookahead.generate`'s `retrieved_branches`).
 """
 
 import json
@@ -91,23 +93,58 @@ class Datastore:
         return sum(self.holds(window) for window in windows) / len(windows) if windows else 0.0
 
     def continuation(self, text: Sequence[int], length: int, least_share: float = 0.0) -> tuple[int, ...]:
-        """Up to `length` tokens guessed after `text`: what most occurrences of its longest suffix
-        found here (K down to SHORTEST_MATCH tokens) continue with, one token at a time among the
-        occurrences that agreed so far, stopping where less than `least_share` of them agree on
-        the next one; () when no suffix occurs or `length` is 0."""
+        """Up to `length` tokens guessed after `text`: the first of `continuations`, the one most
+        occurrences of its longest suffix share; () when there is none."""
+        return next(iter(self.continuations(text, length, 1, least_share)), ())
+
+    def continuations(self, text: Sequence[int], length: int, branches: int = 1,
+                      least_share: float = 0.0) -> list[tuple[int, ...]]:
+        """Up to `branches` guesses of up to `length` tokens after `text`, one for each of the tokens
+        that most occurrences of its longest suffix found here (K down to SHORTEST_MATCH tokens)
+        continue with, most first (ties: the smaller token id), none that ends an answer or that
+        fewer than `least_share` of them continue with. Each goes on one token at a time among the
+        occurrences that agreed so far, with what most of them continue with, stopping where fewer
+        than `least_share` of them agree on it. None when no suffix occurs or `length` is 0."""
+        follow = self.following(text) if length > 0 else None
+        if follow is None:
+            return []
+        if branches == 1:  # the guess most occurrences share: its first token is walked as the rest are
+            guess = self.agreed(follow, length, least_share)
+            return [guess] if guess else []
+        firsts = self.tokens[follow]
+        if (firsts == firsts[0]).all():  # the occurrences agree, as they mostly do: no need to count
+            values, counts = firsts[:1], np.array([len(firsts)])
+        else:
+            values, counts = np.unique(firsts, return_counts=True)
+        guesses = []
+        for best in np.argsort(-counts, kind="stable")[:branches]:
+            token = int(values[best])
+            if token != self.end and counts[best] >= least_share * len(follow):
+                guesses.append((token, *self.agreed(follow[firsts == token] + 1, length - 1, least_share)))
+        return guesses
+
+    def following(self, text: Sequence[int]) -> np.ndarray | None:
+        """Where the tokens after the occurrences of `text`'s longest suffix that occurs here start
+        (at most MOST_OCCURRENCES of them, taken evenly); None when none occurs."""
         text = text[-self.width :]
         text = text.tolist() if hasattr(text, "tolist") else [int(token) for token in text]  # not one a token
-        if length <= 0 or any(token >= self.vocab_size or token < 0 for token in text):
-            return ()
+        if any(token >= self.vocab_size or token < 0 for token in text):
+            return None
         for k in range(min(self.width, len(text)), SHORTEST_MATCH - 1, -1):
             follow = self.occurrences(text[len(text) - k :])
             if len(follow):
                 break
         else:
-            return ()
+            return None
         # keys sort the occurrences by what follows them: take them evenly, not the first ones
         if len(follow) > MOST_OCCURRENCES:
             follow = follow[np.linspace(0, len(follow) - 1, MOST_OCCURRENCES).round().astype(np.int64)]
+        return follow
+
+    def agreed(self, follow: np.ndarray, length: int, least_share: float) -> tuple[int, ...]:
+        """Up to `length` tokens from the occurrences' next tokens at `follow`: each the one most of
+        them hold (ties: the smallest token id), until one ends an answer or fewer than `least_share`
+        of them hold it; those that hold it go on."""
         guessed = []
         for _ in range(length):
             following = self.tokens[follow]
