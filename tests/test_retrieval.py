@@ -224,7 +224,7 @@ def test_lookahead_candidates_take_the_copy_then_the_guess_then_the_pool():
     # two guesses, each after another next token: "4 8" goes on with "3" twice, "6" once
     store = Datastore.of_answers([[4, 8, 3, 3, 9], [4, 8, 3, 5], [4, 8, 6, 1]], vocab_size=16)
     candidates, sources = lookahead.choose_candidates(pool, tokens, limit=4, copy_length=2, datastore=store,
-                                                      retrieved=2)
+                                                      retrieved_branches=2)
     assert candidates == [(7, 0), (3, 3), (6, 1), (2, 2)] and sources == ["copy", "retrieved", "retrieved", "pool"]
 
 

@@ -214,19 +214,19 @@ def proposal(tried: list[tuple[int, ...]], sources: list[str], levels: list[list
 
 def choose_candidates(
     pool: NgramPool, tokens: torch.Tensor | list[int], limit: int, copy_length: int, max_length: int | None = None,
-    datastore: Datastore | None = None, eos: tuple[int, ...] = (), retrieved: int = 1,
+    datastore: Datastore | None = None, eos: tuple[int, ...] = (), retrieved_branches: int = 1,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """Up to `limit` continuations of the text's last token (`tokens` on the CPU) to verify, and where each came from:
     first a copy from the text (when `copy_length` > 0), then what `datastore` guesses as long
-    (`retrieved` continuations, those most earlier answers share after as many next tokens, each up to
-    an EOS: `retrieval.Datastore.continuations`),
+    (`retrieved_branches` guesses, each after another of the next tokens most earlier answers hold,
+    up to an EOS: `retrieval.Datastore.continuations`),
     then the pool's n-grams, newest first, leaving out any that a longer candidate already starts
     with. Each is cut to `max_length` tokens (None: uncut): near the end of the answer, what could
     no longer be committed is not fed."""
     found = [(copy_from_text(tokens, copy_length), "copy")] if copy_length else []
     if copy_length and datastore is not None:
         found += [(tuple(until_eos(guess, eos)), "retrieved")
-                  for guess in datastore.continuations(tokens, copy_length, retrieved)]
+                  for guess in datastore.continuations(tokens, copy_length, retrieved_branches)]
     found += [(ngram, "pool") for ngram in pool.lookup(int(tokens[-1]))]
     found = [(candidate[:max_length], source) for candidate, source in found]
     chosen: list[tuple[tuple[int, ...], str]] = []

@@ -104,7 +104,7 @@ class Datastore:
         continue with, most first (ties: the smaller token id), none that ends an answer or that
         fewer than `least_share` of them continue with. Each goes on one token at a time among the
         occurrences that agreed so far, with what most of them continue with, stopping where fewer
-        than `least_share` of them agree on it. None when no suffix occurs or `length` is 0."""
+        than `least_share` of them agree on it. No guess when no suffix occurs or `length` is 0."""
         follow = self.following(text) if length > 0 else None
         if follow is None:
             return []
