@@ -19,7 +19,10 @@ def candidates(depth: int, k: int, seed: int) -> Candidates:
     siblings); a node with no value (a child of one that ends the answer) here and there."""
     generator = torch.Generator().manual_seed(seed)
     steps = torch.tensor([0.0, -0.5, -1.0, -2.0])
-    draw = lambda n: steps[torch.randint(0, len(steps), (n,), generator=generator)]  # noqa: E731
+
+    def draw(n: int) -> torch.Tensor:  # n log-probabilities among `steps`
+        return steps[torch.randint(0, len(steps), (n,), generator=generator)]
+
     scores, chosen = [draw(k)], []
     for _ in range(depth - 1):
         best = scores[-1].topk(k).indices  # the level's best, as the graph expands them
