@@ -12,7 +12,7 @@ from specdemo.methods.device_draft_tree import Candidates, preselected, read_tre
 from specdemo.methods.draft_tree import best_nodes
 
 
-def candidates(depth: int, k: int, seed: int) -> Candidates:
+def candidates(depth: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A tree's candidates as the graph makes them: the root's k children, then k children for each
     of the k nodes of highest value of the level before, a child's value its parent's plus a
     log-probability drawn from a few values (0 among them: ties with the parent, and among
@@ -31,17 +31,17 @@ def candidates(depth: int, k: int, seed: int) -> Candidates:
         scores.append(values.view(-1))
         chosen.append(best)
     tokens = torch.randint(0, 1000, (k + (depth - 1) * k * k,), generator=generator)
-    return Candidates(tokens, torch.cat(scores), tree_parents(chosen, torch.arange(k)))
+    return tokens, torch.cat(scores), tree_parents(chosen, torch.arange(k))
 
 
 @pytest.mark.parametrize("depth, k", [(2, 3), (3, 4), (4, 3)])
 @pytest.mark.parametrize("seed", range(4))
 def test_a_tree_cut_from_the_kept_candidates_is_the_rerank_of_them_all(depth, k, seed):
     every = candidates(depth, k, seed)
-    whole = read_tree(every, len(every.scores))
-    most = len(every.scores) // 2
-    kept = Candidates(*preselected(*every, most))
-    assert len(kept.scores) == most
+    whole = read_tree(Candidates.of(*every), len(every[1]))
+    most = len(every[1]) // 2
+    kept = Candidates.of(*preselected(*every, most))
+    assert kept.table.shape == (3, most)
     for size in range(1, most + 1):
         cut = read_tree(kept, size)
         assert cut == best_nodes(whole, size)

@@ -413,7 +413,7 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
         assert passes.graphs.functions.graphs and tree.size == k + (depth - 1) * k * k
         # the graph keeps the candidates the rerank keeps, and any smaller tree is cut from them
         kept = device_grow(draft, cache, first, depth=depth, top_k=k, most=12)
-        assert kept.scores.shape == (12,)
+        assert kept.table.shape == (3, 12)
         for size in (1, 5, 10, 12):
             assert read_tree(kept, size) == draft_tree.best_nodes(tree, size)
         for node in range(tree.size):

@@ -37,12 +37,16 @@ from specdemo.methods.static_draft_tree import level_graphs
 
 
 class Candidates(NamedTuple):
-    """A tree's candidates on the device, as the graph left them: their tokens, values and parents
-    (-1: the root's children), in the order `draft_tree.best_nodes` keeps them."""
+    """A tree's candidates on the device, as the graph left them, in the order `draft_tree.best_nodes`
+    keeps them: one table [3, n] of their tokens, values and parents (-1: the root's children), in
+    float64, which holds every token id, parent and float32 value exactly, so that the host reads
+    them in one copy (on a GPU each copy to the host waits for the device)."""
 
-    tokens: torch.Tensor
-    scores: torch.Tensor
-    parents: torch.Tensor
+    table: torch.Tensor
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor) -> "Candidates":
+        return cls(torch.stack([tokens.double(), scores.double(), parents.double()]))
 
 
 def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None], *,
@@ -92,7 +96,8 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
             scores.append((value[:, None] + log_probs).view(-1))
             chosen.append(best)
             rows, seen = children_rows, sees[:, 1:-1]
-        return preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]), most)
+        return Candidates.of(*preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]),
+                                          most))
 
     key = ("dynamic draft tree", depth, k, eos, span, most)
     return Candidates(*graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device)))
@@ -133,9 +138,9 @@ def read_tree(candidates: Candidates, size: int) -> Proposal:
     the host, ties going to the earlier, less those below a node that ends the answer (no value):
     `draft_tree.best_nodes`' rerank, in its order. Each comes with its parent, which is earlier
     and of at least its value."""
-    tokens, scores, parents = (values.tolist() for values in candidates)
+    tokens, scores, parents = candidates.table.tolist()
     best = sorted(range(len(scores)), key=lambda node: -scores[node])[:size]  # stable: ties keep their order
     kept = [node for node in sorted(best) if scores[node] > -math.inf]
     index = {node: i for i, node in enumerate(kept)}
-    return Proposal(tuple(tokens[n] for n in kept), tuple(index.get(parents[n], -1) for n in kept),
+    return Proposal(tuple(int(tokens[n]) for n in kept), tuple(index.get(int(parents[n]), -1) for n in kept),
                     ("draft",) * len(kept), scores=tuple(scores[n] for n in kept))
