@@ -163,13 +163,13 @@ class DraftProposer(Proposer):
         def size_of(guessed: int) -> int:  # beside `guessed` tokens copied and guessed (compiled: to fill its pass)
             return fitted_size(self.tree_size, guessed, context.bucket, context.model.device)
 
+        # on a GPU the host's work overlaps the draft's: its first pass is queued before the host sizes the tree,
+        # and where the draft can, its tree of the largest size grown on the device (one graph for every step;
+        # every level runs) before the host guesses a branch
+        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         # the largest tree any guess leaves room for, and the children a node that fill it
         most = max(map(size_of, range(self.copy_length + min(EXTEND_LENGTH, self.copy_length) + 1)))
         top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(most, gamma, self.top_k)
-        # the draft's first pass, and where the draft can, its tree of the largest size grown on the device
-        # (one graph for every step; every level runs), are queued before the host guesses a branch, so on a
-        # GPU they overlap
-        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         grown = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, most=most, eos=context.eos)
         copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
         size = size_of(len(copied) + max(extend, 0))
