@@ -18,6 +18,8 @@
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
 #    CPU's settings, deeper trees, wider windows, the methods in turn) on 8 of them (one a category), each
 #    against graphed AR, a row at a time;
+# 6b. what a fresh process pays before its first token, as a ZeroGPU call does (`scripts/setup_cost.py`): the
+#    target's graphs, each method's companions, its first answer against its second;
 # 7. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
 #    GPU's idle time a step by the function of ours the host was in;
@@ -86,6 +88,10 @@ c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --promp
 
 say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
 timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "6b. what a fresh process pays before its first token (a ZeroGPU call; scripts/setup_cost.py)"
+timeout $(cap 35) $PY scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "7. where a step's time goes: the GPU busy against waiting for the host"
