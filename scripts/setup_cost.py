@@ -4,8 +4,8 @@ is such a process (docs/hosting.md), and this is the prepared GPU check's measur
 - the target loaded onto the device: on ZeroGPU at the Space's start, not in a call;
 - its graphs captured (`models.capture`): a call's setup, which `clicks.ready` measures and a
   click's plan counts;
-- for each method, its companions loaded with their own graphs (`methods.method_options`), in the
-  call that asks for them first, then two answers of a few tokens to one prompt: the first also
+- for each method, its companions loaded with their own graphs (`methods.method_options`), in
+  every call of that method, then two answers of a few tokens to one prompt: the first also
   captures what the method captures at its first use (a draft tree's graphs, Medusa's heads'),
   the second replays it. Neither is in a click's plan yet.
 
@@ -73,6 +73,7 @@ def method_parts(target, name: str, input_ids: torch.Tensor, tokens: int, parts:
                for answer in ("first", "second")]
     print(f"{name}: the two answers {'agree' if answers[0] == answers[1] else 'differ'}", flush=True)
     return answers
+
 
 if __name__ == "__main__":
     main()
