@@ -4,6 +4,7 @@ refused, a class of visitors all get answers, a used-up quota answers on the CPU
 and the race is replayed and drawn outside its GPU call."""
 
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,6 +71,30 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
     fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s \
         - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
     assert fixed < zerogpu.SETUP_S  # the measured setup, not the estimate
+
+
+def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
+    loaded = []
+
+    def method_options(method, target):
+        loaded.append(method)
+        if method == "speculative":  # a draft to load and its graphs to capture
+            time.sleep(0.05)
+        return {}
+
+    with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
+    monkeypatch.setattr(clicks, "capture", lambda target: (with_graphs, 0.01))
+    monkeypatch.setattr(clicks, "method_options", method_options)
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
+    assert clicks.ready(target, ("ar", "speculative", "ar")) is with_graphs
+    assert loaded == ["ar", "speculative"]  # each once, in the call, before its first pass
+    assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) >= 0.05
+    assert zerogpu.kept(zerogpu.companions_key("ar"), 99.0) < 0.05
+    zerogpu.keep(**{zerogpu.companions_key("speculative"): 3.0})  # as a GPU's draft might take
+    counted = zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar", "speculative")).declared_s
+    assert counted >= zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar",)).declared_s + 2
+    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
+    assert clicks.ready(cpu, ("speculative",)) is cpu and loaded == ["ar", "speculative"]  # loaded at first use
 
 
 def test_off_zerogpu_the_start_is_as_asked(monkeypatch):

@@ -6,6 +6,7 @@ timings) that cross back to the page's process; `specdemo.app.handlers` draws th
 race's replay runs there too. Nothing here draws.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -31,7 +32,7 @@ from specdemo.app.live import (
     timed_events,
     timing_rounds,
 )
-from specdemo.app.zerogpu import GpuPlan, keep, on_zerogpu
+from specdemo.app.zerogpu import GpuPlan, companions_key, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, decoded, method_options
 from specdemo.models import LoadedModel, capture
@@ -141,24 +142,30 @@ class RaceOutcome:
     dtype: str
 
 
-def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], LoadedModel]) -> LoadedModel:
-    """The model a click decodes: the page's (`ready` for a GPU call), or its twin on the CPU
-    (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
+def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], LoadedModel],
+            methods: tuple[str, ...] = ()) -> LoadedModel:
+    """The model a click of `methods` decodes: the page's (`ready` for a GPU call), or its twin on
+    the CPU (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
     if plan.on_cpu and target.device.type != "cpu":
         return on_cpu(target)
-    return ready(target)
+    return ready(target, methods)
 
 
-def ready(target: LoadedModel) -> LoadedModel:
+def ready(target: LoadedModel, methods: tuple[str, ...] = ()) -> LoadedModel:
     """In a ZeroGPU call's fresh process, the target with its CUDA graphs captured (`models.capture`)
-    before its first pass, keeping what that took for the next click's plan: graphs captured in an
-    earlier call died with its process. Elsewhere the target as it is: the app captured its graphs
-    at start, or was told not to."""
+    and the companions of each of `methods` loaded with theirs, before the first pass, keeping what
+    each took for the next click's plan (`zerogpu.plan_for`): what an earlier call loaded or
+    captured died with its process. Elsewhere the target as it is: the app captured its graphs at
+    start, or was told not to, and companions load at their first use."""
     if not (on_zerogpu() and target.device.type == "cuda"):
         return target
     target, seconds = capture(target)
     if seconds:
         keep(setup_s=seconds)
+    for method in dict.fromkeys(methods):
+        started = time.perf_counter()
+        method_options(method, target)
+        keep(**{companions_key(method): time.perf_counter() - started})
     return target
 
 

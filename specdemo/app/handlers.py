@@ -214,7 +214,7 @@ class Handlers:
         stop = click_budget(plan)
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, (request.method,))
             yield from clicks.generate_records(target, self.baselines,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
@@ -233,7 +233,7 @@ class Handlers:
             request = request_from(named)
             target = self.targets(named["model"], named["precision"])
             # the method and its AR baseline
-            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s)
+            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s, (request.method,))
             records = with_cpu_fallback(self.generate_on_gpu, self.decode_generate, plan, named["model"],
                                         named["precision"], request)
             with contextlib.closing(records):  # Stop closes this generator, and with it the GPU call's
@@ -274,7 +274,7 @@ class Handlers:
             target = self.targets(model_name, precision)
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
-        plan = plan_for(len(names), request.max_new_tokens, RACE_MEASURE_S, LIMITS.gpu_max_s)
+        plan = plan_for(len(names), request.max_new_tokens, RACE_MEASURE_S, LIMITS.gpu_max_s, tuple(names))
         outcome = None
         records = with_cpu_fallback(self.race_on_gpu, self.decode_race, plan, model_name, precision, request.prompt,
                                     names, request.max_new_tokens)
@@ -301,7 +301,7 @@ class Handlers:
         stop = click_budget(plan)
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu)
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, tuple(names))
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
                                            RACE_MIN_ROUNDS)
         except SpecDemoError as error:
@@ -396,7 +396,7 @@ def api_generate_for(targets: Targets):
             request = Request(text("prompt", prompt or ""), text("method", method),
                               min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
             target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")),
-                                    plan, targets.on_cpu)
+                                    plan, targets.on_cpu, (request.method,))
             events, summary = collect(run(target, request, stop))
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
@@ -415,7 +415,7 @@ def api_generate_for(targets: Targets):
         """Decode `prompt` with `method`; returns the answer and its stats. `model`: a preset name (default: the page's
         model); `precision`: "exact (float32)" or the fast one the page offers (default: the page's)."""
         try:
-            plan = plan_for(1, whole("max_new_tokens", max_new_tokens), 0.0, LIMITS.gpu_max_s)
+            plan = plan_for(1, whole("max_new_tokens", max_new_tokens), 0.0, LIMITS.gpu_max_s, (str(method),))
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
         return call_with_cpu_fallback(decode_on_gpu, decode, plan, prompt, method, max_new_tokens, do_sample,

@@ -64,11 +64,19 @@ def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
     return GpuPlan(0.0, max_new_tokens, measure_s)
 
 
-def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float) -> GpuPlan:
-    """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, elsewhere `unplanned`."""
+def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float, methods: tuple[str, ...] = ()) -> GpuPlan:
+    """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, with a fresh
+    process's setup as kept: the target's graphs, and the companions of each of `methods` (none
+    before a call measured them); elsewhere `unplanned`."""
     if not on_zerogpu():
         return unplanned(max_new_tokens, measure_s)
-    return plan_click(runs, max_new_tokens, measure_s, kept("pass_s", PASS_S), cap_s, kept("setup_s", SETUP_S))
+    setup_s = kept("setup_s", SETUP_S) + sum(kept(companions_key(method), 0.0) for method in set(methods))
+    return plan_click(runs, max_new_tokens, measure_s, kept("pass_s", PASS_S), cap_s, setup_s)
+
+
+def companions_key(method: str) -> str:
+    """The name under which a GPU call keeps what loading `method`'s companions took (`keep`, `kept`)."""
+    return f"companions_s {method}"
 
 
 def gpu_call(function):
@@ -109,7 +117,8 @@ def state_file() -> Path:
 
 def kept(name: str, default: float) -> float:
     """A cost this device measured in an earlier GPU call ("pass_s": seconds a target pass;
-    "setup_s": seconds a fresh process took to capture its graphs), `default` before the first."""
+    "setup_s": seconds a fresh process took to capture its graphs; `companions_key(method)`: to
+    load a method's companions and capture their graphs), `default` before the first."""
     try:
         return float(json.loads(state_file().read_text())[name])
     except (OSError, ValueError, KeyError, TypeError):
