@@ -23,7 +23,11 @@ def test_stream_answer_grows_to_the_full_answer(embedded):
 
 
 def test_build_app(embedded):
-    assert isinstance(build_app(embedded), gr.Blocks)
+    app = build_app(embedded)
+    assert isinstance(app, gr.Blocks)
+    titles = [block.value for block in app.blocks.values() if isinstance(block, gr.Markdown)
+              and "SpecDemo:" in str(block.value)]
+    assert len(titles) == 1 and "a language model on a CPU" in titles[0]  # words a class reads, not torch's "cpu"
 
 
 def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):
