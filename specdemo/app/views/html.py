@@ -364,6 +364,7 @@ PAGE_STYLE = """
 .specdemo-stats th { text-align: left; white-space: nowrap; padding-right: 0.8em; }
 .specdemo-stats td { padding-right: 0.8em; vertical-align: top; }
 .specdemo-stats td:last-child { color: #5f6368; font-size: 0.9em; }
+#race-table th, #race-table td { word-break: normal; overflow-wrap: normal; }
 .specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
 body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-lg: 21px; --text-xl: 26px;
   --text-xxl: 30px; --block-label-text-size: 16px; --block-info-text-size: 16px; --block-title-text-size: 18px;
