@@ -7,6 +7,7 @@ from specdemo.app.views.explain import explain_step
 from specdemo.app.views.figures import (
     COLOURS,
     acceptance_by_position_figure,
+    cell_text,
     jacobi_blocks,
     pool_figure,
     speed_figure,
@@ -105,7 +106,17 @@ def test_jacobi_trajectory_colours():
     assert [list(row) for row in figure.data[0].text] == [[" the", " the", " sat", " sat"],
                                                           ["The", " cat", " sat", " dog"]]
     assert "2 passes for 4 tokens" in figure.layout.title.text
+    assert [list(row) for row in figure.data[0].hovertext] == [list(row) for row in figure.data[0].text]
     assert [len(b) for b in jacobi_blocks(events + [jacobi_event(2, 0, [6], (6,), (), [1], block_start=4)])] == [2, 1]
+
+
+def test_a_trajectory_cell_cuts_a_token_that_would_spill_into_its_neighbours():
+    """16 cells across: a cell shows 4 characters; the hover shows the token whole."""
+    assert [cell_text(token, 16) for token in (" the", " Monday", " complete", "Wednesday")] == \
+        [" the", "Mon…", "com…", "Wed…"]
+    assert cell_text(" complete", 4) == " complete"  # wide cells show it whole
+    figure = trajectory_figure([jacobi_event(0, 0, [1] * 16, (), (), [None] * 16)], {1: " complete"}.__getitem__)
+    assert figure.data[0].text[0][0] == "com…" and figure.data[0].hovertext[0][0] == " complete"
 
 
 def test_lookahead_view_lists_window_and_candidates():

@@ -53,6 +53,7 @@ def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Fig
     return compact(figure)
 
 
+TRAJECTORY_CHARACTERS = 64  # of the cells' 10-pixel text, across the grid: more would spill into a neighbour's cell
 TRAJECTORY_STATES = ["not yet correct", "correct", "fast-forwarded", "fixed while its left neighbour was wrong"]
 
 
@@ -92,14 +93,15 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
         cells = [[0] * len(block_events[0].data.state)]
     else:
         cells = trajectory_cells(block_events)
-    text = [[decode(t) for t in e.data.state] for e in block_events]
+    tokens = [[decode(t) for t in e.data.state] for e in block_events]
     colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
     scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
     figure = go.Figure(
         go.Heatmap(
-            z=cells, text=text, texttemplate="%{text}", textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale,
-            showscale=False, customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
-            hovertemplate="iteration %{y}, position %{x}: %{text} (%{customdata})<extra></extra>",
+            z=cells, text=[[cell_text(token, len(row)) for token in row] for row in tokens], texttemplate="%{text}",
+            textfont=dict(size=10), zmin=-0.5, zmax=3.5, colorscale=scale, showscale=False, hovertext=tokens,
+            customdata=[[TRAJECTORY_STATES[c] for c in row] for row in cells],
+            hovertemplate="iteration %{y}, position %{x}: %{hovertext} (%{customdata})<extra></extra>",
         )
     )
     start = block_events[0].data.block_start
@@ -110,9 +112,19 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     rows = ["initial guess", *(f"after pass {k}" for k in range(1, len(cells)))]
     figure.update_layout(
         title=f"{title}<br><sup>{key}</sup>", xaxis_title="position in block", yaxis_autorange="reversed",
-        yaxis=dict(tickvals=list(range(len(cells))), ticktext=rows),
+        yaxis=dict(tickvals=list(range(len(cells))), ticktext=rows, automargin=True),  # room for its row names
     )
     return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
+
+
+def cell_text(token: str, columns: int) -> str:
+    """`token` as a grid of `columns` cells shows it: cut, with an ellipsis, where it would spill into
+    its neighbours (about 64 characters of 10-pixel text fit the grid's width; the hover shows it whole)."""
+    room = max(3, TRAJECTORY_CHARACTERS // max(columns, 1))
+    if len(token) <= room:
+        return token
+    shown = token.strip()  # a leading space shows as nothing, yet takes a character's width
+    return shown if len(shown) <= room else shown[: room - 1] + "…"
 
 
 BEAM_MARKERS = {  # a beam-search candidate's marker by its status
