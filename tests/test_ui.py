@@ -5,9 +5,9 @@ import pytest
 
 from specdemo.app.drawing import race_row
 from specdemo.app.handlers import stream_answer
-from specdemo.app.ui import build_app
+from specdemo.app.ui import START_HERE, build_app
 from specdemo.core.events import Summary, final_summary
-from specdemo.methods import ar
+from specdemo.methods import METHODS, ar
 
 from conftest import page_inputs
 
@@ -28,6 +28,8 @@ def test_build_app(embedded):
     titles = [block.value for block in app.blocks.values() if isinstance(block, gr.Markdown)
               and "SpecDemo:" in str(block.value)]
     assert len(titles) == 1 and "a language model on a CPU" in titles[0]  # words a class reads, not torch's "cpu"
+    # the first screen's hint stays while a lesson step or a person changes the method: it names none
+    assert "press Generate" in START_HERE and not [name for name in METHODS if name in START_HERE]
 
 
 def test_stream_answer_with_speculative_ends_on_the_ar_answer(embedded):

@@ -30,8 +30,9 @@ PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "t
                "tree": "Candidate tree (Medusa, speculative's draft tree): the latest pass",
                "best": "The pass that committed the most"}
 FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
-START_HERE = (f"**Try it:** press Generate to watch {FIRST.method} decoding answer this example, its draft's guesses "
-              "in colour (see the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
+# method-neutral: it stays on the page while a lesson step or a person changes the method
+START_HERE = ("**Try it:** press Generate to watch the chosen method answer this prompt, its guesses in colour (see "
+              "the legend below); or open the **Lesson** tab for a guided 15-minute tour.")
 # One generation at a time on this model: every event that decodes shares one queue slot,
 # so Gradio's queue tells each waiting visitor how many are ahead.
 ONE_AT_A_TIME = MappingProxyType(dict(concurrency_id="model", concurrency_limit=1))
