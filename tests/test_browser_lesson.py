@@ -52,6 +52,9 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     page.locator("#large-text input").check()
     page.wait_for_timeout(300)
     assert font_size() >= 1.4 * normal
+    # the grown answer scrolls inside its box, which shows its newest token, and spills over nothing below it
+    box, newest = page.locator("#stream").bounding_box(), page.locator("#stream .tok").last.bounding_box()
+    assert box["y"] <= newest["y"] and newest["y"] + newest["height"] <= box["y"] + box["height"] + 1, (box, newest)
     page.screenshot(path=str(SCREENSHOTS / "lesson-large-text.png"))
     page.locator("#large-text input").uncheck()
 

@@ -359,7 +359,8 @@ def replay_frames(runs: list[tuple[str, list[StepEvent]]],
 # a projector's 1280x720), and the large-text switch grows every text for the back of a room.
 PAGE_STYLE = """
 <style>
-#stream { max-height: 36vh; overflow-y: auto; }
+/* the answer scrolls in its box (Gradio sets a block's overflow visible), held at its newest tokens as it streams */
+#stream { max-height: 36vh; overflow-y: auto !important; display: flex !important; flex-direction: column-reverse; }
 #stream .specdemo-stream, #step-stream .specdemo-stream { font-size: 15px; }
 .specdemo-stats th { text-align: left; white-space: nowrap; padding-right: 0.8em; }
 .specdemo-stats td { padding-right: 0.8em; vertical-align: top; }
