@@ -185,6 +185,18 @@ def test_tree_plot_highlights_the_accepted_path():
     assert [e.line.color for e in edges] == [COLOURS["accepted"], "#c4c7cc", "#c4c7cc"]  # edges into nodes 1, 2, 3
 
 
+def test_a_tree_titles_headline_fits_a_half_width_plot():
+    """A large tree with copied and retrieved branches: its headline fits the 60 characters of a
+    half-width plot's title, the mark of each kind of guess in it."""
+    sources = ("draft",) * 10 + ("copy",) * 4 + ("retrieved",) * 5
+    event = StepEvent("speculative", step=25, committed=(3,) * 8, proposed=(3,) * 19, accepted=(3,) * 7,
+                      data=TreeStep(tree=Proposal((3,) * 19, (-1, *range(18)), sources), root_token=2,
+                                    accepted_path=list(range(7)), best_candidate=list(range(7))))
+    headline = tree_figure(event, decode).layout.title.text.split("<br>")[0]
+    assert "19 nodes" in headline and "7 accepted" in headline and "■" in headline and "◆" in headline
+    assert len(headline) <= 60, headline
+
+
 def test_tree_mask_is_ancestors_only():
     z = [list(row) for row in tree_mask_figure(medusa_step(), decode).data[0].z]
     assert z == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]

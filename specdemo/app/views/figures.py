@@ -281,13 +281,13 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
                                       line=dict(color="#5f6368", width=1)),
         customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
     )
-    counts = Counter(data.tree.sources)  # short: the title must fit a half-width plot
+    counts = Counter(data.tree.sources)  # short: the title must fit a half-width plot (its label names the tree)
     copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}"
                      for source, (_, mark, _) in MARKS.items() if counts[source])
     key = " ".join(f"<span style='color:{colour}'>{mark}</span> {meaning}" for colour, mark, meaning in TREE_KEY)
+    headline = headline or f"Step {event.step + 1}: {data.tree.size} nodes{copies}, {data.accept_length} accepted"
     figure.update_layout(
-        title=f"""{headline or f'Step {event.step + 1}: the candidate tree ({data.tree.size} nodes{copies}), '
-                                f'{data.accept_length} accepted'}<br><sup>{key}</sup>""",
+        title=f"{headline}<br><sup>{key}</sup>",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
     return compact(figure).update_layout(margin=dict(t=80))
