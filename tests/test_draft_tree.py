@@ -247,10 +247,10 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
 
 
 @pytest.mark.parametrize("sources, symbols, title, said, unsaid", [
-    (["draft", "draft", "copy", "copy"], ["square", "square"], "(4 nodes, 2 copied ■), 3 accepted",
+    (["draft", "draft", "copy", "copy"], ["square", "square"], "4 nodes, 2 copied ■, 3 accepted",
      ["a tree of 2 tokens", "2 more were copied", "2 of them copied"], []),
     (["draft", "copy", "retrieved", "retrieved"], ["square", "diamond", "diamond"],
-     "(4 nodes, 1 copied ■, 2 retrieved ◆), 3 accepted",
+     "4 nodes, 1 copied ■, 2 retrieved ◆, 3 accepted",
      ["a tree of 1 tokens", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote",
       "2 of them retrieved"],
      ["of them copied"]),
