@@ -175,7 +175,7 @@ def header(targets: Targets, target: LoadedModel) -> Header:
     gr.HTML(views.PAGE_STYLE)
     # the precision switch says the dtype where there is one: a header saying float32 would be wrong after a switch
     dtype = "" if len(targets.precisions) > 1 else f" ({str(target.dtype).removeprefix('torch.')})"
-    device = "a GPU" if target.device.type == "cuda" else f"a {target.device.type.upper()}"  # words a class reads
+    device = {"cuda": "a GPU", "cpu": "a CPU"}.get(target.device.type, target.device.type)  # words a class reads
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {device}{dtype}")
     with gr.Row(equal_height=True):
         model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=1,
