@@ -162,10 +162,13 @@ def ready(target: LoadedModel, methods: tuple[str, ...] = ()) -> LoadedModel:
     target, seconds = capture(target)
     if seconds:
         keep(setup_s=seconds)
+    took = {}
     for method in dict.fromkeys(methods):
         started = time.perf_counter()
         method_options(method, target)
-        keep(**{companions_key(method): time.perf_counter() - started})
+        took[companions_key(method)] = time.perf_counter() - started
+    if took:  # one write of the state file for them all
+        keep(**took)
     return target
 
 
