@@ -28,6 +28,7 @@ from specdemo.core.static import (
     static_pass,
     warm_up,
 )
+from specdemo.core.verify import Proposal
 from specdemo.methods import ar, draft_tree, medusa, speculative
 from specdemo.methods.device_draft_tree import device_grow, read_tree
 from specdemo.methods.draft import Draft
@@ -277,10 +278,11 @@ def test_a_feature_drafts_tree_grows_on_the_device_in_one_graph(ends):
     functions = draft_passes.graphs.functions
     assert {kind[0][0] for kind in functions.graphs} == {"dynamic draft tree"}
     assert functions.replays == len(replayed) - 2  # every step but the first, which drafts nothing
-    # one graph a depth (less near the answer's end) and look-back span, whatever the length of the
-    # branch copied beside the tree, though a tree's size on the compiled path depends on it (`static.fitted_size`)
+    # one graph, whatever the length of the branch copied beside the tree, though a tree's size on the compiled
+    # path depends on it (`static.fitted_size`), and near the answer's end, where a step keeps fewer levels
     sizes = Counter(sum(source == "draft" for source in event.data.tree.sources) for event in replayed[1:-1])
-    assert len(sizes) > 1 and len(functions.graphs) == len({kind[0][1:5] for kind in functions.graphs})
+    rooms = MAX_NEW_TOKENS - np.cumsum([0, *(len(event.committed) for event in replayed[:-2])])  # before each pass
+    assert len(sizes) > 1 and min(rooms[1:]) <= 4 and len(functions.graphs) == 1  # a step of room 4 keeps 3 levels
     assert not looked_back(draft_passes) and draft_passes.runs[0] == 0  # no level ran a pass of its own
 
 
@@ -416,6 +418,15 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
         assert kept.table.shape == (3, 12)
         for size in (1, 5, 10, 12):
             assert read_tree(kept, size) == draft_tree.best_nodes(tree, size)
+        # a step keeping fewer levels replays the same graph and keeps the nodes of the tree that deep
+        graphs = dict(passes.graphs.functions.graphs)
+        for levels in (1, 2, 3):
+            shallow = read_tree(device_grow(draft, cache, first, depth=depth, top_k=k, most=12, levels=levels), 12)
+            shallower = Proposal(**{field: tuple(getattr(tree, field)[n] for n in range(tree.size)
+                                                 if tree.depths[n] <= levels)
+                                    for field in ("tokens", "parents", "sources", "scores")})
+            assert shallow == draft_tree.best_nodes(shallower, 12) and max(shallow.depths) == levels
+        assert passes.graphs.functions.graphs == graphs
         for node in range(tree.size):
             steps = speculative.draft_logits(draft, DynamicCache(config=draft.model.config), PROMPT, features)
             logits, value = next(steps), 0.0

@@ -11,6 +11,9 @@ chosen nodes, and the graph reranks the candidates too: the host reads the tree 
   best first), a node ending the answer is not expanded (its children get no value and are
   dropped), and the rerank is the same. `grow` skips a level no node of which could still be
   kept; here every level runs (fixed shapes), and what it adds the rerank drops.
+- One graph for each depth, top-k and size: a step that keeps fewer levels (near an answer's
+  end) runs them all and gives the deeper levels' candidates no value, so no graph is captured
+  mid-answer.
 - A level's nodes sit at the position after their parents' and are written after the nodes fed
   before them; each sees the prefix, its ancestors among them, and itself.
 - The graph keeps the candidates of highest value for the largest tree a step may take (`most`),
@@ -50,13 +53,17 @@ class Candidates(NamedTuple):
 
 
 def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Tensor, torch.Tensor | None], *,
-                depth: int, top_k: int, most: int, eos: tuple[int, ...] = ()) -> Candidates | None:
-    """The candidates of the draft tree `draft_tree.grow` grows after the draft's `first_logits`
-    (`first`) with `top_k` children a node, the `most` of highest value, grown in one graph of the
-    CUDA graphs whose buffer the draft's `cache` is a view of and left on the device, queued
-    (`read_tree` reads a tree of any size up to `most`); None where the draft cannot grow it there
-    (`static_draft_tree.level_graphs`). The draft's cache keeps its length: what the levels wrote
-    lies past it."""
+                depth: int, top_k: int, most: int, eos: tuple[int, ...] = (), levels: int | None = None
+                ) -> Candidates | None:
+    """The candidates of the draft tree `draft_tree.grow` grows `levels` deep (default `depth`) after
+    the draft's `first_logits` (`first`) with `top_k` children a node, the `most` of highest value,
+    grown in one graph of the CUDA graphs whose buffer the draft's `cache` is a view of and left on
+    the device, queued (`read_tree` reads a tree of any size up to `most`); None where the draft
+    cannot grow it there (`static_draft_tree.level_graphs`). The graph runs `depth` levels whatever
+    `levels` keeps (an input of the graph: a deeper level's candidates get no value), so the graph
+    captured for a step of `depth` serves the shallower steps near an answer's end too. The draft's
+    cache keeps its length: what the levels wrote lies past it."""
+    levels = depth if levels is None else levels
     logits, state = first
     k = min(top_k, logits.shape[-1])
     prefix = cache.get_seq_length()
@@ -67,7 +74,8 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
     forward, span = cache.passes.forward, graphs.window(reach)
     cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
 
-    def grown(logits: torch.Tensor, state: torch.Tensor, prefix: torch.Tensor):
+    def grown(logits: torch.Tensor, state: torch.Tensor, numbers: torch.Tensor):
+        prefix, kept_levels = numbers[:1], numbers[1:]
         ids, log_probs = best_children(logits, k, draft.token_ids)  # [1, k]
         tokens, scores, chosen = [ids.view(-1)], [log_probs.view(-1)], []
         # made once for every level, each of k nodes: the slots after the prefix (a level's position
@@ -93,14 +101,14 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
             state = forward(decoder, cache, inputs, layout)[0]  # [k, H]
             ids, log_probs = best_children(draft.logits(state), k, draft.token_ids)  # [k, k]
             tokens.append(ids.view(-1))
-            scores.append((value[:, None] + log_probs).view(-1))
+            scores.append((value[:, None] + log_probs).view(-1).masked_fill(kept_levels < level, -math.inf))
             chosen.append(best)
             rows, seen = children_rows, sees[:, 1:-1]
         return Candidates.of(*preselected(torch.cat(tokens), torch.cat(scores), tree_parents(chosen, tokens[0]),
                                           most))
 
     key = ("dynamic draft tree", depth, k, eos, span, most)
-    return Candidates(*graphs.functions(key, grown, logits, state, tensor_on([prefix], logits.device)))
+    return Candidates(*graphs.functions(key, grown, logits, state, tensor_on([prefix, levels], logits.device)))
 
 
 def tree_parents(chosen: list[torch.Tensor], root_children: torch.Tensor) -> torch.Tensor:

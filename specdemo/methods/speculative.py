@@ -169,12 +169,15 @@ class DraftProposer(Proposer):
         first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         # the largest tree any guess leaves room for, and the children a node that fill it
         most = max(map(size_of, range(self.copy_length + min(EXTEND_LENGTH, self.copy_length) + 1)))
-        top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(most, gamma, self.top_k)
-        grown = device_grow(self.draft, self.cache, first, depth=gamma, top_k=top_k, most=most, eos=context.eos)
+        # sized for γ's full depth, not the `gamma` levels a step near the answer's end keeps: on the device one graph
+        # then grows every step's tree, none captured mid-answer
+        top_k = self.top_k if context.bucket is None else draft_tree.children_to_fill(most, self.gamma, self.top_k)
+        grown = device_grow(self.draft, self.cache, first, depth=self.gamma, levels=gamma, top_k=top_k, most=most,
+                            eos=context.eos)
         copied, source = guessed_branch(text, length, context.eos, self.datastore, RETRIEVED_SHARE)
         size = size_of(len(copied) + max(extend, 0))
-        if grown is not None:
-            tree, draft_passes = read_tree(grown, size), gamma
+        if grown is not None:  # its graph ran every level
+            tree, draft_passes = read_tree(grown, size), self.gamma
         else:  # grown on the host, a level at a time
             tree, draft_passes = draft_tree.grow(self.draft, self.cache, sequence, self.target_features, depth=gamma,
                                                  top_k=top_k, size=size, eos=context.eos, first=first)
