@@ -5,9 +5,10 @@ is such a process (docs/hosting.md), and this is the prepared GPU check's measur
 - its graphs captured (`models.capture`): a call's setup, which `clicks.ready` measures and a
   click's plan counts;
 - for each method, its companions loaded with their own graphs (`methods.method_options`), in
-  every call of that method, which `clicks.ready` measures too and a click's plan counts; then two
-  answers of a few tokens to one prompt: the first also captures what the method captures at its
-  first use (a draft tree's graphs, Medusa's heads'), which no plan counts yet, the second replays it.
+  every call of that method; then two answers of a few tokens to one prompt: the first also
+  captures what the method captures at its first use (a draft tree's graph, Medusa's heads'), the
+  second replays it. `clicks.ready` measures the companions and a first short answer together,
+  and a click's plan counts them.
 
 Each part is timed to the device's last work and printed as it ends (a run cut short keeps what
 it measured); `--json` is rewritten after each.

@@ -14,6 +14,7 @@ from test_conformance import MAX_NEW_TOKENS, NAMES, configurations, eager_answer
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from specdemo.app import clicks
 from specdemo.core.attention import chain_positions, sees_from_parents
 from specdemo.core.events import final_summary
 from specdemo.core.graphs import Captured, CudaGraphs, FunctionGraphs, Graph, layout_views, replayable
@@ -437,3 +438,36 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
                 if n != node:
                     logits = steps.send(torch.tensor([[tree.tokens[n]]]))
             assert tree.scores[node] == pytest.approx(value, abs=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dynamic tree", "static tree", "medusa"])
+def test_a_short_answer_captures_every_graph_a_longer_one_replays(prompt_ids, method):
+    """A ZeroGPU call answers a click's request `clicks.WARM_TOKENS` long before the answer a
+    visitor watches (`clicks.warmed`): that short answer captures every graph the whole answer
+    replays (the target's, the draft's passes, its tree's, Medusa's heads'), so none is captured
+    while the answer is timed, not even near its end, where a step keeps fewer levels."""
+    target = make_tiny_model()
+    passes, functions = graphed(target), ReplayedFunctionGraphs()
+    draft, draft_passes, heads = fed_its_tokens(feature_draft(target)), None, random_heads(target)
+    if method != "medusa":
+        draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+        draft_passes.graphs.functions = functions
+
+    def answer(tokens: int):
+        common = dict(max_new_tokens=tokens, eos_token_ids=(), passes=passes)
+        if method == "medusa":
+            return medusa.generate(target, prompt_ids, heads=heads, tree_size=12, heads_passes=functions,
+                                   **common)
+        shape = dict(static_tree=True) if method == "static tree" else dict(draft_tree_size=12)
+        return speculative.generate(target, prompt_ids, draft=draft, gamma=3, draft_tree_top_k=3,
+                                    draft_passes=draft_passes, **shape, **common)
+
+    def captured() -> list[set]:
+        return [set(passes.graphs.graphs), set(functions.graphs),
+                set(draft_passes.graphs.graphs) if draft_passes else set()]
+
+    final_summary(answer(clicks.WARM_TOKENS))
+    warm, replays = captured(), functions.replays
+    summary = final_summary(answer(MAX_NEW_TOKENS))
+    assert warm[1] and functions.replays - replays >= summary.target_forwards - 2
+    assert captured() == warm and summary.tokens == answer_of(target)

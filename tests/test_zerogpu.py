@@ -15,6 +15,7 @@ from gradio.context import LocalContext
 
 from specdemo.app import clicks, handlers, views, zerogpu
 from specdemo.app.limits import LIMITS
+from specdemo.app.live import Request
 
 from conftest import page_inputs
 
@@ -74,7 +75,7 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
 
 
 def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
-    loaded = []
+    loaded, warmed = [], []
 
     def method_options(method, target):
         loaded.append(method)
@@ -82,19 +83,29 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
             time.sleep(0.05)
         return {}
 
+    def run(target, request, stop=None):  # a short answer, whose first steps capture the tree's graph
+        warmed.append((request.method, request.prompt, request.max_new_tokens))
+        time.sleep(0.02)
+        yield from ()
+
     with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
     monkeypatch.setattr(clicks, "capture", lambda target: (with_graphs, 0.01))
     monkeypatch.setattr(clicks, "method_options", method_options)
+    monkeypatch.setattr(clicks, "run", run)
     target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(target, ("ar", "speculative", "ar")) is with_graphs
+    requests = tuple(Request("Why is the sky blue?", method, 128) for method in ("ar", "speculative", "ar"))
+    assert clicks.ready(target, requests) is with_graphs
     assert loaded == ["ar", "speculative"]  # each once, in the call, before its first pass
-    assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) >= 0.05
+    # a method's own short answer to the click's prompt, once: AR's graphs are the target's
+    assert warmed == [("speculative", "Why is the sky blue?", clicks.WARM_TOKENS)]
+    assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) >= 0.07
     assert zerogpu.kept(zerogpu.companions_key("ar"), 99.0) < 0.05
     zerogpu.keep(**{zerogpu.companions_key("speculative"): 3.0})  # as a GPU's draft might take
     counted = zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar", "speculative")).declared_s
     assert counted >= zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar",)).declared_s + 2
     cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(cpu, ("speculative",)) is cpu and loaded == ["ar", "speculative"]  # loaded at first use
+    assert clicks.ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"]  # loaded at first use
+    assert len(warmed) == 1
 
 
 def test_off_zerogpu_the_start_is_as_asked(monkeypatch):

@@ -214,7 +214,7 @@ class Handlers:
         stop = click_budget(plan)
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, (request.method,))
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, (request,))
             yield from clicks.generate_records(target, self.baselines,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
@@ -301,7 +301,8 @@ class Handlers:
         stop = click_budget(plan)
         try:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, tuple(names))
+            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
+                                    tuple(Request(prompt, name, max_new_tokens) for name in names))
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
                                            RACE_MIN_ROUNDS)
         except SpecDemoError as error:
@@ -396,7 +397,7 @@ def api_generate_for(targets: Targets):
             request = Request(text("prompt", prompt or ""), text("method", method),
                               min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
             target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")),
-                                    plan, targets.on_cpu, (request.method,))
+                                    plan, targets.on_cpu, (request,))
             events, summary = collect(run(target, request, stop))
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
