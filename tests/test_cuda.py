@@ -128,8 +128,8 @@ def test_a_deep_draft_tree_replays_the_drafts_graphs_on_cuda(compiled_models, cu
         assert draft_passes.runs[0] <= 1 and not draft_passes.failed  # eager: at most the prompt's pass
         if isinstance(draft, Draft):  # a look-back graph was captured and replayed: columns past the width and frame
             assert any(key[1] > key[0] + 2 for key in draft_passes.graphs.graphs)
-        else:
-            assert {kind[0][0] for kind in draft_passes.graphs.functions.graphs} == {"dynamic draft tree"}
+        else:  # one graph, the shallower steps near the answer's end replaying it too
+            assert [kind[0][0] for kind in draft_passes.graphs.functions.graphs] == ["dynamic draft tree"]
 
 
 def test_a_static_draft_tree_replays_one_graph_for_its_levels_on_cuda(compiled_models, cuda_prompt):
