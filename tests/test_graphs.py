@@ -471,3 +471,33 @@ def test_a_short_answer_captures_every_graph_a_longer_one_replays(prompt_ids, me
     summary = final_summary(answer(MAX_NEW_TOKENS))
     assert warm[1] and functions.replays - replays >= summary.target_forwards - 2
     assert captured() == warm and summary.tokens == answer_of(target)
+
+
+class FailingFunctionGraphs(ReplayedFunctionGraphs):
+    """Function graphs whose capture fails, as a CUDA capture does on an operation it refuses."""
+
+    def capture(self, function, inputs) -> Captured:
+        raise RuntimeError("operation not permitted when stream is capturing\nthe rest of CUDA's message")
+
+
+@pytest.mark.parametrize("method", ["speculative", "medusa"])
+def test_a_function_graph_that_fails_to_capture_runs_eagerly_after_one_warning(prompt_ids, method, caplog):
+    """A tree's or the heads' graph that cannot be captured says so once; every call then runs its
+    function eagerly, and the answer is still AR's."""
+    target = make_tiny_model()
+    functions = FailingFunctionGraphs()
+    common = dict(max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=(), passes=graphed(target))
+    if method == "medusa":
+        events = medusa.generate(target, prompt_ids, heads=random_heads(target), tree_size=12,
+                                 heads_passes=functions, **common)
+    else:
+        draft = fed_its_tokens(feature_draft(target))
+        draft_passes = graphed(draft.model, buckets=DRAFT_BUCKETS, role="draft")
+        draft_passes.graphs.functions = functions
+        events = speculative.generate(target, prompt_ids, draft=draft, gamma=3, draft_tree_size=12, draft_tree_top_k=3,
+                                      draft_passes=draft_passes, **common)
+    with caplog.at_level("WARNING", logger="specdemo.core.graphs"):
+        summary = final_summary(events)
+    assert summary.tokens == answer_of(target)
+    assert functions.failed.startswith("RuntimeError: operation not permitted") and not functions.graphs
+    assert [record.message.count("running it eagerly") for record in caplog.records] == [1]

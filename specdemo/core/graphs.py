@@ -31,6 +31,7 @@ reads its layouts from its inputs as one pass does.
 """
 
 import gc
+import logging
 import threading
 import weakref
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from transformers import PreTrainedModel
 
 from specdemo.core import llama
 from specdemo.core.kvcache import StaticKV
+
+log = logging.getLogger(__name__)
 
 GRAPH_CAPACITY = 4096  # positions of the buffer the graphs own: a prompt, its answer and a pass's padding
 GRAPH_WINDOWS = (512, 1024, 2048)  # a ladder of windows of that buffer (`CudaGraphs.window`), measured by passcost
@@ -193,20 +196,30 @@ class FunctionGraphs:
     their top tokens): a few dozen launches a step, each a graph of one launch here. One graph
     per kind of call (`key`: the function and whatever else fixes its work) and its inputs'
     shapes and dtypes, captured at its first call. A call copies its inputs into the graph's,
-    replays it and returns copies of its outputs, under a lock: requests may share the graphs."""
+    replays it and returns copies of its outputs, under a lock: requests may share the graphs.
+    If a capture fails, it says so once and every call runs its function eagerly (`failed`), as a
+    pass does whose graph failed (`static.static_pass`)."""
 
     def __init__(self):
         self.graphs: dict[tuple, Captured] = {}
         self.pool = None  # the memory pool the graphs share, made at the first capture
         self.lock = threading.Lock()
+        self.failed: str | None = None  # why a capture failed: every call then runs eagerly
 
     def __call__(self, key, function, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`function(*inputs)`, a tuple of tensors, replayed from its graph."""
         kind = (key, *((tuple(tensor.shape), tensor.dtype) for tensor in inputs))
         with self.lock:
-            captured = self.graphs.get(kind)
+            captured = None if self.failed else self.graphs.get(kind)
+            if captured is None and not self.failed:
+                try:
+                    captured = self.graphs[kind] = self.capture(function, tuple(tensor.clone() for tensor in inputs))
+                except Exception as error:  # noqa: BLE001 -- any capture failure: warn once, run eagerly from now on
+                    self.failed = f"{type(error).__name__}: {error}"
+                    log.warning("capturing a CUDA graph of %s failed (%s); running it eagerly", key,
+                                self.failed.splitlines()[0])
             if captured is None:
-                captured = self.graphs[kind] = self.capture(function, tuple(tensor.clone() for tensor in inputs))
+                return tuple(function(*inputs))
             for mine, given in zip(captured.inputs, inputs):
                 mine.copy_(given)
             captured.graph.replay()
