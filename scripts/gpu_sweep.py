@@ -64,6 +64,9 @@ def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], 
     for method, settings in in_turn(methods):
         names = ["ar", method, *(["cllm_ar"] if method == "cllm" else [])]
         report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, method: settings})
+        if method in report.get("failed", {}):  # the candidate's fault, on stderr: the sweep goes on
+            print(f"{method:<12} {settings}: failed, {report['failed'][method]}", flush=True)
+            continue
         stats = report["methods"][method]
         rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
                      "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,11 +26,14 @@ from specdemo.bench_table import (  # noqa: F401
     EAGER,
     OFFLOADED,
     REFERENCES,
+    aggregate,
+    by_category,
     compile_line,
     compile_report,
     defaults_report,
     format_table,
     guess_lines,
+    guesses_per_pass,
     step_costs,
 )
 from specdemo.core.errors import SpecDemoError
@@ -274,10 +278,13 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     holds the prompts done, every method on each (`prompts`)."""
     settings = settings or {name: {} for name in methods}
     noise: list[float] = []
-    passes = target.passes
+    passes, failed, methods = target.passes, {}, list(methods)
     encoded = [(row["question_id"], row.get("category", ""), target.encode_chat(row["turns"][0])) for row in prompts]
-    for name in methods:  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
-        RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
+    for name in list(methods):  # warm-up: first-call costs (allocations, lazy init) stay out of the timings
+        try:
+            RUNNERS[name](target, encoded[0][2], WARMUP_TOKENS, **settings[name])
+        except Exception as error:  # noqa: BLE001 -- `dropped` says which and why
+            methods = dropped(methods, name, error, failed)
     if passes:
         passes.runs.clear()  # the report counts the timed runs' passes only
     rows = []
@@ -288,11 +295,15 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
             # rotate the order per prompt, so no method always runs first (each still follows the same one)
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
             runs = {}
-            for name in order:
-                runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens, settings[name])
+            for name in (name for name in order if name in methods):
+                try:
+                    runs[name] = timed(RUNNERS[name], target, input_ids, max_new_tokens, settings[name])
+                except Exception as error:  # noqa: BLE001 -- `dropped` says which and why
+                    methods = dropped(methods, name, error, failed)
                 progress.update()
+            rows = [row for row in rows if row["method"] in methods]  # those of a method dropped since
             parted = explain_differences(target, input_ids, methods,
-                                         {name: run.tokens for name, (run, _) in runs.items()})
+                                         {name: runs[name][0].tokens for name in methods})
             rows += [prompt_row(question_id, category, name, runs, parted) for name in methods]
             if rounding:
                 noise.append(rounding_noise(target.model, input_ids, runs["ar"][0].tokens, target.passes))
@@ -309,7 +320,22 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
         "rows": rows,
         **({"rounding_noise": {"max": max(noise), "per_prompt": noise}} if noise else {}),
         "suspect_margin": SUSPECT_MARGIN,
+        **({"failed": failed} if failed else {}),
     }
+
+
+def dropped(methods: list[str], name: str, error: Exception, failed: dict[str, str]) -> list[str]:
+    """`methods` without `name`, whose run raised `error`, and without those measured against it
+    (`REFERENCES`): kept in `failed` with why, the traceback on stderr, so that one method's fault
+    costs the bench that method's rows, not the others'. A sentence for the person
+    (`SpecDemoError`: a setting refused) and AR's failure end the bench."""
+    if isinstance(error, SpecDemoError) or name == "ar":
+        raise error
+    print(f"{name} failed; the bench goes on without it:", file=sys.stderr, flush=True)
+    traceback.print_exception(error, file=sys.stderr)
+    failed[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+    failed |= {other: f"its reference {name} failed" for other in methods if REFERENCES.get(other) == name}
+    return [other for other in methods if other not in failed]
 
 
 def prompt_row(question_id, category: str, name: str, runs: dict, parted: dict) -> dict:
@@ -328,67 +354,6 @@ def prompt_row(question_id, category: str, name: str, runs: dict, parted: dict) 
         "matches_base_ar": run.tokens == runs["ar"][0].tokens,
         "divergence": asdict(parted[name]) if parted.get(name) else None,
         "guesses_by_source": guesses_by_source(run.events),
-    }
-
-
-def aggregate(methods: list[str], rows: list[dict]) -> dict:
-    totals = {}
-    for name in methods:
-        mine = [row for row in rows if row["method"] == name]
-        tokens = sum(row["tokens"] for row in mine)
-        passes = sum(row["forward_passes"] for row in mine)
-        wall_s = sum(row["wall_s"] for row in mine)
-        target_s = sum(row.get("target_s", 0.0) for row in mine)
-        totals[name] = {
-            "tokens": tokens,
-            "forward_passes": passes,
-            "wall_s": wall_s,
-            "target_s": target_s,
-            # a step: one target pass and what the method does around it
-            "step_ms": 1e3 * wall_s / passes if passes else 0.0,
-            # of which the target's pass (0: not measured)
-            "target_pass_ms": 1e3 * target_s / passes if passes else 0.0,
-            "tokens_per_s": tokens / wall_s if wall_s else 0.0,
-            "tokens_per_forward": tokens / passes if passes else 0.0,
-            "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
-            "tokens_per_forward_by_category": by_category(mine),
-            "differs": sum(not row["matches_ar"] for row in mine) / len(mine),
-            "divergences": [{"question_id": row["question_id"], **row["divergence"]}
-                            for row in mine if row.get("divergence")],
-        }
-        totals[name]["guesses_per_pass"] = guesses_per_pass(mine, passes)
-        margins = [d["margin"] for d in totals[name]["divergences"]]
-        totals[name]["max_divergence_margin"] = max(margins) if margins else None
-    for name, stats in totals.items():
-        stats["speedup_vs_ar"] = stats["tokens_per_s"] / totals["ar"]["tokens_per_s"]
-        if name in REFERENCES:  # a changed model: its gain without Jacobi, and how often its answer changed
-            stats["speedup_vs_own_ar"] = stats["tokens_per_s"] / totals[REFERENCES[name]]["tokens_per_s"]
-            mine = [row for row in rows if row["method"] == name]
-            stats["differs_from_base_ar"] = sum(not row["matches_base_ar"] for row in mine) / len(mine)
-    return totals
-
-
-def guesses_per_pass(rows: list[dict], passes: int) -> dict[str, dict[str, list[float]]]:
-    """The rows' `guesses_by_source` summed, per target pass: for each source, the tokens fed and
-    accepted a pass at each depth."""
-    totals: dict[str, dict[str, list[float]]] = {}
-    for row in rows:
-        for source, counts in row.get("guesses_by_source", {}).items():
-            mine = totals.setdefault(source, {"fed": [], "accepted": []})
-            for kind in ("fed", "accepted"):
-                mine[kind] += [0.0] * (len(counts[kind]) - len(mine[kind]))
-                for depth, n in enumerate(counts[kind]):
-                    mine[kind][depth] += n / max(passes, 1)
-    return totals
-
-
-def by_category(rows: list[dict]) -> dict[str, float]:
-    """Tokens per target pass in each prompt category: where a method's proposals come true."""
-    categories = dict.fromkeys(row["category"] for row in rows if row["category"])
-    return {
-        category: sum(row["tokens"] for row in rows if row["category"] == category)
-        / max(1, sum(row["forward_passes"] for row in rows if row["category"] == category))
-        for category in categories
     }
 
 

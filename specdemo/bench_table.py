@@ -1,5 +1,5 @@
-"""The bench's report as the table it prints: speeds, tokens a pass, what a step costs, the guesses a pass,
-the compiled path and the device's defaults."""
+"""The bench's report: each method's totals over its rows (`aggregate`) and the table it prints (speeds,
+tokens a pass, what a step costs, the guesses a pass, the compiled path and the device's defaults)."""
 
 from specdemo.defaults import defaults_for
 from specdemo.methods import METHODS
@@ -30,6 +30,7 @@ def format_table(report: dict) -> str:
             f"{name:<18}{s['tokens']:>8}{s['forward_passes']:>8}{s['wall_s']:>9.2f}{s['tokens_per_s']:>9.2f}"
             f"{s['tokens_per_forward']:>10.2f}{s['speedup_vs_ar']:>8.2f}x{s['matches_ar']:>12.2f}"
         )
+    lines += [f"{name:<18}failed, no rows: {why}" for name, why in report.get("failed", {}).items()]
     for name, s in report["methods"].items():
         if name != "ar" and len(s["tokens_per_forward_by_category"]) > 1:
             lines.append(f"{name} tokens/pass by category: "
@@ -125,3 +126,64 @@ def compile_line(compiled: dict) -> str:
     how = "CUDA graphs" if compiled["mode"] == "cuda-graphs" else f"torch.compile, mode {compiled['mode']}"
     return (f"target passes: compiled ({how}), buckets {compiled['buckets']}; passes run by width: {ran} "
             f"({', '.join(EAGER)} and hf_* stay eager)")
+
+
+def aggregate(methods: list[str], rows: list[dict]) -> dict:
+    totals = {}
+    for name in methods:
+        mine = [row for row in rows if row["method"] == name]
+        tokens = sum(row["tokens"] for row in mine)
+        passes = sum(row["forward_passes"] for row in mine)
+        wall_s = sum(row["wall_s"] for row in mine)
+        target_s = sum(row.get("target_s", 0.0) for row in mine)
+        totals[name] = {
+            "tokens": tokens,
+            "forward_passes": passes,
+            "wall_s": wall_s,
+            "target_s": target_s,
+            # a step: one target pass and what the method does around it
+            "step_ms": 1e3 * wall_s / passes if passes else 0.0,
+            # of which the target's pass (0: not measured)
+            "target_pass_ms": 1e3 * target_s / passes if passes else 0.0,
+            "tokens_per_s": tokens / wall_s if wall_s else 0.0,
+            "tokens_per_forward": tokens / passes if passes else 0.0,
+            "matches_ar": sum(row["matches_ar"] for row in mine) / len(mine),
+            "tokens_per_forward_by_category": by_category(mine),
+            "differs": sum(not row["matches_ar"] for row in mine) / len(mine),
+            "divergences": [{"question_id": row["question_id"], **row["divergence"]}
+                            for row in mine if row.get("divergence")],
+        }
+        totals[name]["guesses_per_pass"] = guesses_per_pass(mine, passes)
+        margins = [d["margin"] for d in totals[name]["divergences"]]
+        totals[name]["max_divergence_margin"] = max(margins) if margins else None
+    for name, stats in totals.items():
+        stats["speedup_vs_ar"] = stats["tokens_per_s"] / totals["ar"]["tokens_per_s"]
+        if name in REFERENCES:  # a changed model: its gain without Jacobi, and how often its answer changed
+            stats["speedup_vs_own_ar"] = stats["tokens_per_s"] / totals[REFERENCES[name]]["tokens_per_s"]
+            mine = [row for row in rows if row["method"] == name]
+            stats["differs_from_base_ar"] = sum(not row["matches_base_ar"] for row in mine) / len(mine)
+    return totals
+
+
+def guesses_per_pass(rows: list[dict], passes: int) -> dict[str, dict[str, list[float]]]:
+    """The rows' `guesses_by_source` summed, per target pass: for each source, the tokens fed and
+    accepted a pass at each depth."""
+    totals: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        for source, counts in row.get("guesses_by_source", {}).items():
+            mine = totals.setdefault(source, {"fed": [], "accepted": []})
+            for kind in ("fed", "accepted"):
+                mine[kind] += [0.0] * (len(counts[kind]) - len(mine[kind]))
+                for depth, n in enumerate(counts[kind]):
+                    mine[kind][depth] += n / max(passes, 1)
+    return totals
+
+
+def by_category(rows: list[dict]) -> dict[str, float]:
+    """Tokens per target pass in each prompt category: where a method's proposals come true."""
+    categories = dict.fromkeys(row["category"] for row in rows if row["category"])
+    return {
+        category: sum(row["tokens"] for row in rows if row["category"] == category)
+        / max(1, sum(row["forward_passes"] for row in rows if row["category"] == category))
+        for category in categories
+    }

@@ -225,6 +225,14 @@ def test_the_gpu_sweep_benches_each_candidate_against_ar(embedded, tmp_path):
     assert json.loads(out.read_text())["rows"] == rows
 
 
+def test_a_gpu_sweep_candidate_that_fails_is_told_and_the_sweep_goes_on(embedded, monkeypatch, capsys):
+    sweep = load_script("gpu_sweep")
+    monkeypatch.setitem(bench.RUNNERS, "cllm", failing(bench.RUNNERS["cllm"], "cllm", 0, RuntimeError("no graph")))
+    rows = sweep.sweep(embedded, bench.read_prompts(bench.DEFAULT_PROMPTS, 1), 4, ["cllm", "lookahead"])
+    assert {row["method"] for row in rows} == {"lookahead"} and len(rows) == len(sweep.CANDIDATES["lookahead"])
+    assert capsys.readouterr().out.count("failed, RuntimeError: no graph") == len(sweep.CANDIDATES["cllm"])
+
+
 def test_the_gpu_sweep_takes_the_methods_in_turn():
     """A sweep cut short by its time limit has the first candidates of every method."""
     sweep = load_script("gpu_sweep")
@@ -255,3 +263,42 @@ def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
         outside, steps = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, ops, settings)
         assert steps >= len(host_cost.PROMPTS) and outside > 0 and sum(ops.kinds.values()) > 0
         assert ops.kinds["silu"] == eager_layers and clock.inside > 0  # no other decoder layer ran outside a replay
+
+
+def failing(runner, name: str, runs: int, error: Exception):
+    """`runner`, which raises `error` from its call number `runs` + 1 on."""
+    calls = []
+
+    def run(*args, **settings):
+        calls.append(name)
+        if len(calls) > runs:
+            raise error
+        return runner(*args, **settings)
+
+    return run
+
+
+def test_a_method_that_fails_costs_its_own_rows_not_the_bench(embedded, monkeypatch, capsys):
+    """A method whose run raises (on a GPU, a capture or a kernel that fails) is dropped, with why,
+    its rows and those of the methods measured against it; the others are measured on every prompt.
+    A sentence for the person (a setting refused) and AR's failure still end the bench."""
+    cuda_error = RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors ...")
+    monkeypatch.setitem(bench.RUNNERS, "lookahead", failing(bench.RUNNERS["lookahead"], "lookahead", 2, cuda_error))
+    monkeypatch.setitem(bench.RUNNERS, "ar_eager", failing(bench.RUNNERS["ar_eager"], "ar_eager", 0, cuda_error))
+    argv = ["--methods", "ar,lookahead,medusa_eager", "--limit", "2", "--max-new-tokens", "6", "--dtype", "float32",
+            "--device", "cpu"]
+    report = bench.main(argv, embedded)
+    why = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    # lookahead warmed up and ran the first prompt, then failed; the eager twins never ran
+    assert report["failed"] == {"ar_eager": why, "medusa_eager": "its reference ar_eager failed", "lookahead": why}
+    assert list(report["methods"]) == ["ar"] and [row["method"] for row in report["rows"]] == ["ar", "ar"]
+    assert report["prompts"] == {"asked": 2, "done": 2}
+    out, err = capsys.readouterr()
+    assert f"lookahead         failed, no rows: {why}" in out
+    assert "lookahead failed; the bench goes on without it" in err
+    monkeypatch.setitem(bench.RUNNERS, "lookahead", failing(bench.RUNNERS["ar"], "lookahead", 0, SpecDemoError("no")))
+    with pytest.raises(SpecDemoError):
+        bench.main(argv, embedded)
+    monkeypatch.setitem(bench.RUNNERS, "ar", failing(bench.RUNNERS["ar"], "ar", 0, cuda_error))
+    with pytest.raises(RuntimeError):
+        bench.main(argv, embedded)
