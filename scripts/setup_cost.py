@@ -21,12 +21,15 @@ On a CPU the graphs are inductor's compiled passes, which take minutes: `--no-co
 
 import argparse
 import json
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 from specdemo.bench import specdemo_runner
+from specdemo.core.errors import SpecDemoError
 from specdemo.methods import get_method, method_options
 from specdemo.models import capture, load_model
 
@@ -59,8 +62,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.compile:
         target = measure(lambda: capture(target)[0], "the target's graphs", parts, args.json)
     input_ids = target.encode_chat(PROMPT)
-    answers = {name: method_parts(target, name, input_ids, args.tokens, parts, args.json)
-               for name in args.methods.split(",")}
+    answers = {}
+    for name in args.methods.split(","):
+        try:
+            answers[name] = method_parts(target, name, input_ids, args.tokens, parts, args.json)
+        except SpecDemoError:
+            raise
+        except Exception as error:  # noqa: BLE001 -- one method's fault: the others are still measured
+            print(f"{name}: failed: {type(error).__name__}: {error}".splitlines()[0], flush=True)
+            traceback.print_exception(error, file=sys.stderr)
     return {"parts": parts, "answers": answers}
 
 

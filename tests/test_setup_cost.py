@@ -20,3 +20,18 @@ def test_every_part_of_a_fresh_process_is_timed_and_written(tmp_path):
     assert json.loads(out.read_text()) == parts
     for first, second in found["answers"].values():
         assert first == second and len(first) == 4
+
+
+def test_a_method_that_fails_is_told_and_the_others_are_still_timed(monkeypatch, capsys):
+    script = load_script("setup_cost")
+    measured = script.method_parts
+
+    def method_parts(target, name, *args):
+        if name == "medusa":
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        return measured(target, name, *args)
+
+    monkeypatch.setattr(script, "method_parts", method_parts)
+    found = script.main(["--no-compile", "--dtype", "float32", "--methods", "medusa,ar", "--tokens", "2"])
+    assert list(found["answers"]) == ["ar"]
+    assert "medusa: failed: RuntimeError: operation not permitted when stream is capturing" in capsys.readouterr().out
