@@ -91,9 +91,15 @@ def main(argv: list[str] | None = None) -> dict:
               "dtype": str(target.dtype).removeprefix("torch."), "torch": torch.__version__, "context": args.context}
 
     def measured(kind: str, model: torch.nn.Module, passes: CompiledPass | None = None) -> None:
-        """`kind`'s costs, printed and written once measured: a run stopped later keeps them."""
-        report[kind] = costs = pass_costs(model, widths, args.context, args.repeats, passes)
-        print(f"{kind}: " + ", ".join(f"{width} {ms:.2f} ms" for width, ms in costs.items()), flush=True)
+        """`kind`'s costs, printed and written once measured: a run stopped later keeps them. Where
+        its graphs failed (the passes then ran eagerly), why, in place of its costs."""
+        costs = pass_costs(model, widths, args.context, args.repeats, passes)
+        if passes is not None and passes.failed:
+            report.setdefault("failed", {})[kind] = passes.failed.splitlines()[0]
+            print(f"{kind}: not measured, its graphs failed: {report['failed'][kind]}", flush=True)
+        else:
+            report[kind] = costs
+            print(f"{kind}: " + ", ".join(f"{width} {ms:.2f} ms" for width, ms in costs.items()), flush=True)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
 

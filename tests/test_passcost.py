@@ -97,3 +97,18 @@ def test_each_kind_is_written_once_measured(monkeypatch, tmp_path, capsys):
     assert set(kept["eager"]) == set(kept["graphed"]) == {"1", "4"} and "graphed-sdpa" not in kept
     printed = capsys.readouterr().out
     assert printed.startswith("eager: 1 ") and "\ngraphed: 1 " in printed
+
+
+def test_a_kind_whose_graphs_failed_is_reported_as_failed_not_as_its_eager_times(monkeypatch, capsys):
+    """Where capturing fails, the compiled pass runs eagerly (`static.static_pass`): its times
+    are then eager ones, so the report gives why in place of them."""
+    from specdemo.core.static import CompiledPass
+    from tests.conftest import make_tiny_model
+
+    loads(monkeypatch, make_tiny_model())
+    monkeypatch.setattr(passcost, "compile_passes", lambda model, progress=None: CompiledPass(
+        None, (1, 4), "cuda-graphs", failed="RuntimeError: operation not permitted when stream is capturing\nmore"))
+    report = passcost.main(["--graphs", "--widths", "1,4", "--repeats", "1", "--context", "8"])
+    assert "graphed" not in report and set(report["eager"]) == {1, 4}
+    assert report["failed"] == {"graphed": "RuntimeError: operation not permitted when stream is capturing"}
+    assert "graphed: not measured, its graphs failed" in capsys.readouterr().out
