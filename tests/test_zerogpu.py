@@ -106,6 +106,13 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
     assert clicks.ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"]  # loaded at first use
     assert len(warmed) == 1
+    # a GPU of one's own, its graphs captured at start: the short answer still goes first (a setting changed
+    # on the page may need a graph), and nothing is kept for a plan; eager, nothing is captured, so nothing is run
+    monkeypatch.setattr(clicks, "on_zerogpu", lambda: False)
+    monkeypatch.setattr(clicks, "keep", lambda **seconds: pytest.fail("kept off ZeroGPU"))
+    assert clicks.ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 2
+    eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
+    assert clicks.ready(eager, requests[1:2]) is eager and len(warmed) == 2
 
 
 def test_off_zerogpu_the_start_is_as_asked(monkeypatch):

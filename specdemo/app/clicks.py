@@ -153,17 +153,22 @@ def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], 
 
 
 def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedModel:
-    """In a ZeroGPU call's fresh process, the target with its CUDA graphs captured (`models.capture`)
-    and, for the methods of `requests`, their companions loaded with their graphs and whatever else
-    a method captures at its first use (`warmed`), before the first pass, keeping what each took
-    for the next click's plan (`zerogpu.plan_for`): what an earlier call loaded or captured died
-    with its process. Elsewhere the target as it is: the app captured its graphs at start, or was
-    told not to, and companions load at their first use."""
-    if not (on_zerogpu() and target.device.type == "cuda"):
+    """The target a click of `requests` decodes on a GPU, before its first pass: in a ZeroGPU call's
+    fresh process with its CUDA graphs captured (`models.capture`); wherever it has graphs, with
+    the companions of the requests' methods loaded and whatever else a method captures at its first
+    use with the request's settings captured too (`warmed`), so the answer a visitor watches and
+    times captures nothing. A ZeroGPU call keeps what each took for the next click's plan
+    (`zerogpu.plan_for`): what an earlier call loaded or captured died with its process. On a CPU,
+    or without graphs, the target as it is, and companions load at their first use."""
+    if target.device.type != "cuda":
         return target
-    target, seconds = capture(target)
-    if seconds:
-        keep(setup_s=seconds)
+    fresh = on_zerogpu()
+    if fresh:
+        target, seconds = capture(target)
+        if seconds:
+            keep(setup_s=seconds)
+    if target.passes is None:
+        return target
     firsts: dict[str, Request] = {}  # each method's first request
     for request in requests:
         firsts.setdefault(request.method, request)
@@ -173,7 +178,7 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedMode
         method_options(request.method, target)
         warmed(target, request)
         took[companions_key(request.method)] = time.perf_counter() - started
-    if took:  # one write of the state file for them all
+    if fresh and took:  # one write of the state file for them all
         keep(**took)
     return target
 
