@@ -266,3 +266,16 @@ def test_a_rejected_newline_does_not_break_the_answers_lines():
                       data=ChainStep(gamma=2, accept_length=1, target_token=2))
     shown = [(origin, text) for origin, _, text in spans(stream_html([event], words.__getitem__))]
     assert shown == [("accepted", "def"), ("rejected", "↵"), ("target", "\n")]
+
+
+def test_a_jacobi_step_is_explained_in_words_that_agree_with_its_numbers():
+    """A class reads these sentences: "1 guess", "the first was", never "1 guesses" or "the first 0 were"."""
+    def sentence(guesses: int, right: int) -> str:
+        event = StepEvent("jacobi", 60, committed=tuple(range(right + 1)), proposed=tuple(range(guesses)),
+                          accepted=tuple(range(right)), data=JacobiStep(48, 13, [], [], 0, right, [], [], []))
+        return explain_step(event, lambda token: f"t{token}")
+
+    assert "1 guess refined" in sentence(1, 0) and "none was yet what the target predicts" in sentence(1, 0)
+    assert "the first was already" in sentence(4, 1) and "after it ('t1')" in sentence(4, 1)
+    assert "4 guesses refined" in sentence(4, 3) and "the first 3 were already" in sentence(4, 3)
+    assert not any(re.search(r"\b1 guesses|first 0|\b1 tokens\b", sentence(g, r)) for g in (1, 4) for r in range(g))

@@ -46,7 +46,8 @@ def explain_chain(event: StepEvent, said: Said, decode) -> str:
     else:
         verdict = (f"the target agreed with the first {accepted}; it replaced the {ordinal(accepted + 1)} "
                    f"({said.quoted(event.rejected[:1])}) with {said.own}")
-    return f"the draft proposed {proposed} tokens ({said.quoted(event.proposed)}); {verdict}. {said.done}"
+    return (f"the draft proposed {counted(proposed, 'token', 'tokens')} ({said.quoted(event.proposed)}); {verdict}. "
+            f"{said.done}")
 
 
 def explain_tree(event: StepEvent, said: Said, decode) -> str:
@@ -68,11 +69,20 @@ def explain_tree(event: StepEvent, said: Said, decode) -> str:
 
 
 def explain_jacobi(event: StepEvent, said: Said, decode) -> str:
-    return (
-        f"iteration {event.data.iteration} of the block at token {event.data.block_start}: {len(event.proposed)} "
-        f"guesses refined at once; the first {len(event.accepted)} were already what the target predicts, so they are "
-        f"final, and the target's token after them ({said.own}) too. {said.done}"
-    )
+    right = len(event.accepted)
+    one = right == 1
+    final = (f"none was yet what the target predicts, so the target's own token ({said.own}) alone is final"
+             if not right else
+             f"the first{'' if one else f' {right}'} {'was' if one else 'were'} already what the target predicts, "
+             f"so {'it is' if one else 'they are'} final, and the target's token after {'it' if one else 'them'} "
+             f"({said.own}) too")
+    return (f"iteration {event.data.iteration} of the block at token {event.data.block_start}: "
+            f"{counted(len(event.proposed), 'guess', 'guesses')} refined at once; {final}. {said.done}")
+
+
+def counted(number: int, one: str, many: str) -> str:
+    """"1 guess", "3 guesses": `number` and the word that agrees with it."""
+    return f"{number} {one if number == 1 else many}"
 
 
 def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
