@@ -301,7 +301,7 @@ def proposer_of(event: StepEvent) -> str | None:
     if isinstance(data, LookaheadStep):
         return "The n-gram pool"
     if isinstance(data, JacobiStep):
-        return "The Jacobi guess"
+        return "The Jacobi block"
     return None
 
 
