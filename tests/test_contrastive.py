@@ -4,6 +4,7 @@ and the per-step figure."""
 
 import math
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -201,7 +202,11 @@ def test_a_step_is_explained_by_why_the_experts_favourite_lost():
     text = explain_step(contrastive_step(), {2: " cat", 3: " sat", 4: " dog"}.__getitem__)
     assert "' sat' won" in text and "1.10" in text
     assert "preferred ' cat'" in text and "-0.20" in text and "-0.50" in text
-    assert "1 of the top candidates fell below the plausibility cut-off" in text
+    assert "1 of the top candidates fell below the plausibility cut-off and could not win" in text
+    step = contrastive_step()
+    every = [{**candidate, "plausible": True} for candidate in step.data.candidates]
+    text = explain_step(replace(step, data=replace(step.data, candidates=every)), {2: " cat", 3: " sat", 4: " dog"}.get)
+    assert text.endswith("None of the top candidates fell below the plausibility cut-off.")
 
 
 def test_its_tokens_are_the_targets_own_in_the_stream():

@@ -181,7 +181,9 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
         and by_depth[: step.data.accept_length] == [1.0] * step.data.accept_length
     drafted = step.data.tree.sources.count("draft")
     assert f"a tree of {drafted} tokens" in text and f"{max(step.data.tree.depths)} deep in all" in text
-    assert f"followed one for {step.data.accept_length} token(s)" in text
+    accepted = step.data.accept_length
+    assert (f"followed one for {accepted} token{'' if accepted == 1 else 's'} (" if accepted
+            else "agreed with none of them") in text
 
 
 def test_a_copy_follows_the_draft_s_nodes_then_branches_off():
@@ -251,7 +253,7 @@ def test_copy_length_needs_a_tree(tiny_model, prompt_ids):
      ["a tree of 2 tokens", "2 more were copied", "2 of them copied"], []),
     (["draft", "copy", "retrieved", "retrieved"], ["square", "diamond", "diamond"],
      "4 nodes, 1 copied ■, 2 retrieved ◆, 3 accepted",
-     ["a tree of 1 tokens", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote",
+     ["a tree of 1 token,", "1 more was copied", "2 more were retrieved from what the model's earlier answers wrote",
       "2 of them retrieved"],
      ["of them copied"]),
 ])
@@ -272,7 +274,7 @@ def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said,
     assert title in figure.layout.title.text and "copied from the text" in figure.layout.title.text \
         and "from earlier answers" in figure.layout.title.text
     text = explain_step(step, str)
-    assert "for 3 token(s)" in text and all(words in text for words in said) \
+    assert "for 3 tokens" in text and all(words in text for words in said) \
         and not any(words in text for words in unsaid), text
 
 

@@ -236,7 +236,7 @@ def test_a_medusa_step_says_whether_its_tree_was_chosen_for_it():
     step = replace(step, data=replace(step.data, tree_kind="dynamic"))
     text = explain_step(step, decode)
     assert "a tree of 3 candidate tokens (the paths they were surest of at this step)" in text \
-        and "has 1 (' sat')" in text
+        and "has 1 token (' sat')" in text
     step = replace(step, data=replace(step.data, tree_kind="static"))
     assert "surest" not in explain_step(step, decode)
 
@@ -279,3 +279,31 @@ def test_a_jacobi_step_is_explained_in_words_that_agree_with_its_numbers():
     assert "the first was already" in sentence(4, 1) and "after it ('t1')" in sentence(4, 1)
     assert "4 guesses refined" in sentence(4, 3) and "the first 3 were already" in sentence(4, 3)
     assert not any(re.search(r"\b1 guesses|first 0|\b1 tokens\b", sentence(g, r)) for g in (1, 4) for r in range(g))
+
+
+def test_a_steps_words_say_none_and_nothing_where_there_was_none():
+    """Where a step accepted nothing, matched nothing, added nothing or guessed nothing, its sentence
+    and its beats say so in words ("agreed with none", "nothing more"), not as "0 token(s) ()"."""
+    from specdemo.app.views.html import beats_html
+
+    none_kept = replace(medusa_step(), committed=(8,), accepted=(), rejected=(3, 5),
+                        data=replace(medusa_step().data, accepted_path=[]))
+    assert "the target agreed with none of its paths, then the target added ' the'" in explain_step(none_kept, decode)
+    drafted = replace(none_kept, method="speculative", data=replace(none_kept.data, proposer="draft", gamma=2,
+                                                                    tree=Proposal((3, 7, 5), (-1, -1, 0),
+                                                                                  ("draft",) * 3)))
+    assert "the target checked every branch in one pass and agreed with none of them" in explain_step(drafted, decode)
+    ended = replace(medusa_step(), committed=(3,))  # the accepted ' sat' reached the answer's length
+    assert "then the target added nothing more (the answer ended there). 1 token committed" in explain_step(ended,
+                                                                                                          decode)
+    step = LookaheadStep(window=[], new_level=[], candidates=[[2, 3]], candidate_sources=["pool"],
+                         candidate_accept_lengths=[0], best_candidate=None, accept_length=0, pool_size=1)
+    tried = StepEvent("lookahead", step=0, committed=(1,), proposed=(2, 3), rejected=(2, 3), data=step)
+    said = explain_step(tried, decode)
+    assert "verified 1 candidate n-gram from the pool; none matched, then the target added 'The'" in said \
+        and "holds 1 n-gram." in said and "()" not in said and "(s)" not in said
+    untried = replace(tried, proposed=(), rejected=(), data=replace(step, candidates=[]))
+    assert "verified 0 candidate n-grams from the pool; there was none to try" in explain_step(untried, decode)
+    assert "guessed nothing this pass" in beats_html(untried, decode) and "0 tokens" not in beats_html(untried, decode)
+    assert "nothing is final yet" in beats_html(replace(beam_step(), committed=()), decode)
+    assert "these tokens are now final" in beats_html(replace(beam_step(), committed=(1, 2)), decode)

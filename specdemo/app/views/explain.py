@@ -12,8 +12,9 @@ def explain_step(event: StepEvent, decode: Callable[[int], str]) -> str:
     its payload's kind (EXPLAIN), after what every step shares."""
     quoted = lambda tokens: " ".join(repr(decode(t)) for t in tokens)  # noqa: E731
     committed = len(event.committed)
-    said = Said(quoted, quoted(event.committed[len(event.accepted) :]),
-                f"{committed} token{'s' if committed != 1 else ''} committed in one target pass.")
+    # nothing of its own where the answer ended on an accepted token (its length, or an end token)
+    own = quoted(event.committed[len(event.accepted) :]) or "nothing more (the answer ended there)"
+    said = Said(quoted, own, f"{counted(committed, 'token', 'tokens')} committed in one target pass.")
     return f"Step {event.step + 1}: " + EXPLAIN.get(type(event.data), explain_one_token)(event, said, decode)
 
 
@@ -51,20 +52,21 @@ def explain_chain(event: StepEvent, said: Said, decode) -> str:
 
 
 def explain_tree(event: StepEvent, said: Said, decode) -> str:
-    data, accepted = event.data, f"{len(event.accepted)} ({said.quoted(event.accepted) or 'none'})"
+    data, accepted = event.data, len(event.accepted)
     grown, taken = copied_clauses(data)
+    tokens = f"{counted(accepted, 'token', 'tokens')} ({said.quoted(event.accepted)})"
     if data.proposer == "heads":
         chosen = " (the paths they were surest of at this step)" if data.tree_kind == "dynamic" else ""
-        return (
-            f"the heads proposed a tree of {data.tree.sources.count('head')} candidate tokens{chosen}{grown}, checked "
-            f"in one pass with tree attention; the deepest path the target agreed with has {accepted}{taken}, then the "
-            f"target added {said.own}. {said.done}"
-        )
+        agreed = (f"the deepest path the target agreed with has {tokens}{taken}" if accepted
+                  else "the target agreed with none of its paths")
+        heads = counted(data.tree.sources.count("head"), "candidate token", "candidate tokens")
+        return (f"the heads proposed a tree of {heads}{chosen}{grown}, checked in one pass with tree attention; "
+                f"{agreed}, then the target added {said.own}. {said.done}")
+    followed = f"followed one for {tokens}{taken}" if accepted else "agreed with none of them"
     return (
-        f"the draft grew a tree of {data.tree.sources.count('draft')} tokens, keeping the branches it found "
-        f"likeliest{grown}, {data.gamma} deep in all; the target checked every branch in one pass and followed one for "
-        f"{len(event.accepted)} token(s) ({said.quoted(event.accepted) or 'none'}){taken}, then added {said.own}. "
-        f"{said.done}"
+        f"the draft grew a tree of {counted(data.tree.sources.count('draft'), 'token', 'tokens')}, keeping the "
+        f"branches it found likeliest{grown}, {data.gamma} deep in all; the target checked every branch in one pass "
+        f"and {followed}, then added {said.own}. {said.done}"
     )
 
 
@@ -86,12 +88,13 @@ def counted(number: int, one: str, many: str) -> str:
 
 
 def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
-    tried = len(event.data.candidates)
-    best = (f"the best matched {event.data.accept_length} token(s) ({said.quoted(event.accepted)})" if tried
-            else "none to try")
+    tried, matched = len(event.data.candidates), event.data.accept_length
+    best = (f"the best matched {counted(matched, 'token', 'tokens')} ({said.quoted(event.accepted)})" if matched
+            else "none matched" if tried else "there was none to try")
     return (
-        f"the same pass advanced the window by one level and verified {tried} candidate n-gram(s) from the pool; "
-        f"{best}, then the target added {said.own}. {said.done} The pool now holds {event.data.pool_size} n-grams."
+        f"the same pass advanced the window by one level and verified "
+        f"{counted(tried, 'candidate n-gram', 'candidate n-grams')} from the pool; {best}, then the target added "
+        f"{said.own}. {said.done} The pool now holds {counted(event.data.pool_size, 'n-gram', 'n-grams')}."
     )
 
 
@@ -123,7 +126,8 @@ def explain_contrastive_step(event: StepEvent, said: Said, decode: Callable[[int
     else:
         text += ", the expert's own favourite too"
     implausible = sum(not candidate["plausible"] for candidate in data.candidates)
-    return text + f". {implausible} of the top candidates fell below the plausibility cut-off and could not win."
+    return text + (f". {implausible or 'None'} of the top candidates fell below the plausibility cut-off"
+                   f"{' and could not win' if implausible else ''}.")
 
 
 EXPLAIN = {  # a step's sentence, by the kind of its payload (AR's steps carry none)

@@ -316,16 +316,18 @@ def beats_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     method without guesses gets one beat: the target's pass and its token."""
     who, own = proposer_of(event), event.committed[len(event.accepted):]
     if who is None:
-        beats = [("Pass", "The target ran one pass and gave its next token: "
-                  f"{chips(event.committed, own_origin(event), decode)}")]
+        committed = chips(event.committed, own_origin(event), decode)
+        beats = [("Pass", "The target ran one pass; nothing is final yet." if not event.committed
+                  else f"The target ran one pass and gave its next token: {committed}" if len(event.committed) == 1
+                  else f"The target ran one pass, and these tokens are now final: {committed}")]
     else:
         guessed = len(event.proposed)
         beats = [
             ("1. Draft", f"{who} guessed {guessed} token{'s' if guessed != 1 else ''}: "
-             f"{chips(event.proposed, 'guess', decode)}"),
-            ("2. Verify", "The target ran <b>one pass</b> over the answer so far and "
-                          f"{'these guesses' if guessed else 'no guess'}, predicting the next token at every position "
-                          "at once."),
+             f"{chips(event.proposed, 'guess', decode)}" if guessed else f"{who} guessed nothing this pass."),
+            ("2. Verify", "The target ran <b>one pass</b> over the answer so far and these guesses, predicting the "
+                          "next token at every position at once." if guessed else
+                          "The target ran <b>one pass</b> over the answer so far, predicting its next token."),
             ("3. Accept", f"Kept {len(event.accepted)}: {chips(event.accepted, 'accepted', decode)}<br>Threw away: "
                           f"{chips(event.rejected, 'rejected', decode)}<br>Added its own: "
                           f"{chips(own, 'target', decode)}<br><b>{len(event.committed)} "
