@@ -257,6 +257,10 @@ def test_a_speculative_pass_that_drafted_nothing_says_so():
     text = explain_step(StepEvent("speculative", step=0, committed=(7,),
                                   data=ChainStep(gamma=0, accept_length=0, target_token=7)), decode)
     assert "nothing was drafted" in text and "proposed 0" not in text and "accepted all" not in text
+    assert "which this first pass computes" in text and "no room" not in text  # the reason that holds, alone
+    last = explain_step(StepEvent("speculative", step=30, committed=(7,),
+                                  data=ChainStep(gamma=0, accept_length=0, target_token=7)), decode)
+    assert "the answer's last token leaves no room for a draft" in last and "features" not in last
 
 
 def test_a_rejected_newline_does_not_break_the_answers_lines():

@@ -36,11 +36,9 @@ def explain_chain(event: StepEvent, said: Said, decode) -> str:
         return (f"the prompt pass gave the target's first token {said.own}; the heads read its last hidden state to "
                 "guess the tokens after it.")
     if not event.proposed:  # a feature draft's first pass, or no room left to draft
-        return (
-            "nothing was drafted this pass (a feature draft drafts from the target's features, which its first pass "
-            f"computes; an answer's last token leaves no room for a draft), so the target gave {said.own}, as AR "
-            f"would. {said.done}"
-        )
+        why = ("the draft drafts from the target's features, which this first pass computes" if event.step == 0
+               else "the answer's last token leaves no room for a draft")
+        return f"nothing was drafted this pass ({why}), so the target gave {said.own}, as AR would. {said.done}"
     proposed, accepted = len(event.proposed), len(event.accepted)
     if accepted == proposed:
         verdict = f"the target accepted all {proposed} and added {said.own} of its own"
