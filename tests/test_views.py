@@ -311,3 +311,13 @@ def test_a_steps_words_say_none_and_nothing_where_there_was_none():
     assert "guessed nothing this pass" in beats_html(untried, decode) and "0 tokens" not in beats_html(untried, decode)
     assert "nothing is final yet" in beats_html(replace(beam_step(), committed=()), decode)
     assert "these tokens are now final" in beats_html(replace(beam_step(), committed=(1, 2)), decode)
+
+
+def test_titles_and_labels_count_one_token_and_one_pass_in_the_singular():
+    from specdemo.app.views.html import beats_html, replay_frames
+
+    one = jacobi_event(0, 0, [1], (1,), (), [None])
+    assert "1 pass for 1 token" in trajectory_figure([one], decode).layout.title.text
+    assert "1 token committed in this pass" in beats_html(one, decode) and "1 tokens" not in beats_html(one, decode)
+    frames = list(replay_frames([("ar", [replace(one, method="ar", elapsed_s=0.1)])], every_s=1.0))
+    assert frames[-1][0][0].startswith("ar: 1 token, done")

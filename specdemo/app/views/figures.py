@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import plotly.graph_objects as go
 
-from specdemo.app.views.explain import GUESSED
+from specdemo.app.views.explain import GUESSED, counted
 from specdemo.app.views.html import INLINE_REJECTED_LIMIT, own_origin
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import TreeStep
@@ -107,8 +107,9 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
     start = block_events[0].data.block_start
     key = " ".join(f"<span style='color:{colour}'>&#9632;</span> {state}"
                    for colour, state in zip(colours, TRAJECTORY_STATES))
-    title = (f"The initial guess of the block at token {start}: {len(cells[0])} tokens, before any pass" if before
-             else f"Jacobi trajectory of the block at token {start}: {len(cells)} passes for {len(cells[0])} tokens")
+    tokens, passes = counted(len(cells[0]), "token", "tokens"), counted(len(cells), "pass", "passes")
+    title = (f"The initial guess of the block at token {start}: {tokens}, before any pass" if before
+             else f"Jacobi trajectory of the block at token {start}: {passes} for {tokens}")
     rows = ["initial guess", *(f"after pass {k}" for k in range(1, len(cells)))]
     figure.update_layout(
         title=f"{title}<br><sup>{key}</sup>", xaxis_title="position in block", yaxis_autorange="reversed",

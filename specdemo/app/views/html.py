@@ -12,6 +12,7 @@ the acceptance rule: p, q, min(1, p/q) and the uniform draw.
 import html
 from collections.abc import Callable, Iterable, Iterator
 
+from specdemo.app.views.explain import counted
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 
@@ -323,15 +324,15 @@ def beats_html(event: StepEvent, decode: Callable[[int], str]) -> str:
     else:
         guessed = len(event.proposed)
         beats = [
-            ("1. Draft", f"{who} guessed {guessed} token{'s' if guessed != 1 else ''}: "
+            ("1. Draft", f"{who} guessed {counted(guessed, 'token', 'tokens')}: "
              f"{chips(event.proposed, 'guess', decode)}" if guessed else f"{who} guessed nothing this pass."),
             ("2. Verify", "The target ran <b>one pass</b> over the answer so far and these guesses, predicting the "
                           "next token at every position at once." if guessed else
                           "The target ran <b>one pass</b> over the answer so far, predicting its next token."),
             ("3. Accept", f"Kept {len(event.accepted)}: {chips(event.accepted, 'accepted', decode)}<br>Threw away: "
                           f"{chips(event.rejected, 'rejected', decode)}<br>Added its own: "
-                          f"{chips(own, 'target', decode)}<br><b>{len(event.committed)} "
-                          f"token{'s' if len(event.committed) != 1 else ''} committed in this pass.</b>"),
+                          f"{chips(own, 'target', decode)}<br><b>{counted(len(event.committed), 'token', 'tokens')} "
+                          "committed in this pass.</b>"),
         ]
     cells = "".join(f'<div class="specdemo-beat"><h4>{title}</h4>{text}</div>' for title, text in beats)
     return f'{STYLE}{BEATS_STYLE}<div class="specdemo-beats" data-step="{event.step + 1}">{cells}</div>'
@@ -350,7 +351,8 @@ def replay_frames(runs: list[tuple[str, list[StepEvent]]],
         for method, events in runs:
             shown = [event for event in events if event.elapsed_s <= now]
             tokens = sum(len(event.committed) for event in shown)
-            frame.append((f"{method}: {tokens} tokens{', done' if len(shown) == len(events) else ''} ({now:.1f} s)",
+            said = counted(tokens, "token", "tokens")
+            frame.append((f"{method}: {said}{', done' if len(shown) == len(events) else ''} ({now:.1f} s)",
                           shown))
         yield frame
         if now >= end:

@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 import plotly.graph_objects as go
 
+from specdemo.app.views.explain import counted
 from specdemo.app.views.figures import (
     acceptance_by_position_figure,
     beam_figure,
@@ -67,17 +68,17 @@ def best_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> tupl
     if not proposing:
         return None, ""
     best = best_event(proposing)
-    data = best.data
+    data, tokens = best.data, counted(len(best.committed), "token", "tokens")
     if isinstance(data, TreeStep):
-        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens (tree of "
+        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {tokens} (tree of "
                            f"{data.tree.size})"), ""
     if isinstance(data, JacobiStep):
         block = next(b for b in jacobi_blocks(events) if best in b)
         figure = trajectory_figure(block, decode)
-        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {len(best.committed)} tokens, in this "
+        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {tokens}, in this "
                                     f"block<br>{figure.layout.title.text}"), ""
     if isinstance(data, LookaheadStep):
-        return None, (f"<h4>{BEST} (step {best.step + 1}, {len(best.committed)} tokens)</h4>"
+        return None, (f"<h4>{BEST} (step {best.step + 1}, {tokens})</h4>"
                       f"{lookahead_html(best, decode)}")
     return None, ""
 
