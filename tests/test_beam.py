@@ -189,6 +189,18 @@ def test_figure_draws_kept_pruned_and_the_chosen_path(tiny_model, prompt_ids):
     assert "done" in figure.layout.title.text
 
 
+def test_a_long_runs_figure_shows_its_last_steps_so_its_labels_stay_apart(tiny_model, prompt_ids):
+    from specdemo.app.views.figures import BEAM_STEPS_SHOWN
+
+    events, _ = run(tiny_model, prompt_ids, 2, 24, 62)
+    assert len(events) > BEAM_STEPS_SHOWN
+    figure = beam_figure(events, decode=str)
+    low, high = figure.layout.xaxis.range
+    assert high - low == BEAM_STEPS_SHOWN + 1 and low < len(events) - BEAM_STEPS_SHOWN + 1 and high > len(events)
+    assert f"{len(events)} steps, the last {BEAM_STEPS_SHOWN} shown" in figure.layout.title.text
+    assert beam_figure(events[:BEAM_STEPS_SHOWN], decode=str).layout.xaxis.range is None  # a short run: all of it
+
+
 def test_figure_of_a_run_in_progress_has_no_chosen_path(tiny_model, prompt_ids):
     events, _ = run(tiny_model, prompt_ids, 2, 12, 62)
     figure = beam_figure(events[:4], decode=str)

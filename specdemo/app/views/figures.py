@@ -154,6 +154,9 @@ def beam_nodes(events: list[StepEvent]) -> list[dict]:
     return nodes
 
 
+BEAM_STEPS_SHOWN = 12  # a beam figure's steps: at 1280 px wide, each column's labels stay apart
+
+
 def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
     """Beam search so far as a tree: one column per step, each candidate under the beam it extends,
     kept beams filled, finished hypotheses as squares, pruned candidates hollow and grey; once the
@@ -187,8 +190,12 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
                        marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
     k = events[-1].data.num_beams if events else 0
     done = " (done: the chosen answer in green)" if path else ""
-    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{done}",
-                         xaxis=dict(title="step (target pass)", dtick=1),
+    # a long run's labels would overlap: its last steps, room to their right for the last labels
+    last = len(events)
+    shown = f", the last {BEAM_STEPS_SHOWN} shown" if last > BEAM_STEPS_SHOWN else ""
+    span = dict(range=[last - BEAM_STEPS_SHOWN + 0.5, last + 1.5]) if shown else {}
+    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{shown}{done}",
+                         xaxis=dict(title="step (target pass)", dtick=1, **span),
                          yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
     rows = max((len(e.data.beams) for e in events), default=1)
     return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
