@@ -80,11 +80,6 @@ def explain_jacobi(event: StepEvent, said: Said, decode) -> str:
             f"{counted(len(event.proposed), 'guess', 'guesses')} refined at once; {final}. {said.done}")
 
 
-def counted(number: int, one: str, many: str) -> str:
-    """"1 guess", "3 guesses": `number` and the word that agrees with it."""
-    return f"{number} {one if number == 1 else many}"
-
-
 def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
     tried, matched = len(event.data.candidates), event.data.accept_length
     best = (f"the best matched {counted(matched, 'token', 'tokens')} ({said.quoted(event.accepted)})" if matched
@@ -166,6 +161,11 @@ def cllm_quality_html(quality: dict | None) -> str:
             f"repetition), and the base model found its answers {nll:.2f}x as surprising per token as its own. That is "
             f"{verdict} our bounds (at most {bounds['max_bigram_drop']} fewer distinct pairs, at most "
             f"{bounds['max_nll_ratio']}x as surprising).</p>")
+
+
+def counted(number: int, one: str, many: str) -> str:
+    """"1 guess", "3 guesses": `number` and the word that agrees with it."""
+    return f"{number} {one if number == 1 else many}"
 
 
 def ordinal(n: int) -> str:
