@@ -350,3 +350,10 @@ def test_an_example_during_a_run_leaves_the_runs_prompt_alone():
     chosen = one_run.example_chosen(lesson.LIST, False)
     assert chosen["prompt"] == lesson.LIST and not chosen["run_status"].visible
     assert chosen["answer"] == "" and set(one_run.LAST_RUN) <= chosen.keys()
+
+
+def test_the_race_tab_says_which_prompt_it_races_on(embedded):
+    """The Race tab has no prompt of its own: it races Generate's, and says so where its methods are chosen."""
+    props = next(c["props"] for c in build_app(embedded, presets=()).config["components"]
+                 if c["props"].get("elem_id") == "race-methods")
+    assert "prompt" in props["info"] and "Generate tab" in props["info"]

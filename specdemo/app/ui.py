@@ -287,12 +287,15 @@ def step_through_tab() -> StepThroughTab:
                           outputs={"answer": stream, **plots, "method_html": html, "explanation": explanation})
 
 
+RACE_ON = "They race on the prompt and the max new tokens set in the Generate tab."
+
+
 def race_tab() -> RaceTab:
     """The Race tab: the chosen methods against AR on Generate's prompt and length."""
     with gr.Tab("Race", id="race-tab"):
         choice = gr.CheckboxGroup([m for m in METHODS if m != "ar"],
                                   value=[m for m, spec in METHODS.items() if m != "ar" and not spec.other_answer],
-                                  label="Methods against ar")
+                                  label="Methods against ar", elem_id="race-methods", info=RACE_ON)
         with gr.Row(equal_height=True):
             button = gr.Button("Race", variant="primary", elem_id="race")
             stop = gr.Button("Stop", elem_id="race-stop")
