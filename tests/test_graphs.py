@@ -442,8 +442,8 @@ def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():
 
 @pytest.mark.parametrize("method", ["dynamic tree", "static tree", "medusa"])
 def test_a_short_answer_captures_every_graph_a_longer_one_replays(prompt_ids, method):
-    """A ZeroGPU call answers a click's request `clicks.WARM_TOKENS` long before the answer a
-    visitor watches (`clicks.warmed`): that short answer captures every graph the whole answer
+    """A click on a GPU answers its request `clicks.WARM_TOKENS` long before the answer a visitor
+    watches (`clicks.warmed`): that short answer captures every graph the whole answer
     replays (the target's, the draft's passes, its tree's, Medusa's heads'), so none is captured
     while the answer is timed, not even near its end, where a step keeps fewer levels."""
     target = make_tiny_model()
