@@ -75,7 +75,7 @@ def test_the_statistics_table_defines_each_number_so_none_contradicts_another(ru
 
 
 @pytest.mark.parametrize(("method", "who"), [("speculative", "The draft model"), ("medusa", "Medusa's heads"),
-                                             ("lookahead", "The n-gram pool"), ("jacobi", "The Jacobi block")])
+                                             ("lookahead", "Lookahead's n-grams"), ("jacobi", "The Jacobi block")])
 def test_a_step_shows_draft_verify_and_accept_as_three_beats(runs, method, who):
     events, _ = runs[method]
     event = next(e for e in events if e.proposed)

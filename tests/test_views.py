@@ -132,6 +132,8 @@ def test_lookahead_view_lists_window_and_candidates():
     assert "copied from the text:" in page and "2 matched (committed)" in page and "from the pool:" in page \
         and "0 matched" in page
     assert "from earlier answers:" in page
+    assert ("verified 3 candidate n-grams (1 copied from the text, 1 from the pool, 1 from earlier answers); the best "
+            "matched 2 tokens (' cat' ' sat')") in explain_step(event, decode)
     assert [origin for origin, _ in re.findall(r'data-origin="(\w+)">([^<]*)<', page)] == \
         ["accepted", "accepted", "rejected", "rejected", "rejected", "rejected"]
 
@@ -304,10 +306,10 @@ def test_a_steps_words_say_none_and_nothing_where_there_was_none():
                          candidate_accept_lengths=[0], best_candidate=None, accept_length=0, pool_size=1)
     tried = StepEvent("lookahead", step=0, committed=(1,), proposed=(2, 3), rejected=(2, 3), data=step)
     said = explain_step(tried, decode)
-    assert "verified 1 candidate n-gram from the pool; none matched, then the target added 'The'" in said \
+    assert "verified 1 candidate n-gram (1 from the pool); none matched, then the target added 'The'" in said \
         and "holds 1 n-gram." in said and "()" not in said and "(s)" not in said
     untried = replace(tried, proposed=(), rejected=(), data=replace(step, candidates=[]))
-    assert "verified 0 candidate n-grams from the pool; there was none to try" in explain_step(untried, decode)
+    assert "by one level, with no candidate n-gram to verify, then the target added" in explain_step(untried, decode)
     assert "guessed nothing this pass" in beats_html(untried, decode) and "0 tokens" not in beats_html(untried, decode)
     assert "nothing is final yet" in beats_html(replace(beam_step(), committed=()), decode)
     assert "these tokens are now final" in beats_html(replace(beam_step(), committed=(1, 2)), decode)

@@ -1,5 +1,6 @@
 """The page's words: what a step did, why an answer differs from AR's, how a method works, the CLLM's quality check."""
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,14 +82,21 @@ def explain_jacobi(event: StepEvent, said: Said, decode) -> str:
 
 
 def explain_lookahead(event: StepEvent, said: Said, decode) -> str:
-    tried, matched = len(event.data.candidates), event.data.accept_length
-    best = (f"the best matched {counted(matched, 'token', 'tokens')} ({said.quoted(event.accepted)})" if matched
-            else "none matched" if tried else "there was none to try")
-    return (
-        f"the same pass advanced the window by one level and verified "
-        f"{counted(tried, 'candidate n-gram', 'candidate n-grams')} from the pool; {best}, then the target added "
-        f"{said.own}. {said.done} The pool now holds {counted(event.data.pool_size, 'n-gram', 'n-grams')}."
-    )
+    data = event.data
+    tried, matched = len(data.candidates), data.accept_length
+    if tried:
+        where = ", ".join(f"{number} {CANDIDATE_SOURCES.get(source, source)}"
+                          for source, number in Counter(data.candidate_sources).items())
+        best = (f"the best matched {counted(matched, 'token', 'tokens')} ({said.quoted(event.accepted)})" if matched
+                else "none matched")
+        checked = f" and verified {counted(tried, 'candidate n-gram', 'candidate n-grams')} ({where}); {best},"
+    else:
+        checked = ", with no candidate n-gram to verify,"
+    return (f"the same pass advanced the window by one level{checked} then the target added {said.own}. "
+            f"{said.done} The pool now holds {counted(data.pool_size, 'n-gram', 'n-grams')}.")
+
+
+CANDIDATE_SOURCES = {"pool": "from the pool", "copy": "copied from the text", "retrieved": "from earlier answers"}
 
 
 def explain_beam_step(event: StepEvent, said: Said, decode) -> str:

@@ -300,7 +300,7 @@ def proposer_of(event: StepEvent) -> str | None:
     if isinstance(data, (ChainStep, SamplingCheck, TreeStep)):
         return {"draft": "The draft model", "heads": "Medusa's heads"}.get(data.proposer, "The proposer")
     if isinstance(data, LookaheadStep):
-        return "The n-gram pool"
+        return "Lookahead's n-grams"  # from its pool, the text (copied) and earlier answers (retrieved)
     if isinstance(data, JacobiStep):
         return "The Jacobi block"
     return None
