@@ -20,6 +20,7 @@ from specdemo.app.live import (
     Spread,
     amateur_reference,
     cllm_quality,
+    collect,
     divergence_from,
     first_difference,
     median,
@@ -188,8 +189,7 @@ def warmed(target: LoadedModel, request: Request) -> None:
     its method captures at its first use with its settings (a draft tree's graph, Medusa's heads')
     is captured there, not in the steps a visitor watches and times."""
     if request.method != "ar":
-        for _ in run(target, replace(request, max_new_tokens=WARM_TOKENS)):
-            pass
+        collect(run(target, replace(request, max_new_tokens=WARM_TOKENS)))
 
 
 def kept(target: LoadedModel, summary: Summary | None) -> None:
