@@ -272,7 +272,7 @@ Head k predicts the token k + 2 places ahead. `medusa_config.json` lists the {ar
 rank paths most often right on held-out answers, best first (`medusa_choices`); the static tree is
 the first {args.tree_size} (`default_tree_size`), and any prefix of the list is a tree. `medusa` chooses
 a tree of {args.tree_size} nodes afresh each pass by default (`tree="dynamic"`), by the heads' confidences.
-Loaded by `specdemo.methods.medusa.load_heads(EMBEDDED_HEADS, target)`, no network.
+Loaded by `specdemo.methods.medusa.load_heads(specdemo.assets.EMBEDDED_HEADS, target.model)`, no network.
 
 {command_text}
 
@@ -331,7 +331,7 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=80)
     parser.add_argument("--tree-nodes", type=int, default=64, help="rank paths stored, best first")
     parser.add_argument("--tree-size", type=int, default=8,
-                        help="nodes of the static and the dynamic tree (8: with the heads that read the token, 1.80x AR on 26 Spec-Bench questions against 1.60x for 12, docs/methods/medusa.md)")
+                        help="nodes of the static and the dynamic tree (8: with the heads that read the token, 1.80x AR on 26 Spec-Bench questions against 1.60x for 12: git show 4f4c763:docs/methods/medusa.md)")
     args = parser.parse_args()
     selfdistill.on_default_device()
     report = train(args)

@@ -239,7 +239,7 @@ def fitted_size(size: int, copied: int, bucket: Callable[[int], int | None] | No
       the copy and all `size` nodes; a tree too large for every bucket fills the widest, down to
       half its size, rather than run its pass eagerly;
     - on a CPU (a pass costs about its width in compute), the narrowest bucket holding the root,
-      the copy and half the tree: Medusa's 12 nodes run as 8 (7 nodes), not 16 (15). Past
+      the copy and half the tree: a 12-node tree without a copy runs as 8 (7 nodes), not 16 (15). Past
       CPU_WIDEST the tree gives way to the copy, down to one node, rather than take a bucket
       twice as wide (docs/history/benchmarks-log.md has what each choice measured).
     At least half of `size` stay (on a CPU, within CPU_WIDEST)."""

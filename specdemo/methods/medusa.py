@@ -213,7 +213,7 @@ def grow(heads: MedusaHeads, hidden: torch.Tensor, token: int, *, depth: int, to
     the children of the nodes at depth k from [h; e(x); e(y_1); ...; e(y_k)], their paths. The
     root may get all `size` nodes as children: head 0 is right far less often than a draft's first
     guess (it sees one hidden state, no attention), and its alternatives are most of what a small
-    tree gains (docs/methods/medusa.md has the tokens a pass with and without them)."""
+    tree gains."""
     # [1, 2H]
     joined = torch.cat([hidden, heads.embedded(tensor_on(token, hidden.device), hidden.dtype)])[None]
 
