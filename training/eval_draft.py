@@ -11,7 +11,7 @@ token, so with agreement a the expected tokens per target pass at draft length Î
 token is among the three a tree's node may branch into; "in vocabulary", how often the draft
 could propose it at all (its vocabulary is the target's most used tokens). The training reports
 measure the same on held-out *training-style* prompts; this measures it on real ones
-(Spec-Bench's: docs/methods/speculative.md). With `--folders`, several feature drafts read the same
+(Spec-Bench's: `git show 4f4c763:docs/methods/speculative.md`). With `--folders`, several feature drafts read the same
 answers, so their agreements differ by the drafts alone: in bfloat16 a bench run's answers differ
 between drafts wherever two tokens nearly tie, which moves its tokens a pass by category more than
 a small change of the draft does.

@@ -196,7 +196,7 @@ def children_to_fill(size: int, depth: int, top_k: int) -> int:
     can hold `size` nodes: it holds top_k + (depth - 1) * top_k^2 at most (top_k nodes expanded a
     level). On the compiled path a tree is given the slots its padded pass has (`static.fitted_size`),
     and a slot left empty is a node verified for nothing, so the tree takes as many children a
-    node as fill them (docs/methods/speculative.md measures the default tree both ways)."""
+    node as fill them (`git show 4f4c763:docs/methods/speculative.md` measured the default tree both ways)."""
     while top_k < size and top_k + (depth - 1) * top_k * top_k < size:
         top_k += 1
     return top_k

@@ -13,7 +13,7 @@ import torch
 from specdemo.core.errors import check_whole
 
 # tokens a tree's copied branch may hold: the best of 0 to 16 for
-# speculative on our bench prompts (docs/methods/speculative.md)
+# speculative on our bench prompts (`git show 4f4c763:docs/methods/speculative.md`)
 COPY_LENGTH = 8
 # copy only after a repeat of at least 2 tokens: after 1, the copy is rarely right and widens the pass
 SHORTEST_MATCH = 2

@@ -51,8 +51,8 @@ RETRIEVED_SHARE = 0.5  # a retrieved guess goes on while at least half the earli
 # the next token: past that its nodes are seldom accepted, and on a CPU each node costs a few percent of an AR pass
 
 # a tree's nodes where the method chooses (`auto_tree_size`), with draft_tree_top_k = 3, 2 deep: the fastest size on a
-# CPU, where each node costs a few percent of a pass (docs/methods/speculative.md); a GPU's set has its own
-# (`specdemo.defaults`)
+# CPU, where each node costs a few percent of a pass (`git show 4f4c763:docs/methods/speculative.md`); a GPU's set has
+# its own (`specdemo.defaults`)
 AUTO_TREE_SIZE = 7
 
 
