@@ -75,6 +75,11 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
     page.get_by_role("tab", name="Generate").click()
     page.locator("#max-new-tokens input[type=number]").fill("32")
     page.get_by_role("tab", name="Race").click()
+    # the methods' info line reads as well as its label (Gradio's own grey is under 2:1 on white)
+    colours = page.locator("#race-methods").evaluate(
+        "r => [r.querySelector('.info-text'), r.querySelector('[data-testid=block-info]')]"
+        ".map(e => getComputedStyle(e).color)")
+    assert colours[0] == colours[1], colours
     page.locator("#race").click()
     chart = page.locator("#race-plot .js-plotly-plot")
     expect(chart.first).to_be_visible(timeout=300_000)
@@ -86,9 +91,20 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
 @pytest.mark.slow
 def test_the_projectors_first_screen_fits_beside_the_model_menu_and_the_precision_switch(browser, fast_app):
     """The header's row with all it can hold (the model menu, offering the model on disk, and the
-    precision switch) leaves the lesson's first screen inside a 1280x720 projector's viewport."""
+    precision switch) leaves the lesson's first screen inside a 1280x720 projector's viewport; with
+    large text the menu still shows the model's whole name and the switch stays on one line."""
     page = lesson_step_generated_on_a_projector(browser, fast_app.local_url)
     expect(page.locator("#model")).to_be_visible()
     expect(page.locator("#precision")).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / "lesson-generate-precision.png"))
+    page.locator("#large-text input").check()
+    page.wait_for_timeout(300)
+    # the name's drawn width against the room left of the menu's arrow (the input runs on under the arrow)
+    name, room = page.locator("#model").evaluate(
+        "m => { const i = m.querySelector('input'), c = document.createElement('canvas').getContext('2d');"
+        " c.font = getComputedStyle(i).font; return [c.measureText(i.value).width,"
+        " m.querySelector('.icon-wrap').getBoundingClientRect().left - i.getBoundingClientRect().left]; }")
+    assert name <= room, (name, room)
+    tops = page.locator("#precision label").evaluate_all("labels => labels.map(l => l.getBoundingClientRect().top)")
+    assert len(tops) == 2 and abs(tops[0] - tops[1]) < 2, tops
     page.close()

@@ -371,6 +371,8 @@ PAGE_STYLE = """
 .specdemo-stats td:last-child { color: #5f6368; font-size: 0.9em; }
 #race-table th, #race-table td { word-break: normal; overflow-wrap: normal; }
 .specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
+/* a control's info line as legible as its label: Gradio's is too faint for a projector (under 2:1 on white) */
+.info-text { color: var(--block-label-text-color) !important; }
 body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-lg: 21px; --text-xl: 26px;
   --text-xxl: 30px; --block-label-text-size: 16px; --block-info-text-size: 16px; --block-title-text-size: 18px;
   --input-text-size: 19px; --body-text-size: 19px; --section-header-text-size: 19px;
@@ -378,5 +380,8 @@ body.specdemo-large { --text-xs: 14px; --text-sm: 16px; --text-md: 19px; --text-
 body.specdemo-large .specdemo-stream { font-size: 24px !important; line-height: 1.6; }
 body.specdemo-large .specdemo-stats, body.specdemo-large .specdemo-beats,
 body.specdemo-large .specdemo-legend { font-size: 18px; }
+/* grown text keeps the model's whole name and the precision switch on one line; the display switches give way */
+body.specdemo-large #model { min-width: 420px !important; }
+body.specdemo-large #precision { min-width: 360px !important; }
 </style>
 """
