@@ -44,7 +44,7 @@ ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "adapter_config.json"
 DECODERS = ("lookahead", "jacobi")
 # lookahead's window on the CLLM weights: 1 column, not lookahead's 2. Its window's n-grams are rarely what a
-# pass accepts, and feeding fewer tokens makes each pass cheaper (docs/methods/cllm.md has the measurement)
+# pass accepts, and feeding fewer tokens makes each pass cheaper (`git show 4f4c763:docs/methods/cllm.md`)
 WINDOW = 1
 QUALITY_FILE = "quality.json"  # training/cllm_quality.py: is the CLLM still a good model? (distinct bigrams, base NLL)
 

@@ -42,8 +42,8 @@ from specdemo.methods.jacobi import check_greedy
 from specdemo.methods.prompt_lookup import copy_from_text, until_eos
 from specdemo.methods.retrieval import Datastore
 
-# W, N, G and the copy's length: the fastest we measured on a 2-core CPU (docs/methods/jacobi.md);
-# cllm, decoded by lookahead, takes the same but a window of 1 (`cllm.WINDOW`, docs/methods/cllm.md)
+# W, N, G and the copy's length: the fastest measured on a 2-core CPU (`git show 4f4c763:docs/methods/jacobi.md`);
+# cllm, decoded by lookahead, takes the same but a window of 1 (`cllm.WINDOW`)
 WINDOW, NGRAM, CANDIDATES, COPY_LENGTH = 2, 3, 3, 6
 MAX_RETRIEVED_BRANCHES = 8  # guesses from earlier answers a pass may verify, each after another next token
 
@@ -102,7 +102,7 @@ def generate(
     them copied from the text, up to `copy_length` tokens long, and with `retrieve` the next
     `retrieved_branches` guessed as long from `datastore`, the target's earlier answers, each after
     another next token: `retrieval.Datastore.continuations`). The defaults are the fastest
-    we measured on a 2-core CPU (docs/methods/jacobi.md); a GPU affords the paper's larger W, N, G,
+    measured on a 2-core CPU (`git show 4f4c763:docs/methods/jacobi.md`); a GPU affords the paper's larger W, N, G,
     since a wider pass costs it little. `passes`: the model's compiled static pass (None: eager)."""
     check_greedy(sampling, method_name)
     for name, value, low, high in (("window", window, 1, 32), ("ngram", ngram, 2, 8), ("candidates", candidates, 0, 32),
