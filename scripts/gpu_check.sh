@@ -20,6 +20,8 @@
 #    against graphed AR, a row at a time;
 # 6b. what a fresh process pays before its first token, as a ZeroGPU call does (`scripts/setup_cost.py`): the
 #    target's graphs, each method's companions, its first answer against its second;
+# 6c. the other route a ZeroGPU call could take (`scripts/aot_cost.py`): the target's pass compiled ahead of time,
+#    what compiling and a call's load cost, and its pass eager, graphed by hand, compiled, and compiled then graphed;
 # 7. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
 #    GPU's idle time a step by the function of ours the host was in;
@@ -92,6 +94,10 @@ timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-categor
 
 say "6b. what a fresh process pays before its first token (a ZeroGPU call; scripts/setup_cost.py)"
 timeout $(cap 35) $PY scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json" \
+    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+
+say "6c. ZeroGPU's ahead-of-time route for the target's pass of one token (scripts/aot_cost.py)"
+timeout $(cap 90) $PY scripts/aot_cost.py --dtype bfloat16 --widths 1 --json "$R/aot.json" \
     2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 
 say "7. where a step's time goes: the GPU busy against waiting for the host"

@@ -102,18 +102,21 @@ class StaticKV(Cache):
     grows with their square), and on a CPU a copy a layer costs next to nothing.
     `passes`: the compiled pass (`static.CompiledPass`) that runs this cache's passes, given when
     the cache is made (`static.request_cache`); None runs them eagerly.
+    `buffer`: the one tensor to use, where its caller owns it (an exported pass takes it as an input).
     `rotary`: each position's rotary cosine and sine [capacity, 2, D] where the pass reads them from
     a table (`llama.rotary_table`, made with the buffer as gpt-fast makes its `freqs_cis` with its
     caches); None: the pass computes its own."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, passes=None, rotary: torch.Tensor | None = None,
-                 per_layer: bool = False):
+                 per_layer: bool = False, buffer: torch.Tensor | None = None):
         config = model.config.get_text_config(decoder=True)
         self.start = torch.zeros((), dtype=torch.long, device=model.device)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape, count = (2, 1, heads, capacity, head_dim), config.num_hidden_layers
-        self.buffer = None if per_layer else torch.zeros(count, *shape, dtype=model.dtype, device=model.device)
+        if buffer is None and not per_layer:
+            buffer = torch.zeros(count, *shape, dtype=model.dtype, device=model.device)
+        self.buffer = buffer
         pairs = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(count)] if per_layer \
             else self.buffer
         super().__init__(layers=[SlotLayer(capacity, self.start, pair) for pair in pairs])

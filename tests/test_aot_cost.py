@@ -1,0 +1,49 @@
+"""`scripts/aot_cost.py`, the prepared GPU check's measure of ZeroGPU's ahead-of-time route, on a
+tiny model on a CPU: the exported pass gives the static pass's values and writes the KV buffer
+the app's passes write, and a row reports every part of the route."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specdemo.core import llama
+from specdemo.core.kvcache import StaticKV
+from specdemo.core.static import static_pass
+
+from conftest import load_script, make_tiny_model
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="AOTInductor compiles C++ on a CPU")
+
+
+def test_the_exported_pass_is_the_static_pass():
+    """Run as a module (what `torch.export` traces), the pass gives the hidden states, logits and
+    KV entries of `static.static_pass` run eagerly on a cache of the app's own."""
+    script = load_script("aot_cost")
+    model = make_tiny_model().requires_grad_(False)
+    width, context = 4, 6
+    module = script.ExportedPass(model, width, 64)
+    inputs, layout, buffer = script.pass_inputs(model, width, context, 64)
+    cache = StaticKV(model, 64, rotary=llama.rotary_table(model.get_decoder(), 64))
+    cache.length = context
+    with torch.inference_mode():
+        hidden, logits = module(inputs, layout, buffer)
+        expected, rows = static_pass(model, cache, inputs, np.arange(context, context + width),
+                                     np.tri(width, dtype=bool), rows=range(width))
+    torch.testing.assert_close(hidden, expected)
+    torch.testing.assert_close(logits[0], rows)
+    written = slice(context, context + width)
+    torch.testing.assert_close(buffer[..., written, :], cache.buffer[..., written, :])
+    assert not buffer[..., : context, :].any() and not buffer[..., context + width :, :].any()
+
+
+@needs_compiler
+def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_pass(tmp_path):
+    script = load_script("aot_cost")
+    model = make_tiny_model().requires_grad_(False)
+    row = script.measure_width(model, 8, 16, 2, tmp_path)
+    for part in ("export_s", "compile_s", "fresh_load_s", "load_s", "package_mb", "eager ms", "ahead of time ms"):
+        assert row[part] > 0, part
+    assert row["eager gap"] == 0.0 and row["ahead of time gap"] < 1e-4
+    assert not any("graphed" in key for key in row)  # CUDA graphs wait for a GPU
