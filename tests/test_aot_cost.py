@@ -46,4 +46,5 @@ def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_p
     for part in ("export_s", "compile_s", "fresh_load_s", "load_s", "package_mb", "eager ms", "ahead of time ms"):
         assert row[part] > 0, part
     assert row["eager gap"] == 0.0 and row["ahead of time gap"] < 1e-4
+    assert row["eager same top tokens"] and row["ahead of time same top tokens"]
     assert not any("graphed" in key for key in row)  # CUDA graphs wait for a GPU
