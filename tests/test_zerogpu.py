@@ -54,6 +54,22 @@ def test_a_click_declares_what_it_plans_within_the_cap():
     assert zerogpu.plan_click(6, 128, 20.0, 0.006, 10.0).declared_s <= 10
 
 
+@pytest.mark.parametrize("factor, runnable", [(1.0, 10), (1.5, 9), (1.3, 9)])
+def test_a_click_charges_at_most_the_cap_whatever_the_gpu_kinds_duration_factor(spaces, factor, runnable):
+    """ZeroGPU charges and grants a declared second times its GPU kind's factor (1.5 on an RTX PRO
+    6000): a click declares its seconds divided by it, so a visitor pays at most the cap a click and
+    gets at least 12 clicks a day, and the call is granted what it plans to run, within the whole
+    seconds a whole number of declared ones grants (`runnable`)."""
+    spaces.reset(duration_factor=factor)
+    for runs, tokens, measure in ((2, 128, 8.0), (2, 16, 0.0), (6, 128, 20.0), (2, 512, 8.0)):
+        plan = zerogpu.plan_for(runs, tokens, measure, 10.0)
+        wanted = zerogpu.plan_click(runs, plan.max_new_tokens, plan.measure_s, zerogpu.PASS_S, 100.0).declared_s
+        assert plan.factor == factor and round(int(plan.declared_s) * factor) <= 10
+        assert plan.granted_s >= min(wanted, runnable)
+    assert spaces.QUOTA_S // round(zerogpu.whole_cap(10.0).declared_s * factor) >= 12
+    assert zerogpu.whole_cap(10.0).granted_s <= 10
+
+
 def test_on_zerogpu_the_model_goes_to_cuda_at_start_uncaptured(spaces):
     assert zerogpu.at_start(None, None) == ("cuda", False)
     assert zerogpu.at_start("cpu", True) == ("cpu", True)  # what the command line asks, it gets
@@ -130,14 +146,16 @@ def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
     assert "used up" in zerogpu.refusal_sentence(error) and "23:59:12" in zerogpu.refusal_sentence(error)
 
 
-def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(embedded, spaces):
+@pytest.mark.parametrize("factor", [1.0, 1.5])
+def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(embedded, spaces, factor):
+    spaces.reset(duration_factor=factor)
     as_visitor("first")
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))
     assert outputs and len(spaces.CALLS) == 1
     call = spaces.CALLS[0]
-    assert call["visitor"] == "first" and 0 < call["declared_s"] <= LIMITS.gpu_max_s \
-        and call["elapsed_s"] <= call["declared_s"]
+    assert call["visitor"] == "first" and 0 < call["charged_s"] <= LIMITS.gpu_max_s \
+        and call["elapsed_s"] <= call["charged_s"]
 
 
 def test_thirty_visitors_at_once_all_get_their_answers_on_the_gpu(embedded, spaces):

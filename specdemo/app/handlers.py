@@ -44,6 +44,7 @@ from specdemo.app.zerogpu import (
     on_zerogpu,
     plan_for,
     unplanned,
+    whole_cap,
     with_cpu_fallback,
 )
 from specdemo.core.errors import SpecDemoError
@@ -54,9 +55,9 @@ from specdemo.presets import Preset, preset_for, preset_named
 
 
 def click_budget(plan: GpuPlan) -> Deadline:
-    """The click's deadline: its budget, or on ZeroGPU what it declared less a margin, so that no
-    GPU call runs past its declaration."""
-    return budget(plan.declared_s - zerogpu.MARGIN_S if plan.declared_s else None)
+    """The click's deadline: its budget, or on ZeroGPU what its declaration grants less a margin, so
+    that no GPU call runs past it."""
+    return budget(plan.granted_s - zerogpu.MARGIN_S if plan.declared_s else None)
 
 
 KNOBS = (  # in the order of the page's inputs
@@ -344,7 +345,7 @@ class Handlers:
             self.targets(self.targets.on_disk)  # loaded before the GPU call, as Generate loads its model
         except SpecDemoError as error:
             raise gr.Error(str(error)) from error
-        plan = GpuPlan(LIMITS.gpu_max_s, 0, 0.0) if on_zerogpu() else unplanned(0, 0.0)  # it measures the cost
+        plan = whole_cap(LIMITS.gpu_max_s) if on_zerogpu() else unplanned(0, 0.0)  # it measures the cost
         records = with_cpu_fallback(self.measure_on_gpu, self.decode_pass_costs, plan)
         with contextlib.closing(records):
             for record in records:

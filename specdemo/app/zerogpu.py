@@ -1,17 +1,19 @@
 """ZeroGPU, the shared GPUs of a free Hugging Face Space: what a click declares, and what a refusal means.
 
 The platform's rules, as the `spaces` package applies them (`spaces/zero/client.py`):
-- A GPU call declares its duration before it runs. The platform charges the declared seconds to
-  the visitor's daily quota (120 s without a login) and refuses the call when they exceed what is
-  left ("ZeroGPU quota exceeded") or the tier's maximum ("ZeroGPU illegal duration"); a call
-  that waited too long for a GPU is refused too ("ZeroGPU queue timeout"). A shorter declaration
-  also queues ahead of a longer one.
+- A GPU call declares its duration before it runs. The platform charges the declared seconds,
+  times its GPU kind's duration factor (`spaces/zero/configs.json`: 1.0 on an H200, 1.5 on an
+  RTX PRO 6000, whose calls it also grants that much longer), to the visitor's daily quota (120 s
+  without a login) and refuses the call when they exceed what is left ("ZeroGPU quota exceeded")
+  or the tier's maximum ("ZeroGPU illegal duration"); a call that waited too long for a GPU is
+  refused too ("ZeroGPU queue timeout"). A shorter declaration also queues ahead of a longer one.
 - Every call runs in a fresh forked process: what it captures or compiles dies with it.
 
 So a click declares what it will run, not a constant (`plan_click`): its passes at the pass cost
 measured on this device, its timing rounds, the setup of a fresh process and a margin, within
-`LIMITS.gpu_max_s`. What cannot fit is shortened first in timing, then in new tokens, and the
-page says so. A refused click runs on the CPU instead (`refused`, `refusal_sentence`).
+`LIMITS.gpu_max_s` of the visitor's quota, whatever the factor (`plan_for`). What cannot fit is
+shortened first in timing, then in new tokens, and the page says so. A refused click runs on the
+CPU instead (`refused`, `refusal_sentence`).
 """
 
 import importlib.util
@@ -40,6 +42,12 @@ class GpuPlan:
     measure_s: float  # seconds of timing rounds (0: the streamed runs' speed, no spread)
     note: str = ""  # what was shortened, or why the click runs on the CPU, for the page ("" when neither)
     on_cpu: bool = False  # ZeroGPU refused the click: it runs on the Space's CPU
+    factor: float = 1.0  # the seconds ZeroGPU charges and grants a declared second (`duration_factor`)
+
+    @property
+    def granted_s(self) -> float:
+        """The seconds the call may run: what it declared, times the factor."""
+        return self.declared_s * self.factor
 
 
 def on_zerogpu() -> bool:
@@ -67,11 +75,34 @@ def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
 def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float, methods: tuple[str, ...] = ()) -> GpuPlan:
     """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, with a fresh
     process's setup as kept: the target's graphs, and the companions of each of `methods` (none
-    before a call measured them); elsewhere `unplanned`."""
+    before a call measured them); elsewhere `unplanned`. `cap_s` bounds what the click charges the
+    visitor: on a GPU kind with a duration factor it declares its seconds divided by the factor,
+    which the platform grants and charges multiplied."""
     if not on_zerogpu():
         return unplanned(max_new_tokens, measure_s)
     setup_s = kept("setup_s", SETUP_S) + sum(kept(companions_key(method), 0.0) for method in set(methods))
-    return plan_click(runs, max_new_tokens, measure_s, kept("pass_s", PASS_S), cap_s, setup_s)
+    factor = duration_factor()
+    # whole seconds the call may run: a whole number of declared seconds, times the factor, within the cap
+    runnable = math.floor(math.floor(cap_s / factor) * factor)
+    plan = plan_click(runs, max_new_tokens, measure_s, kept("pass_s", PASS_S), runnable, setup_s)
+    return replace(plan, declared_s=math.ceil(plan.declared_s / factor), factor=factor)
+
+
+def whole_cap(cap_s: float) -> GpuPlan:
+    """A plan that declares all of `cap_s` the factor allows (a click that measures what it runs for)."""
+    factor = duration_factor()
+    return GpuPlan(math.floor(cap_s / factor), 0, 0.0, factor=factor)
+
+
+def duration_factor() -> float:
+    """What ZeroGPU charges, and grants, for each declared second on this Space's GPU kind (the
+    `spaces` package's own config); 1.0 where the package does not say."""
+    try:
+        from spaces.zero.config import get_config
+
+        return float(get_config()["duration_factor"])
+    except Exception:  # noqa: BLE001 -- an older or another package: a second is a second
+        return 1.0
 
 
 def companions_key(method: str) -> str:

@@ -5,15 +5,17 @@ What it keeps of the real package (`spaces/zero/client.py` and `wrappers.py`, ve
 - `spaces.GPU(duration=...)` wraps a function or a generator; `duration` is seconds or a callable
   of the call's arguments, evaluated before the call runs;
 - each visitor has a daily quota (QUOTA_S, 120 s without a login), charged by the *declared*
-  duration, checked before the call runs, with the same `gr.Error` titles and messages:
+  duration in whole seconds times the GPU kind's duration factor (DURATION_FACTOR, which
+  `spaces.zero.config.get_config` gives: 1.5 on an RTX PRO 6000), checked before the call runs,
+  with the same `gr.Error` titles and messages:
   "ZeroGPU quota exceeded" ("You have exceeded your ZeroGPU quota (Ns requested vs. Ms left).
   Try again in H:MM:SS.") and "ZeroGPU illegal duration" (above TIER_MAX_S);
 - a visitor is the request's `x-ip-token` header (the platform's), else its client's address;
 - a call waits, uncharged and untimed, for the Space's one GPU (`GPUS`).
 What it cannot keep on a CPU: the GPU itself and the forked worker process.
-`CALLS` records every call (visitor, declared and elapsed seconds) for the tests to check.
+`CALLS` records every call (visitor, declared, charged and elapsed seconds) for the tests to check.
 SPACES_STANDIN_QUOTA_S sets the daily quota at import (`make space-check` uses a short one to
-reach a used-up quota in a few clicks).
+reach a used-up quota in a few clicks), SPACES_STANDIN_DURATION_FACTOR the factor.
 """
 
 import functools
@@ -25,6 +27,7 @@ from datetime import timedelta
 
 QUOTA_S = int(os.environ.get("SPACES_STANDIN_QUOTA_S", "120"))  # a visitor without a login, a day
 TIER_MAX_S = 120  # the longest call the tier allows
+DURATION_FACTOR = float(os.environ.get("SPACES_STANDIN_DURATION_FACTOR", "1.0"))  # the GPU kind's, a declared second
 USED: dict[str, float] = {}  # visitor -> seconds charged today
 CALLS: list[dict] = []
 LOCK = threading.Lock()
@@ -37,10 +40,10 @@ def inside() -> bool:
     return getattr(INSIDE, "call", False)
 
 
-def reset(quota_s: int = 120) -> None:
-    """A new day: every visitor's quota back, the calls forgotten."""
-    global QUOTA_S
-    QUOTA_S = quota_s
+def reset(quota_s: int = 120, duration_factor: float = 1.0) -> None:
+    """A new day on a GPU kind of `duration_factor`: every visitor's quota back, the calls forgotten."""
+    global QUOTA_S, DURATION_FACTOR
+    QUOTA_S, DURATION_FACTOR = quota_s, duration_factor
     USED.clear()
     CALLS.clear()
 
@@ -54,11 +57,12 @@ def visitor() -> str:
     return request.headers.get("x-ip-token") or (request.client.host if request.client else "local")
 
 
-def schedule(seconds: float) -> str:
-    """The platform's pre-check: refuse before the call runs, or charge its declared seconds."""
+def schedule(seconds: float) -> tuple[str, int]:
+    """The platform's pre-check: refuse before the call runs, or charge its declared whole seconds
+    times the duration factor; the visitor and the seconds charged (which the call is granted)."""
     import gradio as gr
 
-    who, requested = visitor(), round(seconds)
+    who, requested = visitor(), round(int(seconds) * DURATION_FACTOR)
     if requested > TIER_MAX_S:
         raise gr.Error(f"The requested GPU duration ({requested}s) is larger than the maximum allowed",
                        title="ZeroGPU illegal duration")
@@ -69,7 +73,7 @@ def schedule(seconds: float) -> str:
                            f"left). Try again in {timedelta(hours=23, minutes=59, seconds=12)}. ",
                            title="ZeroGPU quota exceeded")
         USED[who] = USED.get(who, 0) + requested
-    return who
+    return who, requested
 
 
 def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's name)
@@ -84,7 +88,7 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
         @functools.wraps(task)
         def generator(*args, **kwargs):
             seconds = declared(*args, **kwargs)
-            who = schedule(seconds)
+            who, granted = schedule(seconds)
             GPUS.acquire()
             started = time.monotonic()
             INSIDE.call = True
@@ -96,7 +100,8 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
                     INSIDE.call = True
             finally:
                 INSIDE.call = False
-                CALLS.append({"visitor": who, "declared_s": seconds, "elapsed_s": time.monotonic() - started})
+                CALLS.append({"visitor": who, "declared_s": seconds, "charged_s": granted,
+                              "elapsed_s": time.monotonic() - started})
                 GPUS.release()
 
         return generator
@@ -104,7 +109,7 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
     @functools.wraps(task)
     def function(*args, **kwargs):
         seconds = declared(*args, **kwargs)
-        who = schedule(seconds)
+        who, granted = schedule(seconds)
         with GPUS:
             started = time.monotonic()
             INSIDE.call = True
@@ -112,6 +117,7 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
                 return task(*args, **kwargs)
             finally:
                 INSIDE.call = False
-                CALLS.append({"visitor": who, "declared_s": seconds, "elapsed_s": time.monotonic() - started})
+                CALLS.append({"visitor": who, "declared_s": seconds, "charged_s": granted,
+                              "elapsed_s": time.monotonic() - started})
 
     return function
