@@ -100,6 +100,7 @@ def milliseconds(run, device: torch.device, repeats: int) -> float:
 
 
 def seconds(run) -> tuple[object, float]:
+    """run()'s value and the seconds it took on the host (compiling and loading are the host's work)."""
     started = time.perf_counter()
     value = run()
     return value, time.perf_counter() - started
