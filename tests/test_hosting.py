@@ -144,9 +144,11 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
     assert targets(None, handlers.EXACT) is embedded and targets.resident is b  # the start is never evicted
 
 
-def test_a_space_starts_without_the_gpu_presets_and_its_readme_preloads_the_model():
+def test_a_space_starts_without_the_gpu_presets_and_its_readme_preloads_the_model_and_asks_for_zerogpu():
     assert limits.limits_from({}).presets and not limits.limits_from({"SPACE_ID": "someone/specdemo"}).presets
     assert limits.limits_from({"SPACE_ID": "someone/specdemo", "SPECDEMO_PRESETS": "1"}).presets
     front = Path(__file__).resolve().parents[1].joinpath("README.md").read_text().split("---")[1]
     assert "preload_from_hub:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front \
         and "models:\n  - HuggingFaceTB/SmolLM2-135M-Instruct" in front
+    # ZeroGPU's hardware name on the Hub, so that a teacher's duplicate of the Space is offered it
+    assert "\nsuggested_hardware: zero-a10g\n" in front
