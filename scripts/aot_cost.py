@@ -39,6 +39,7 @@ import torch
 from torch._inductor.package.package import package_aoti
 
 from specdemo.core import llama
+from specdemo.core.errors import in_one_line
 from specdemo.core.graphs import layout_views, padded_inputs, recorded
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import JOINED_SHARE, capacity, joined_forward, padded_layout, static_forward
@@ -146,7 +147,7 @@ def measure_width(model, width: int, context: int, repeats: int, folder: Path) -
                 graph, out = recorded(run, device, torch.cuda.graph_pool_handle())
                 ways[f"{name}, graphed"] = (lambda graph=graph, out=out: (graph.replay(), out)[1])
             except Exception as error:  # noqa: BLE001 -- a capture that fails is a finding: told, and the rest goes on
-                row[f"{name}, graphed"] = f"{type(error).__name__}: {error}".splitlines()[0]
+                row[f"{name}, graphed"] = in_one_line(error)
     with torch.inference_mode():
         for name, run in ways.items():
             logits = run()[1]
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row = measure_width(model, width, args.context, args.repeats, Path(folder))
             except Exception as error:  # noqa: BLE001 -- a route that fails here is the finding: said, and kept
                 traceback.print_exception(error, file=sys.stderr)
-                row = {"width": width, "failed": f"{type(error).__name__}: {error}".splitlines()[0]}
+                row = {"width": width, "failed": in_one_line(error)}
             report["rows"].append(row)
             print(" ".join(f"{key} {value}" for key, value in row.items()), flush=True)
             if args.json:

@@ -23,6 +23,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specdemo.core.errors import in_one_line
 from specdemo.core.events import Summary, final_summary
 from specdemo.core.kvcache import keep_prefix
 from specdemo.core.static import default_compile, request_cache
@@ -189,7 +190,7 @@ def main() -> None:
             answer(target, name, 16, settings)
             print(busy(target, name, args.tokens, settings), flush=True)
         except Exception as error:  # noqa: BLE001 -- one method's fault, or a profiler of another torch: the rest prints
-            print(f"{name}: the GPU's busy time not measured: {type(error).__name__}: {error}", flush=True)
+            print(f"{name}: the GPU's busy time not measured: {in_one_line(error)}", flush=True)
     if args.trace and target.model.device.type == "cuda":
         print(f"{args.method}, a traced answer of 48 tokens: {traced(target, args.method, 48, args.trace)}", flush=True)
     profiler = cProfile.Profile()

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specdemo.bench import specdemo_runner
-from specdemo.core.errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError, in_one_line
 from specdemo.methods import get_method, method_options
 from specdemo.models import capture, load_model
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         except SpecDemoError:
             raise
         except Exception as error:  # noqa: BLE001 -- one method's fault: the others are still measured
-            print(f"{name}: failed: {type(error).__name__}: {error}".splitlines()[0], flush=True)
+            print(f"{name}: failed: {in_one_line(error)}", flush=True)
             traceback.print_exception(error, file=sys.stderr)
     return {"parts": parts, "answers": answers}
 

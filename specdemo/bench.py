@@ -36,7 +36,7 @@ from specdemo.bench_table import (  # noqa: F401
     guesses_per_pass,
     step_costs,
 )
-from specdemo.core.errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError, in_one_line
 from specdemo.core.events import final_summary, guesses_by_source
 from specdemo.defaults import defaults_for, with_defaults
 from specdemo.divergence import SUSPECT_MARGIN, divergences, rounding_noise
@@ -333,7 +333,7 @@ def dropped(methods: list[str], name: str, error: Exception, failed: dict[str, s
         raise error
     print(f"{name} failed; the bench goes on without it:", file=sys.stderr, flush=True)
     traceback.print_exception(error, file=sys.stderr)
-    failed[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+    failed[name] = in_one_line(error)
     failed |= {other: f"its reference {name} failed" for other in methods if REFERENCES.get(other) == name}
     return [other for other in methods if other not in failed]
 

@@ -13,6 +13,12 @@ class SpecDemoError(ValueError):
     """A request SpecDemo cannot serve: an empty prompt, an unknown method, a bad setting..."""
 
 
+def in_one_line(error: BaseException) -> str:
+    """Why something failed, in one line: the error's kind and its message's first line (a report's
+    row, a line of a table, where a traceback goes to stderr beside it)."""
+    return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
 def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None,
                   lookahead_positions: int = 0) -> int:
     """Check a prompt of token ids [1, L] and a token budget; return the prompt length L.
