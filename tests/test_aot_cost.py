@@ -39,7 +39,9 @@ def test_the_exported_pass_is_the_static_pass():
 
 
 @needs_compiler
-def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_pass(tmp_path):
+def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_pass(tmp_path, monkeypatch):
+    # one compiling process, as each test worker has one core: the suite's timing tests run beside it
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     script = load_script("aot_cost")
     model = make_tiny_model().requires_grad_(False)
     row = script.measure_width(model, 8, 16, 2, tmp_path)
