@@ -39,12 +39,12 @@ def test_the_exported_pass_is_the_static_pass():
 
 
 @needs_compiler
-def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_pass(tmp_path, monkeypatch):
-    # one compiling process, as each test worker has one core: the suite's timing tests run beside it
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_pass(tmp_path):
     script = load_script("aot_cost")
     model = make_tiny_model().requires_grad_(False)
-    row = script.measure_width(model, 8, 16, 2, tmp_path)
+    # one compiling process, as each test worker has one core: the suite's timing tests run beside it
+    with torch._inductor.config.patch(compile_threads=1):
+        row = script.measure_width(model, 8, 16, 2, tmp_path)
     for part in ("export_s", "compile_s", "fresh_load_s", "load_s", "package_mb", "eager ms", "ahead of time ms"):
         assert row[part] > 0, part
     assert row["eager gap"] == 0.0 and row["ahead of time gap"] < 1e-4
