@@ -40,7 +40,7 @@ from torch._inductor.package.package import package_aoti
 
 from specdemo.core import llama
 from specdemo.core.errors import in_one_line
-from specdemo.core.graphs import layout_views, padded_inputs, recorded
+from specdemo.core.graphs import padded_inputs, recorded, replayable
 from specdemo.core.kvcache import StaticKV
 from specdemo.core.static import JOINED_SHARE, capacity, joined_forward, padded_layout, static_forward
 from specdemo.models import load_model
@@ -72,9 +72,8 @@ class ExportedPass(torch.nn.Module):
 
     def forward(self, inputs: torch.Tensor, layout: torch.Tensor, buffer: torch.Tensor):
         cache = StaticKV(self.model, self.positions, rotary=self.rotary, buffer=buffer)
-        views = layout_views(layout, self.bucket)
-        cache.start.copy_(views.start)
-        return self.run(self.model.get_decoder(), cache, inputs, views, self.model.get_output_embeddings())
+        return replayable(self.run, self.model.get_decoder(), cache, inputs, layout, self.bucket,
+                          self.model.get_output_embeddings(), ())()  # the pass a CUDA graph records
 
 
 def pass_inputs(model, width: int, context: int, positions: int) -> tuple[torch.Tensor, ...]:
