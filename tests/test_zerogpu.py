@@ -31,7 +31,7 @@ def spaces(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEMO_STATE", str(tmp_path))
     import spaces as standin
 
-    standin.reset()
+    standin.reset(quota_s=120, duration_factor=1.0)  # a visitor without a login, on an H200
     yield standin
     sys.modules.pop("spaces", None)
 
@@ -60,7 +60,7 @@ def test_a_click_charges_at_most_the_cap_whatever_the_gpu_kinds_duration_factor(
     6000): a click declares its seconds divided by it, so a visitor pays at most the cap a click and
     gets at least 12 clicks a day, and the call is granted what it plans to run, within the whole
     seconds a whole number of declared ones grants (`runnable`)."""
-    spaces.reset(duration_factor=factor)
+    spaces.reset(quota_s=120, duration_factor=factor)
     for runs, tokens, measure in ((2, 128, 8.0), (2, 16, 0.0), (6, 128, 20.0), (2, 512, 8.0)):
         plan = zerogpu.plan_for(runs, tokens, measure, 10.0)
         wanted = zerogpu.plan_click(runs, plan.max_new_tokens, plan.measure_s, zerogpu.PASS_S, 100.0).declared_s
@@ -68,6 +68,16 @@ def test_a_click_charges_at_most_the_cap_whatever_the_gpu_kinds_duration_factor(
         assert plan.granted_s >= min(wanted, runnable)
     assert spaces.QUOTA_S // round(zerogpu.whole_cap(10.0).declared_s * factor) >= 12
     assert zerogpu.whole_cap(10.0).granted_s <= 10
+
+
+def test_a_new_day_keeps_the_quota_and_factor_the_environment_sets(spaces, monkeypatch):
+    """`make space-check` sets a short quota in the environment: a reset without values keeps it."""
+    monkeypatch.setenv("SPACES_STANDIN_QUOTA_S", "30")
+    monkeypatch.setenv("SPACES_STANDIN_DURATION_FACTOR", "1.5")
+    spaces.reset()
+    assert (spaces.QUOTA_S, spaces.DURATION_FACTOR) == (30, 1.5)
+    spaces.reset(duration_factor=1.0)
+    assert (spaces.QUOTA_S, spaces.DURATION_FACTOR) == (30, 1.0)
 
 
 def test_on_zerogpu_the_model_goes_to_cuda_at_start_uncaptured(spaces):
@@ -148,7 +158,7 @@ def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
 
 @pytest.mark.parametrize("factor", [1.0, 1.5])
 def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(embedded, spaces, factor):
-    spaces.reset(duration_factor=factor)
+    spaces.reset(quota_s=120, duration_factor=factor)
     as_visitor("first")
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 16)))

@@ -25,9 +25,15 @@ import threading
 import time
 from datetime import timedelta
 
-QUOTA_S = int(os.environ.get("SPACES_STANDIN_QUOTA_S", "120"))  # a visitor without a login, a day
+
+def from_environment() -> tuple[int, float]:
+    """The daily quota (a visitor without a login: 120 s) and the GPU kind's factor the environment sets."""
+    return (int(os.environ.get("SPACES_STANDIN_QUOTA_S", "120")),
+            float(os.environ.get("SPACES_STANDIN_DURATION_FACTOR", "1.0")))
+
+
+QUOTA_S, DURATION_FACTOR = from_environment()  # a visitor's seconds a day; the GPU kind's, a declared second
 TIER_MAX_S = 120  # the longest call the tier allows
-DURATION_FACTOR = float(os.environ.get("SPACES_STANDIN_DURATION_FACTOR", "1.0"))  # the GPU kind's, a declared second
 USED: dict[str, float] = {}  # visitor -> seconds charged today
 CALLS: list[dict] = []
 LOCK = threading.Lock()
@@ -40,10 +46,13 @@ def inside() -> bool:
     return getattr(INSIDE, "call", False)
 
 
-def reset(quota_s: int = 120, duration_factor: float = 1.0) -> None:
-    """A new day on a GPU kind of `duration_factor`: every visitor's quota back, the calls forgotten."""
+def reset(quota_s: int | None = None, duration_factor: float | None = None) -> None:
+    """A new day on a GPU kind of `duration_factor`: every visitor's quota back, the calls forgotten.
+    A value not given is the environment's, as at import."""
     global QUOTA_S, DURATION_FACTOR
-    QUOTA_S, DURATION_FACTOR = quota_s, duration_factor
+    quota, factor = from_environment()
+    QUOTA_S = quota if quota_s is None else quota_s
+    DURATION_FACTOR = factor if duration_factor is None else duration_factor
     USED.clear()
     CALLS.clear()
 
