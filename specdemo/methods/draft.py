@@ -25,8 +25,22 @@ from specdemo.core.static import decoder_pass
 from specdemo.models import EMBEDDED, LoadedModel
 
 
+class ProposesFromVocab:
+    """What a draft whose head ranks `vocab` (target token ids, ascending; None: the target's own
+    first ids) reads of it: the target's ids of its positions, and its logits on the target's vocabulary."""
+
+    vocab: torch.Tensor | None
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of positions in the draft's vocabulary."""
+        return indices if self.vocab is None else self.vocab[indices]
+
+    def spread(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        return spread(logits, self.vocab, vocab_size)
+
+
 @dataclass
-class Draft:
+class Draft(ProposesFromVocab):
     """A draft model and the token ids it may propose (None: the whole vocabulary)."""
 
     name: str
@@ -53,13 +67,6 @@ class Draft:
         if self.vocab is None:
             return self.model.get_output_embeddings()(hidden)
         return linear(hidden, self.head, packed=self.head_packed)
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Token ids of positions in the draft's vocabulary."""
-        return indices if self.vocab is None else self.vocab[indices]
-
-    def spread(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        return spread(logits, self.vocab, vocab_size)
 
 
 def spread(logits: torch.Tensor, vocab: torch.Tensor | None, vocab_size: int) -> torch.Tensor:

@@ -36,12 +36,12 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.static import decoder_pass
-from specdemo.methods.draft import spread
+from specdemo.methods.draft import ProposesFromVocab
 
 WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE = "eagle.safetensors", "eagle_config.json", "draft_vocab.json"
 
 
-class FeatureDraft(nn.Module):
+class FeatureDraft(nn.Module, ProposesFromVocab):
     """fc([embedding; feature]) -> one Llama decoder layer -> the next feature. With `layers`, a
     target's feature arrives as [residual stream after each layer; f_t] and `reduce` maps it to H."""
 
@@ -103,12 +103,6 @@ class FeatureDraft(nn.Module):
         if self.head is None:
             return self.shared["head"](features)
         return linear(features, self.head, packed=self.head_packed)
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        return indices if self.vocab is None else self.vocab[indices]
-
-    def spread(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        return spread(logits, self.vocab, vocab_size)
 
 
 def init_from_target(draft: FeatureDraft, target: PreTrainedModel) -> None:
