@@ -18,8 +18,8 @@
 # 4. eager AR against graphed AR on 13 of them (one a category; 64 new tokens: eager runs at a sixth of the speed);
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
-#    CPU's settings, deeper trees, wider windows, the methods in turn) on 8 of them (one a category), each
-#    against graphed AR, a row at a time;
+#    CPU's settings, deeper trees, wider windows) on 8 of them (one a category), in turns of a candidate a
+#    method, each turn against one run of graphed AR;
 # 6b. what a fresh process pays before its first token, as a ZeroGPU call does (`scripts/setup_cost.py`): the
 #    target's graphs, each method's companions, its first answer against its second;
 # 6c. the other route a ZeroGPU call could take (`scripts/aot_cost.py`): the target's pass compiled ahead of time,
@@ -106,8 +106,8 @@ fi
 
 if stage 6; then
     say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-    timeout $(cap 120) $PY scripts/gpu_sweep.py --prompts "$QUESTIONS" --per-category 1 --limit 8 --json "$R/sweep.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    c=$(cap 120); timeout $c $PY scripts/gpu_sweep.py --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+        --limit 8 --json "$R/sweep.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
 if stage 6b; then

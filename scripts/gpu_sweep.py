@@ -3,17 +3,21 @@ method's settings, benched against AR in the same run, one process and one load 
 
     PYTHONPATH=. python scripts/gpu_sweep.py --prompts spec_bench_question.jsonl --per-category 1 --json OUT.json
 
-Each candidate runs as `python -m specdemo.bench --methods ar,METHOD --set ...` would, on the
-same loaded (and, with CUDA, graphed) target; a candidate names every setting it changes, the
-rest being the device's current set (`specdemo.defaults`). It prints a line a candidate as it
-goes, rewriting --json after each, then the lines again, best first within each method. On a
-CPU it measures tokens a pass, which do not depend on the device; the speedups there are a CPU's.
+The candidates run in turns, a candidate of each method a turn, each turn as `python -m specdemo.bench
+--methods ar,METHOD,... --set ...` would, on the same loaded (and, with CUDA, graphed) target: every
+candidate of a turn against the turn's one AR run, each prompt's runs in a rotating order. A candidate
+names every setting it changes, the rest being the device's current set (`specdemo.defaults`). It prints
+a line a candidate after each turn, rewriting --json, then the lines again, best first within each
+method. With --deadline no turn starts past it, and a turn begun before it starts no prompt past it
+(a row says how many prompts it ran). On a CPU it measures tokens a pass, which do not depend on the
+device; the speedups there are a CPU's.
 """
 
 import argparse
 import itertools
 import json
 import sys
+import time
 from pathlib import Path
 
 from specdemo.bench import DEFAULT_PROMPTS, benchmark, read_prompts
@@ -23,8 +27,8 @@ from specdemo.methods.static_draft_tree import full_paths
 from specdemo.models import compiled, load_model
 
 # per method, what a GPU is likeliest to choose first: the GPU's set and its rivals, then the CPU's defaults, then
-# deeper and wider; a candidate sets what it changes from the device's set (`specdemo.defaults`). The sweep takes the
-# methods' candidates in turn (`in_turn`), so a sweep cut short by its time limit has the first ones of every method.
+# deeper and wider; a candidate sets what it changes from the device's set (`specdemo.defaults`). A turn takes the next
+# candidate of each method (`turns`), so a sweep cut short by its time limit has the first ones of every method.
 # NO_GUESSES: the tree without the branch the host copies or retrieves, whose Python a GPU waits for
 NO_GUESSES = dict(copy_length=0, retrieve=False)
 MORE_GUESSES = dict(retrieved_branches=3)
@@ -50,29 +54,37 @@ CANDIDATES = {
 }
 
 
-def in_turn(methods: list[str]) -> list[tuple[str, dict]]:
-    """Each method's candidates, the methods taking turns: every method's first, then every second..."""
+def turns(methods: list[str]) -> list[list[tuple[str, dict]]]:
+    """The methods' candidates in turns: every method's first, then every second..."""
     lists = [[(method, settings) for settings in CANDIDATES[method]] for method in methods]
-    return [pair for turn in itertools.zip_longest(*lists) for pair in turn if pair is not None]
+    return [[pair for pair in turn if pair is not None] for turn in itertools.zip_longest(*lists)]
 
 
-def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], out: Path | None = None) -> list[dict]:
-    """One row a candidate: its settings, tokens a pass, its speedup against AR in its run, what a
-    step costs and whether every answer was its reference's; `out` (JSON) rewritten after each, so
-    a sweep stopped by its time limit keeps what it measured."""
+def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], out: Path | None = None,
+          deadline: float | None = None) -> list[dict]:
+    """One row a candidate: its settings, tokens a pass, its speedup against its turn's AR, what a
+    step costs, whether every answer was its reference's and on how many prompts; `out` (JSON)
+    rewritten after each turn, so a sweep stopped by its time limit keeps what it measured.
+    `deadline` (a `time.monotonic()` value): no turn starts after it, nor a turn's prompt but its first."""
     rows = []
-    for method, settings in in_turn(methods):
-        names = ["ar", method, *(["cllm_ar"] if method == "cllm" else [])]
-        report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, method: settings})
-        if method in report.get("failed", {}):  # the candidate's fault, on stderr: the sweep goes on
-            print(f"{method:<12} {settings}: failed, {report['failed'][method]}", flush=True)
-            continue
-        stats = report["methods"][method]
-        rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
-                     "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),
-                     "step_ms": stats["step_ms"], "target_pass_ms": stats["target_pass_ms"],
-                     "ar_step_ms": report["methods"]["ar"]["step_ms"], "matches_ar": stats["matches_ar"]})
-        print(line(rows[-1]), flush=True)
+    for index, turn in enumerate(turns(methods)):
+        if index and deadline is not None and time.monotonic() >= deadline:
+            break
+        running = [method for method, _ in turn]
+        names = ["ar", *running, *(["cllm_ar"] if "cllm" in running else [])]
+        report = benchmark(target, names, prompts, max_new_tokens, {"ar": {}, "cllm_ar": {}, **dict(turn)},
+                           deadline=deadline)
+        for method, settings in turn:
+            if method in report.get("failed", {}):  # the candidate's fault, on stderr: the sweep goes on
+                print(f"{method:<12} {settings}: failed, {report['failed'][method]}", flush=True)
+                continue
+            stats = report["methods"][method]
+            rows.append({"method": method, "settings": settings, "tokens_per_forward": stats["tokens_per_forward"],
+                         "speedup": stats.get("speedup_vs_own_ar", stats["speedup_vs_ar"]),
+                         "step_ms": stats["step_ms"], "target_pass_ms": stats["target_pass_ms"],
+                         "ar_step_ms": report["methods"]["ar"]["step_ms"], "matches_ar": stats["matches_ar"],
+                         "prompts": report["prompts"]["done"]})
+            print(line(rows[-1]), flush=True)
         if out:
             out.write_text(json.dumps({"device": str(target.device), "dtype": str(target.dtype), "rows": rows},
                                       indent=1))
@@ -85,7 +97,7 @@ def line(row: dict) -> str:
     settings = " ".join(f"{name}={value}" for name, value in shown.items()) or "(the device's set)"
     return (f"{row['method']:<12} {settings:<50} {row['tokens_per_forward']:5.2f} tok/pass {row['speedup']:5.2f}x  "
             f"step {row['step_ms']:5.1f} ms (pass {row['target_pass_ms']:4.1f}, AR {row['ar_step_ms']:4.1f})  "
-            f"matches {row['matches_ar']:.2f}")
+            f"matches {row['matches_ar']:.2f}, {row['prompts']} prompts")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -98,13 +110,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default=None)
     parser.add_argument("--methods", default=",".join(CANDIDATES))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                        help="start no turn, nor a turn's prompt but its first, this many seconds after the sweep "
+                             "began, loading included: a sweep stopped from outside loses its turn")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     target = load_model(dtype=args.dtype, device=args.device)
     if default_compile(target.device):
         target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{target.device}, {args.dtype}; the device's set now: {defaults_for(target.device).name}", flush=True)
     rows = sweep(target, read_prompts(args.prompts, args.limit, args.per_category), args.max_new_tokens,
-                 [name.strip() for name in args.methods.split(",")], args.json)
+                 [name.strip() for name in args.methods.split(",")], args.json,
+                 None if args.deadline is None else started + args.deadline)
     print("\nbest first:")
     for method in dict.fromkeys(row["method"] for row in rows):
         for row in sorted((row for row in rows if row["method"] == method), key=lambda row: -row["speedup"]):

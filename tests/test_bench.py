@@ -1,8 +1,10 @@
 """The bench CLI: its JSON schema, its exactness check against AR, and its errors."""
 
+import itertools
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -233,14 +235,27 @@ def test_a_gpu_sweep_candidate_that_fails_is_told_and_the_sweep_goes_on(embedded
     assert capsys.readouterr().out.count("failed, RuntimeError: no graph") == len(sweep.CANDIDATES["cllm"])
 
 
-def test_the_gpu_sweep_takes_the_methods_in_turn():
-    """A sweep cut short by its time limit has the first candidates of every method."""
+def test_the_gpu_sweep_takes_the_methods_in_turns():
+    """A turn holds the next candidate of each method, so a sweep cut short by its time limit has
+    the first candidates of every method."""
     sweep = load_script("gpu_sweep")
     lookahead, cllm = sweep.CANDIDATES["lookahead"], sweep.CANDIDATES["cllm"]
-    order = sweep.in_turn(["lookahead", "cllm"])
-    assert order[:4] == [("lookahead", lookahead[0]), ("cllm", cllm[0]), ("lookahead", lookahead[1]), ("cllm", cllm[1])]
-    assert sorted(map(str, order)) == sorted(map(str, [*(("lookahead", s) for s in lookahead),
-                                                       *(("cllm", s) for s in cllm)]))
+    turns = sweep.turns(["lookahead", "cllm"])
+    assert turns[:2] == [[("lookahead", lookahead[0]), ("cllm", cllm[0])],
+                         [("lookahead", lookahead[1]), ("cllm", cllm[1])]]
+    assert len(turns) == max(len(lookahead), len(cllm))
+    assert sorted(map(str, itertools.chain(*turns))) == sorted(map(str, [*(("lookahead", s) for s in lookahead),
+                                                                         *(("cllm", s) for s in cllm)]))
+
+
+def test_a_gpu_sweep_past_its_deadline_ends_after_its_first_turn_and_prompt(embedded):
+    """A deadline passed already: the first turn runs its first prompt, every method's candidate on
+    it, and no other turn starts."""
+    sweep = load_script("gpu_sweep")
+    rows = sweep.sweep(embedded, bench.read_prompts(bench.DEFAULT_PROMPTS, 2), 4, ["lookahead", "cllm"],
+                       deadline=time.monotonic())
+    assert [(row["method"], row["settings"], row["prompts"]) for row in rows] == [
+        ("lookahead", sweep.CANDIDATES["lookahead"][0], 1), ("cllm", sweep.CANDIDATES["cllm"][0], 1)]
 
 
 def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
