@@ -4,17 +4,17 @@
 # OUT/reports.tar.gz (the JSON reports and the trace, bundled: a device call brings back at most 8 files):
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
-#     ONLY="6c 7 8 9" bash scripts/gpu_check.sh OUT  # a later call on the same machine: those stages alone, on the
+#     ONLY="7 3b 8" bash scripts/gpu_check.sh OUT   # a later call on the same machine: those stages alone, on the
 #                                                   # parts an earlier call unpacked (what its time limit left out)
 #
-# The stages that measure the issue's acceptance come first, so a check cut short still has them:
+# The stages run in this order: those that measure the issue's acceptance and what a ZeroGPU click costs
+# first, so a check cut short still has them, then those that explain and compare:
 # 1. tests/test_cuda.py, tests/test_graphs.py and tests/test_llama.py: every method equals AR on CUDA, eager
 #    and graphed; the written-out Llama pass agrees with transformers' decoder;
 # 2. the bench on 26 Spec-Bench questions (2 a category), 128 new tokens, bfloat16;
 # 3. the pass cost by width (1 to 64 tokens), eager and graphed, the graphs over their whole buffer
 #    and over the window that holds the pass, with grouped attention and with transformers' SDPA
-#    (`specdemo.passcost --windowed --sdpa`); where BEFORE names a folder holding an earlier tree's specdemo/
-#    (`scripts/gpu_pack.sh REV`), that tree's graphed pass too, at three widths;
+#    (`specdemo.passcost --windowed --sdpa`);
 # 4. eager AR against graphed AR on 13 of them (one a category; 64 new tokens: eager runs at a sixth of the speed);
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
@@ -24,11 +24,13 @@
 #    target's graphs, each method's companions, its first answer against its second;
 # 6c. the other route a ZeroGPU call could take (`scripts/aot_cost.py`): the target's pass compiled ahead of time,
 #    what compiling and a call's load cost, and its pass eager, graphed by hand, compiled, and compiled then graphed;
+# 9. transformers' assisted generation (the issue's bench holds it; 13 of them, one a category);
 # 7. where a step's time goes (`scripts/gpu_profile.py`): the GPU busy against waiting for the host, and a
 #    timeline of a short speculative answer (trace-speculative.json, for chrome://tracing or Perfetto) with the
 #    GPU's idle time a step by the function of ours the host was in;
-# 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call;
-# 9. transformers' assisted generation, while time is left.
+# 3b. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`), that tree's
+#    graphed pass, at three widths;
+# 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call.
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
 # later ones load that copy (`models.converted`).
 # Each stage has a time limit and the next runs whatever the last gave. A bench starts no question
@@ -56,7 +58,7 @@ if [ -d "$PAY/site" ]; then  # this call's parts, or those an earlier call unpac
     mkdir -p assets && cp -rn "$PAY/assets/." assets/ 2>/dev/null  # the packed assets where the tree came without them
     export PYTHONPATH="$PAY/site:$PWD"
 fi
-# ONLY="6c 7 9": those stages alone (a later call on the same machine, given what the first left no time for)
+# ONLY="7 3b 8": those stages alone (a later call on the same machine, given what the first left no time for)
 stage() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 export PYTHONPATH="${PYTHONPATH:-$PWD}"  # the scripts import specdemo from the tree
 QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
@@ -80,13 +82,6 @@ if stage 3; then
     say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
     timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
         --json "$R/passcost.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-fi
-if stage 3b && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
-    say "3b. pass cost before: $(cat "$BEFORE/REVISION" 2>/dev/null)"
-    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
-    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 40) $PY -m specdemo.passcost \
-        --dtype bfloat16 --graphs --widths 1,8,64 --repeats 10 --json "$R/passcost-before.json") \
         2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
@@ -122,11 +117,26 @@ if stage 6c; then
         2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
+if stage 9; then
+    say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
+    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
+        --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+fi
+
 if stage 7; then
     say "7. where a step's time goes: the GPU busy against waiting for the host"
     timeout $(cap 65) $PY scripts/gpu_profile.py --dtype bfloat16 --trace "$R/trace-speculative.json" > "$OUT/profile.txt" \
         2>>"$OUT/check.log"
     head -c 4000 "$OUT/profile.txt" | tee -a "$OUT/gpu-check.md"
+fi
+
+if stage 3b && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
+    say "3b. pass cost before: $(cat "$BEFORE/REVISION" 2>/dev/null)"
+    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 40) $PY -m specdemo.passcost \
+        --dtype bfloat16 --graphs --widths 1,8,64 --repeats 10 --json "$R/passcost-before.json") \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
 if stage 8 && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
@@ -137,10 +147,4 @@ if stage 8 && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
         --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
-if stage 9; then
-    say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
-    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-        --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
-fi
 say "done"
