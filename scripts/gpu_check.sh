@@ -4,8 +4,9 @@
 # OUT/reports.tar.gz (the JSON reports and the trace, bundled: a device call brings back at most 8 files):
 #
 #     bash scripts/gpu_check.sh OUT [PART ...]     # PARTs: scripts/gpu_pack.sh's, in order
-#     ONLY="7 3b 8" bash scripts/gpu_check.sh OUT   # a later call on the same machine: those stages alone, on the
-#                                                   # parts an earlier call unpacked (what its time limit left out)
+#     ONLY="6 7" bash scripts/gpu_check.sh OUT      # a later call on the same machine: those stages alone, on the
+#                                                   # parts an earlier call unpacked (what its time limit left out);
+#                                                   # its reports join that call's, and the sweep goes on from them
 #
 # The stages run in this order: those that measure the acceptance and what a ZeroGPU click costs
 # first, so a check cut short still has them, then those that explain and compare:
@@ -19,7 +20,7 @@
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
 #    CPU's settings, deeper trees, wider windows) on 8 of them (one a category), in turns of a candidate a
-#    method, each turn against one run of graphed AR;
+#    method, each turn against one run of graphed AR; run again in a later call, it measures what it has not yet;
 # 6b. what a fresh process pays before its first token, as a ZeroGPU call does (`scripts/setup_cost.py`): the
 #    target's graphs, each method's companions, its first answer against its second;
 # 6c. the other route a ZeroGPU call could take (`scripts/aot_cost.py`): the target's pass compiled ahead of time,
@@ -41,7 +42,8 @@ OUT=${1:?output folder}; shift
 PY=${PYTHON:-python3}
 PAY=/tmp/gpu-pay
 R=/tmp/gpu-reports  # the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
-rm -rf "$R" && mkdir -p "$OUT" "$R"
+[ -n "${ONLY:-}" ] || rm -rf "$R"  # a later call (ONLY) adds to the reports of the call before it on this machine
+mkdir -p "$OUT" "$R"
 BEGAN=$(date +%s)
 TOTAL=${TOTAL:-585}  # seconds for the whole check: each stage gets at most what is left
 cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (left > 5 ? left : 5) : $1 )); }
@@ -101,8 +103,8 @@ fi
 
 if stage 6; then
     say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-    c=$(cap 120); timeout $c $PY scripts/gpu_sweep.py --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-        --limit 8 --json "$R/sweep.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    c=$(cap 120); timeout $c $PY scripts/gpu_sweep.py --deadline $(deadline $c) --resume --prompts "$QUESTIONS" \
+        --per-category 1 --limit 8 --json "$R/sweep.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
 if stage 6b; then

@@ -9,8 +9,8 @@ candidate of a turn against the turn's one AR run, each prompt's runs in a rotat
 names every setting it changes, the rest being the device's current set (`specdemo.defaults`). It prints
 a line a candidate after each turn, rewriting --json, then the lines again, best first within each
 method. With --deadline no turn starts past it, and a turn begun before it starts no prompt past it
-(a row says how many prompts it ran). On a CPU it measures tokens a pass, which do not depend on the
-device; the speedups there are a CPU's.
+(a row says how many prompts it ran); --resume keeps the rows --json holds and measures the rest.
+On a CPU it measures tokens a pass, which do not depend on the device; the speedups there are a CPU's.
 """
 
 import argparse
@@ -54,20 +54,29 @@ CANDIDATES = {
 }
 
 
-def turns(methods: list[str]) -> list[list[tuple[str, dict]]]:
-    """The methods' candidates in turns: every method's first, then every second..."""
-    lists = [[(method, settings) for settings in CANDIDATES[method]] for method in methods]
+def turns(methods: list[str], done: list[dict] = ()) -> list[list[tuple[str, dict]]]:
+    """The methods' candidates in turns: every method's first, then every second... Those with a
+    row in `done` (an earlier sweep's, `--resume`) are left out."""
+    measured = {(row["method"], same(row["settings"])) for row in done}
+    lists = [[(method, settings) for settings in CANDIDATES[method] if (method, same(settings)) not in measured]
+             for method in methods]
     return [[pair for pair in turn if pair is not None] for turn in itertools.zip_longest(*lists)]
 
 
+def same(settings: dict) -> str:
+    """`settings` as their JSON: a candidate and its row read back from a report compare equal."""
+    return json.dumps(settings, sort_keys=True)
+
+
 def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], out: Path | None = None,
-          deadline: float | None = None) -> list[dict]:
+          deadline: float | None = None, done: list[dict] = ()) -> list[dict]:
     """One row a candidate: its settings, tokens a pass, its speedup against its turn's AR, what a
     step costs, whether every answer was its reference's and on how many prompts; `out` (JSON)
     rewritten after each turn, so a sweep stopped by its time limit keeps what it measured.
-    `deadline` (a `time.monotonic()` value): no turn starts after it, nor a turn's prompt but its first."""
-    rows = []
-    for index, turn in enumerate(turns(methods)):
+    `deadline` (a `time.monotonic()` value): no turn starts after it, nor a turn's prompt but its first.
+    `done`: rows measured already (an earlier sweep's), kept first and not measured again."""
+    rows = list(done)
+    for index, turn in enumerate(turns(methods, done)):
         if index and deadline is not None and time.monotonic() >= deadline:
             break
         running = [method for method, _ in turn]
@@ -89,6 +98,16 @@ def sweep(target, prompts: list[dict], max_new_tokens: int, methods: list[str], 
             out.write_text(json.dumps({"device": str(target.device), "dtype": str(target.dtype), "rows": rows},
                                       indent=1))
     return rows
+
+
+def earlier(path: Path | None, target) -> list[dict]:
+    """The rows of the sweep report at `path` where it was made on `target`'s device and dtype; else none."""
+    if path is None or not path.exists():
+        return []
+    report = json.loads(path.read_text())
+    if (report["device"], report["dtype"]) != (str(target.device), str(target.dtype)):
+        return []
+    return report["rows"]
 
 
 def line(row: dict) -> str:
@@ -113,15 +132,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                         help="start no turn, nor a turn's prompt but its first, this many seconds after the sweep "
                              "began, loading included: a sweep stopped from outside loses its turn")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows --json holds (from a sweep on this device and dtype) and measure the rest")
     args = parser.parse_args(argv)
     started = time.monotonic()
     target = load_model(dtype=args.dtype, device=args.device)
     if default_compile(target.device):
         target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{target.device}, {args.dtype}; the device's set now: {defaults_for(target.device).name}", flush=True)
+    done = earlier(args.json, target) if args.resume else []
     rows = sweep(target, read_prompts(args.prompts, args.limit, args.per_category), args.max_new_tokens,
                  [name.strip() for name in args.methods.split(",")], args.json,
-                 None if args.deadline is None else started + args.deadline)
+                 None if args.deadline is None else started + args.deadline, done)
     print("\nbest first:")
     for method in dict.fromkeys(row["method"] for row in rows):
         for row in sorted((row for row in rows if row["method"] == method), key=lambda row: -row["speedup"]):

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from specdemo import SpecDemoError, bench
 
@@ -246,6 +247,26 @@ def test_the_gpu_sweep_takes_the_methods_in_turns():
     assert len(turns) == max(len(lookahead), len(cllm))
     assert sorted(map(str, itertools.chain(*turns))) == sorted(map(str, [*(("lookahead", s) for s in lookahead),
                                                                          *(("cllm", s) for s in cllm)]))
+
+
+def test_a_resumed_gpu_sweep_measures_only_what_the_earlier_one_did_not(tmp_path):
+    """`--resume`: the rows of an earlier sweep's report on this device and dtype are kept, and
+    their candidates (a static tree's paths read back from JSON as lists) leave the turns."""
+    sweep = load_script("gpu_sweep")
+    speculative = sweep.CANDIDATES["speculative"]
+    static = next(settings for settings in speculative if isinstance(settings.get("static_tree"), tuple))
+    rows = [{"method": "speculative", "settings": json.loads(json.dumps(settings))} for settings in (speculative[0],
+                                                                                                     static)]
+    report = tmp_path / "sweep.json"
+    report.write_text(json.dumps({"device": "cpu", "dtype": "torch.float32", "rows": rows}))
+    target = type("Target", (), {"device": torch.device("cpu"), "dtype": torch.float32})
+    done = sweep.earlier(report, target)
+    assert done == rows and sweep.earlier(tmp_path / "none.json", target) == []
+    assert sweep.earlier(report, type("Target", (), {"device": torch.device("cpu"), "dtype": torch.bfloat16})) == []
+    left = list(itertools.chain(*sweep.turns(["speculative", "medusa"], done)))
+    assert [settings for method, settings in left if method == "speculative"] == [
+        settings for settings in speculative if settings not in (speculative[0], static)]
+    assert [settings for method, settings in left if method == "medusa"] == sweep.CANDIDATES["medusa"]
 
 
 def test_a_gpu_sweep_past_its_deadline_ends_after_its_first_turn_and_prompt(embedded):
