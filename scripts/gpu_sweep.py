@@ -116,7 +116,12 @@ def line(row: dict) -> str:
     settings = " ".join(f"{name}={value}" for name, value in shown.items()) or "(the device's set)"
     return (f"{row['method']:<12} {settings:<50} {row['tokens_per_forward']:5.2f} tok/pass {row['speedup']:5.2f}x  "
             f"step {row['step_ms']:5.1f} ms (pass {row['target_pass_ms']:4.1f}, AR {row['ar_step_ms']:4.1f})  "
-            f"matches {row['matches_ar']:.2f} on {row['prompts']} prompt{'' if row['prompts'] == 1 else 's'}")
+            f"matches {row['matches_ar']:.2f}{on_prompts(row.get('prompts'))}")
+
+
+def on_prompts(prompts: int | None) -> str:
+    """How many prompts a row ran on, in words ("": a report that did not say)."""
+    return "" if prompts is None else f" on {prompts} prompt{'' if prompts == 1 else 's'}"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
