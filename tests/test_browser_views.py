@@ -128,10 +128,10 @@ def test_ar_against_itself_falls_within_its_reported_spread(page, monkeypatch):
     within the range the page reports: the noise a gain must clear. The range runs from the
     slowest run of one side against the fastest of the other, so with n runs a side that are
     alike it misses 1.0x only when every run of one side beats every run of the other:
-    2 / C(2n, n): 10% at the page's least, 3 runs; under 1% at the 5 this test asks for."""
+    2 / C(2n, n): 10% at the page's least, 3 runs; under 0.1% at the 7 this test asks for (the most)."""
     from specdemo.app import limits, live
 
-    monkeypatch.setattr(live, "MIN_ROUNDS", 5)
+    monkeypatch.setattr(live, "MIN_ROUNDS", live.MAX_ROUNDS)
     monkeypatch.setattr(live, "MEASURE_S", limits.LIMITS.timing_s)
     page.get_by_role("tab", name="Generate").click()
     page.locator("#prompt textarea").fill("Name three colors.")
@@ -142,7 +142,7 @@ def test_ar_against_itself_falls_within_its_reported_spread(page, monkeypatch):
     low, median, high = (float(table.get_attribute(name)) for name in ("data-low", "data-speedup", "data-high"))
     assert low <= 1.0 <= high and low <= median <= high, (low, median, high)
     expect(table).to_contain_text(re.compile(r"Speedup against AR\s*\d\.\d\dx \(range \d\.\d\dx to \d\.\d\dx\)"))
-    expect(table).to_contain_text(re.compile(r"the median of [5-7] timed runs of each"))
+    expect(table).to_contain_text(re.compile(rf"the median of {live.MAX_ROUNDS} timed runs of each"))
 
 
 def test_race_compares_every_method_with_ar(page):
