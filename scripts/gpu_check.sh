@@ -96,7 +96,7 @@ fi
 
 if stage 5; then
     say "5. float32 exactness, 8 questions"
-    c=$(cap 130); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
+    c=$(cap 150); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
         --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
         --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
