@@ -29,7 +29,12 @@ RUNS = {
                                                            dict(draft=feature_draft(m), gamma=3, draft_tree_size=8)),
     "speculative static tree, feature draft, copy": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=4,
                                                                                   static_tree=STATIC_PATHS)),
+    # EAGLE-3's tree, a candidate of the GPU's sweep (`scripts/gpu_sweep.py`): 7 deep, top-k 10, 60 nodes
+    "speculative deep tree, feature draft": lambda m, o: (speculative, dict(draft=feature_draft(m), gamma=7,
+                                                                            draft_tree_size=60, draft_tree_top_k=10)),
     "medusa tree, copy": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device), tree=CHOICES)),
+    "medusa dynamic tree of 63, the sweep's widest": lambda m, o: (medusa, dict(heads=random_heads(m).to(m.device),
+                                                                                 tree_size=63)),
     "medusa dynamic tree, graphed heads reading the token": lambda m, o: (
         medusa, dict(heads=random_heads(m, reads_token=True).to(m.device), tree_size=12,
                      heads_passes=FunctionGraphs())),
