@@ -39,6 +39,7 @@ RUNS = {
         medusa, dict(heads=random_heads(m, reads_token=True).to(m.device), tree_size=12,
                      heads_passes=FunctionGraphs())),
     "lookahead": lambda m, o: (lookahead, dict()),
+    "lookahead, the sweep's widest pass": lambda m, o: (lookahead, dict(window=7, ngram=4, candidates=10)),
     "jacobi": lambda m, o: (jacobi, dict(block_size=8)),
 }
 
