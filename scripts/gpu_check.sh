@@ -31,7 +31,8 @@
 #    GPU's idle time a step by the function of ours the host was in;
 # 3b. where BEFORE names a folder holding an earlier tree's specdemo/ (`scripts/gpu_pack.sh REV`), that tree's
 #    graphed pass, at three widths;
-# 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call.
+# 8. where BEFORE is given, that tree's bench on 13 of them (one a category), so a change is measured in one call;
+# and last, whatever ran, the issue's acceptance point by point from the reports (`scripts/gpu_acceptance.py`).
 # The first process to load the model reads its GGUF file into build/gguf/ (about 20 s); the
 # later ones load that copy (`models.converted`).
 # Each stage has a time limit and the next runs whatever the last gave. A bench starts no question
@@ -149,4 +150,6 @@ if stage 8 && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
         --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 fi
 
+say "the issue's acceptance, from the reports so far (scripts/gpu_acceptance.py)"
+$PY scripts/gpu_acceptance.py "$R" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 say "done"
