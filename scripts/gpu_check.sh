@@ -67,6 +67,10 @@ export PYTHONPATH="${PYTHONPATH:-$PWD}"  # the scripts import specdemo from the 
 QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
 [ -f "$QUESTIONS" ] || QUESTIONS=../shared/bench/spec_bench_question.jsonl
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if ! $PY -c "import transformers, gguf" 2>/dev/null; then  # no parts unpacked here: the machine went back since
+    say "transformers is missing: no parts are unpacked on this machine (a fresh one?); carry the three parts again"
+    exit 1
+fi
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $($PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
 
 if stage 1; then

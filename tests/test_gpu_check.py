@@ -32,3 +32,16 @@ def test_the_check_parses_and_only_runs_the_stages_it_is_given(tmp_path):
     (before / "REVISION").write_text("abc1234\n")
     printed = check(tmp_path / "late", "8", before)
     assert stages(printed) == ["8"] and "before: abc1234" in printed
+
+
+def test_a_later_call_on_a_fresh_machine_says_to_carry_the_parts_again(tmp_path):
+    """A machine that went back between calls comes back bare: without the parts' transformers the
+    check stops at once and says why, where every stage would fail on its own."""
+    bare = tmp_path / "python"  # a Python that imports nothing
+    bare.write_text("#!/bin/sh\nexit 1\n")
+    bare.chmod(0o755)
+    env = {**os.environ, "ONLY": "2", "TOTAL": "8", "PYTHON": str(bare)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 1
+    assert "carry the three parts again" in (tmp_path / "out" / "gpu-check.md").read_text()
