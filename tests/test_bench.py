@@ -255,8 +255,8 @@ def test_a_resumed_gpu_sweep_measures_only_what_the_earlier_one_did_not(tmp_path
     sweep = load_script("gpu_sweep")
     speculative = sweep.CANDIDATES["speculative"]
     static = next(settings for settings in speculative if isinstance(settings.get("static_tree"), tuple))
-    rows = [{"method": "speculative", "settings": json.loads(json.dumps(settings))} for settings in (speculative[0],
-                                                                                                     static)]
+    measured = (speculative[0], static)
+    rows = [{"method": "speculative", "settings": json.loads(json.dumps(settings))} for settings in measured]
     report = tmp_path / "sweep.json"
     report.write_text(json.dumps({"device": "cpu", "dtype": "torch.float32", "rows": rows}))
     target = type("Target", (), {"device": torch.device("cpu"), "dtype": torch.float32})
@@ -265,7 +265,7 @@ def test_a_resumed_gpu_sweep_measures_only_what_the_earlier_one_did_not(tmp_path
     assert sweep.earlier(report, type("Target", (), {"device": torch.device("cpu"), "dtype": torch.bfloat16})) == []
     left = list(itertools.chain(*sweep.turns(["speculative", "medusa"], done)))
     assert [settings for method, settings in left if method == "speculative"] == [
-        settings for settings in speculative if settings not in (speculative[0], static)]
+        settings for settings in speculative if settings not in measured]
     assert [settings for method, settings in left if method == "medusa"] == sweep.CANDIDATES["medusa"]
 
 
