@@ -51,6 +51,12 @@ cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (lef
 # a bench's deadline within its stage's cap: it starts no prompt past it and reports those done
 # (killed at the cap, it would report none); a prompt's methods take seconds on a GPU
 deadline() { echo $(( $1 > 40 ? $1 - 20 : $1 / 2 )); }
+# the bench on the questions, within a stage's cap (its first argument) and a deadline inside it, printed to the table
+bench() {
+    local c; c=$(cap "$1"); shift
+    timeout "$c" $PY -m specdemo.bench --deadline "$(deadline "$c")" --prompts "$QUESTIONS" "$@" \
+        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+}
 say() { tar -czf "$OUT/reports.tar.gz" -C "$R" . 2>/dev/null; echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
 if [ $# -gt 0 ]; then
     rm -rf "$PAY" && mkdir -p "$PAY" && cat "$@" | xz -d | tar -x -C "$PAY" || exit 1
@@ -80,9 +86,8 @@ fi
 
 if stage 2; then
     say "2. bench, bfloat16"
-    c=$(cap 170); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
-        --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm --json "$R/bench-bf16.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    bench 170 --per-category 2 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,lookahead,cllm \
+        --json "$R/bench-bf16.json"
 fi
 
 if stage 3; then
@@ -94,16 +99,13 @@ fi
 
 if stage 4; then
     say "4. eager AR against graphed AR, bfloat16 (13 questions, one a category, 64 new tokens)"
-    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-        --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    bench 60 --per-category 1 --max-new-tokens 64 --dtype bfloat16 --methods ar,ar_eager --json "$R/bench-eager.json"
 fi
 
 if stage 5; then
     say "5. float32 exactness, 8 questions"
-    c=$(cap 150); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 2 \
-        --limit 8 --max-new-tokens 128 --dtype float32 --methods ar,speculative,medusa,lookahead,cllm,jacobi \
-        --json "$R/bench-fp32.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    bench 150 --per-category 2 --limit 8 --max-new-tokens 128 --dtype float32 \
+        --methods ar,speculative,medusa,lookahead,cllm,jacobi --json "$R/bench-fp32.json"
 fi
 
 if stage 6; then
@@ -126,9 +128,7 @@ fi
 
 if stage 9; then
     say "9. transformers' assisted generation, bfloat16 (13 questions, one a category)"
-    c=$(cap 60); timeout $c $PY -m specdemo.bench --deadline $(deadline $c) --prompts "$QUESTIONS" --per-category 1 \
-        --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    bench 60 --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,hf_assisted --json "$R/bench-hf.json"
 fi
 
 if stage 7; then
