@@ -51,10 +51,21 @@ cap() { local left=$((TOTAL - ($(date +%s) - BEGAN))); echo $(( left < $1 ? (lef
 # a bench's deadline within its stage's cap: it starts no prompt past it and reports those done
 # (killed at the cap, it would report none); a prompt's methods take seconds on a GPU
 deadline() { echo $(( $1 > 40 ? $1 - 20 : $1 / 2 )); }
-# the bench on the questions, within a stage's cap (its first argument) and a deadline inside it, printed to the table
+# `$PY ARGS...` within a stage's cap (the first argument), printed to the table, its stderr to the log
+measure() {
+    local c; c=$(cap "$1"); shift
+    timeout "$c" $PY "$@" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+}
+# the bench on the questions, within a stage's cap and a deadline inside it
 bench() {
     local c; c=$(cap "$1"); shift
-    timeout "$c" $PY -m specdemo.bench --deadline "$(deadline "$c")" --prompts "$QUESTIONS" "$@" \
+    measure "$c" -m specdemo.bench --deadline "$(deadline "$c")" --prompts "$QUESTIONS" "$@"
+}
+# a module of the tree before a change (BEFORE's specdemo/, this tree's assets), within a stage's cap
+before() {
+    local c; c=$(cap "$1"); shift
+    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
+    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout "$c" $PY -m "$@") \
         2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
 }
 say() { tar -czf "$OUT/reports.tar.gz" -C "$R" . 2>/dev/null; echo "[$(($(date +%s) - BEGAN))s] $*" | tee -a "$OUT/gpu-check.md"; }
@@ -92,9 +103,7 @@ fi
 
 if stage 3; then
     say "3. pass cost by width: the whole buffer against a window, grouped attention against transformers' SDPA"
-    timeout $(cap 70) $PY -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 \
-        --json "$R/passcost.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    measure 70 -m specdemo.passcost --dtype bfloat16 --graphs --windowed --sdpa --repeats 10 --json "$R/passcost.json"
 fi
 
 if stage 4; then
@@ -110,20 +119,18 @@ fi
 
 if stage 6; then
     say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
-    c=$(cap 120); timeout $c $PY scripts/gpu_sweep.py --deadline $(deadline $c) --resume --prompts "$QUESTIONS" \
-        --per-category 1 --limit 8 --json "$R/sweep.json" 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    c=$(cap 120); measure "$c" scripts/gpu_sweep.py --deadline "$(deadline "$c")" --resume --prompts "$QUESTIONS" \
+        --per-category 1 --limit 8 --json "$R/sweep.json"
 fi
 
 if stage 6b; then
     say "6b. what a fresh process pays before its first token (a ZeroGPU call; scripts/setup_cost.py)"
-    timeout $(cap 35) $PY scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    measure 35 scripts/setup_cost.py --dtype bfloat16 --json "$R/setup.json"
 fi
 
 if stage 6c; then
     say "6c. ZeroGPU's ahead-of-time route for the target's pass of one token (scripts/aot_cost.py)"
-    timeout $(cap 90) $PY scripts/aot_cost.py --dtype bfloat16 --widths 1 --json "$R/aot.json" \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    measure 90 scripts/aot_cost.py --dtype bfloat16 --widths 1 --json "$R/aot.json"
 fi
 
 if stage 9; then
@@ -140,18 +147,13 @@ fi
 
 if stage 3b && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then  # the same pass in the tree before, at three widths
     say "3b. pass cost before: $(cat "$BEFORE/REVISION" 2>/dev/null)"
-    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
-    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 40) $PY -m specdemo.passcost \
-        --dtype bfloat16 --graphs --widths 1,8,64 --repeats 10 --json "$R/passcost-before.json") \
-        2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    before 40 specdemo.passcost --dtype bfloat16 --graphs --widths 1,8,64 --repeats 10 --json "$R/passcost-before.json"
 fi
 
 if stage 8 && [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/specdemo" ]; then
     say "8. before: $(cat "$BEFORE/REVISION" 2>/dev/null), bfloat16 (13 questions, one a category)"
-    [ -e "$BEFORE/assets" ] || ln -s "$PWD/assets" "$BEFORE/assets"
-    (cd "$BEFORE" && PYTHONPATH="${PYTHONPATH:+$PAY/site:}$PWD" timeout $(cap 100) $PY -m specdemo.bench \
-        --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 --methods ar,speculative,medusa,cllm \
-        --json "$R/bench-before.json") 2>>"$OUT/check.log" | tee -a "$OUT/gpu-check.md"
+    before 100 specdemo.bench --prompts "$QUESTIONS" --per-category 1 --max-new-tokens 128 --dtype bfloat16 \
+        --methods ar,speculative,medusa,cllm --json "$R/bench-before.json"
 fi
 
 say "the issue's acceptance, from the reports so far (scripts/gpu_acceptance.py)"
