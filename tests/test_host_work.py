@@ -3,9 +3,14 @@ operations it runs outside the graphs, besides views (`scripts/host_cost.py`'s c
 each is a launch from Python, and a small model's step waits for them, so a change that adds any
 to a method's step shows here before a GPU measures it. The graphs are `test_graphs`' replaying
 stand-ins, the models tiny; a budget is a method's count today and a little room, a step's
-average over one answer (how many a step runs depends on what its proposal holds)."""
+average over one answer (how many a step runs depends on what its proposal holds). Nor may a
+step walk a model's parameters (transformers' `model.device` does, a few microseconds a module):
+a request reads what it needs of them once."""
+
+from unittest import mock
 
 import pytest
+import torch
 from test_conformance import configurations
 
 from specdemo.core.events import final_summary
@@ -37,13 +42,20 @@ def test_a_step_stays_within_its_operations_outside_the_graphs(host_cost, prompt
         given["cllm_passes"] = given["passes"]
     if "heads" in options:
         given["heads_passes"] = functions()
+    walks, parameters = [], torch.nn.Module.parameters
+
+    def walked(module, *args, **kwargs):  # outside the graphs: a replay's Python runs on a CPU only
+        walks.extend([] if clock.replaying else [type(module).__name__])
+        return parameters(module, *args, **kwargs)
+
     for _ in range(2):  # the first answer captures what its first use does (a tree's look-back passes)
-        operations = host_cost.Operations(clock)
+        operations, walks[:] = host_cost.Operations(clock), []
         events = generate(model, prompt_ids, max_new_tokens=48, eos_token_ids=(), **options, **given)
         first = next(events)  # the prompt's pass is no step's work
-        with operations:
+        with operations, mock.patch.object(torch.nn.Module, "parameters", walked):
             rest = list(events)
     steps = final_summary([first, *rest]).target_forwards - 1
     work = sum(count for kind, count in operations.kinds.items() if kind not in host_cost.VIEWS)
     assert steps > 4 and operations.graphed  # the passes replayed their graphs
     assert work / steps <= BUDGETS[name], dict(operations.kinds)
+    assert not walks

@@ -48,6 +48,7 @@ class Context:
     model: PreTrainedModel  # the target
     choose: TokenChooser  # the decoding rule and its seeded generator
     eos: tuple[int, ...]  # end-of-sequence token ids
+    device: torch.device  # the target's (read once: a model's `device` walks its parameters)
     # compiled path: the width a pass of n fed tokens runs at (None: eager, n)
     bucket: Callable[[int], int] | None = None
     # the host's copy of the text, for the proposers whose guesses read it; the loop grows it as it grows the text
@@ -155,7 +156,7 @@ def decode(
     # holds the committed tokens but the last few (at least the root); static, run by `passes`, when given
     cache = request_cache(model, input_ids.shape[1] + max_new_tokens + reach, passes)
     context = Context(model, TokenChooser(sampling, input_ids.device), resolve_eos(model, eos_token_ids),
-                      padded_width(cache))
+                      model.device, padded_width(cache))
     recorder = StepRecorder(method, max_new_tokens, context.eos, stop)
     clock = PassClock(input_ids.device)
     sequence = input_ids  # [1, n] prompt + committed tokens

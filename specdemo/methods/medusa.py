@@ -144,7 +144,7 @@ class MedusaTree(Proposer):
         copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
-                size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
+                size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.device)
                 depth = min(self.heads.num_heads, depth_limit)
                 token_at = paths_of(grow(self.heads, self.hidden, root, depth=depth, top_k=self.top_k, size=size,
                                          eos=context.eos))
@@ -154,7 +154,7 @@ class MedusaTree(Proposer):
             shape = cached_tree(tuple(sorted(token_at)), len(copied))
             return Proposed(filled(shape, [*(token_at[path] for path in rank_paths(shape)), *copied], copy_source))
         if self.static is None:
-            size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.model.device)
+            size = fitted_size(self.dynamic_size, len(copied), context.bucket, context.device)
             top, log_probs = ranked[0].tolist(), ranked[1].tolist()
             # sorted: one cache entry per shape. The paths take ranks below `size` alone: more ranked change nothing
             paths = tuple(sorted(dynamic_paths(log_probs[:depth_limit], size)))

@@ -161,7 +161,7 @@ class DraftProposer(Proposer):
         extend = min(EXTEND_LENGTH, self.copy_length, room - 1 - gamma)  # below the likeliest branch, in the request
 
         def size_of(guessed: int) -> int:  # beside `guessed` tokens copied and guessed (compiled: to fill its pass)
-            return fitted_size(self.tree_size, guessed, context.bucket, context.model.device)
+            return fitted_size(self.tree_size, guessed, context.bucket, context.device)
 
         # on a GPU the host's work overlaps the draft's: its first pass is queued before the host sizes the tree,
         # and where the draft can, its tree of the largest size grown on the device (one graph for every step;
