@@ -83,6 +83,7 @@ stage() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 export PYTHONPATH="${PYTHONPATH:-$PWD}"  # the scripts import specdemo from the tree
 QUESTIONS=${QUESTIONS:-$PAY/spec_bench_question.jsonl}
 [ -f "$QUESTIONS" ] || QUESTIONS=../shared/bench/spec_bench_question.jsonl
+[ -f "$QUESTIONS" ] && QUESTIONS=$(realpath "$QUESTIONS")  # absolute: the old tree's stages run from BEFORE
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if ! $PY -c "import transformers, gguf" 2>/dev/null; then  # no parts unpacked here: the machine went back since
     say "transformers is missing: no parts are unpacked on this machine (a fresh one?); carry the three parts again"
