@@ -72,10 +72,10 @@ def device_grow(draft: Draft | FeatureDraft, cache: Cache, first: tuple[torch.Te
     if graphs is None:
         return None
     forward, span = cache.passes.forward, graphs.window(reach)
-    cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
+    cache = graphs.cache.window(span)
 
-    def grown(logits: torch.Tensor, state: torch.Tensor, numbers: torch.Tensor):
-        prefix, kept_levels = numbers[:1], numbers[1:]
+    def grown(logits: torch.Tensor, state: torch.Tensor, numbers: torch.Tensor):  # run once, as the graph captures
+        decoder, (prefix, kept_levels) = draft.model.get_decoder(), (numbers[:1], numbers[1:])
         ids, log_probs = best_children(logits, k, draft.token_ids)  # [1, k]
         tokens, scores, chosen = [ids.view(-1)], [log_probs.view(-1)], []
         # made once for every level, each of k nodes: the slots after the prefix (a level's position

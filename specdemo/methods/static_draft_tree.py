@@ -212,9 +212,11 @@ def graphed_levels(graphs: CudaGraphs, draft: FeatureDraft, forward, tree: Stati
     levels' layouts are its input, one copy; its function holds the tree's indices."""
     layouts, bounds = level_layouts(tree.plan, prefix)
     span = graphs.window(prefix + sum(len(level.nodes) for level in tree.plan.levels))
-    cache, decoder = graphs.cache.window(span), draft.model.get_decoder()
+    cache = graphs.cache.window(span)
 
-    def draft_tree(logits: torch.Tensor, state: torch.Tensor, layouts: torch.Tensor):
+    def draft_tree(logits: torch.Tensor, state: torch.Tensor, layouts: torch.Tensor):  # run once, as it is captured
+        decoder = draft.model.get_decoder()
+
         def level_logits(depth: int, level: Level, tokens: torch.Tensor, states: torch.Tensor):
             views = layout_views(layouts[bounds[depth - 1]], len(level.nodes))
             cache.start.copy_(views.start)
