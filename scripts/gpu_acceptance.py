@@ -7,7 +7,9 @@ missing, or whose run failed, says so. It reads files only, so it runs anywhere:
 Points (issue 68): on the check's bfloat16 bench, graphed AR at least 5x eager AR, a graphed pass
 of 64 tokens at most 1.3x a pass of 1, speculative decoding at least 2.0x graphed AR at 2.8 tokens a
 pass or more, Medusa at least 1.8x, lookahead 1.4x, the CLLM 1.8x its own AR; in float32 every
-method's answers its reference's (the CLLM's: its own AR's) on every question.
+method's answers its reference's (the CLLM's: its own AR's) on every question. The speedups are
+read at the GPU's set (stage 2), and again at the sweep's choice where it chose other settings
+(stage 6d, `bench-chosen.json`: the settings that become the GPU's defaults).
 """
 
 import json
@@ -45,12 +47,18 @@ def wide_against_narrow(passcost: dict | None) -> str:
     return point("a graphed pass of 64 tokens against 1", f"{ratio:.2f}x", "at most 1.3x", ratio <= 1.3)
 
 
-def speedups(bench: dict | None) -> list[str]:
+def speedups(bench: dict | None, chosen: bool = False) -> list[str]:
+    """A line a method of SPEEDUPS; `chosen`: `bench` ran at the sweep's choice, a line for each
+    method it ran, naming the settings it changed."""
     methods, failed = (bench or {}).get("methods", {}), (bench or {}).get("failed", {})
     lines = []
     for method, least, per_pass in SPEEDUPS:
         what = f"`{method}` against {'its own AR' if method == 'cllm' else 'graphed AR'}, bfloat16"
         bound = f"at least {least}x" + (f" at {per_pass} tokens a pass" if per_pass else "")
+        if chosen:
+            if method not in methods and method not in failed:
+                continue
+            what += f", at the sweep's choice ({settings_in_words(bench['settings'].get(method, {}))})"
         if method not in methods:
             lines.append(point(what, f"failed: {failed[method]}" if method in failed else None, bound, None))
             continue
@@ -59,6 +67,11 @@ def speedups(bench: dict | None) -> list[str]:
         holds = speedup >= least and (per_pass is None or stats["tokens_per_forward"] >= per_pass)
         lines.append(point(what, f"{speedup:.2f}x at {stats['tokens_per_forward']:.2f} tokens a pass", bound, holds))
     return lines
+
+
+def settings_in_words(settings: dict) -> str:
+    return " ".join(f"{name}={f'{len(value)} paths' if isinstance(value, list) else value}"
+                    for name, value in settings.items())
 
 
 def exactness(bench: dict | None) -> str:
@@ -77,7 +90,8 @@ def exactness(bench: dict | None) -> str:
 def table(folder: Path) -> str:
     lines = ["| the issue's point | measured | bound | verdict |", "| --- | --- | --- | --- |",
              graphs_against_eager(read(folder, "bench-eager.json")), wide_against_narrow(read(folder, "passcost.json")),
-             *speedups(read(folder, "bench-bf16.json")), exactness(read(folder, "bench-fp32.json"))]
+             *speedups(read(folder, "bench-bf16.json")), *speedups(read(folder, "bench-chosen.json"), chosen=True),
+             exactness(read(folder, "bench-fp32.json"))]
     return "\n".join(lines)
 
 

@@ -19,8 +19,11 @@
 # 4. eager AR against graphed AR on 13 of them (one a category; 64 new tokens: eager runs at a sixth of the speed);
 # 5. float32 exactness on 8 of them;
 # 6. the sweep that chooses a GPU's defaults (`scripts/gpu_sweep.py`: the GPU's set and its rivals, the
-#    CPU's settings, deeper trees, wider windows) on 8 of them (one a category), in turns of a candidate a
-#    method, each turn against one run of graphed AR; run again in a later call, it measures what it has not yet;
+#    CPU's settings, deeper trees, wider windows) on 8 other questions (the third of a category), in turns of a
+#    candidate a method, each turn against one run of graphed AR; run again in a later call, it measures what it
+#    has not yet;
+# 6d. the bench of stage 2 at the sweep's choice (each method's best candidate), on stage 2's 26 questions, which
+#    the sweep did not choose on: the acceptance at the settings that become the GPU's defaults;
 # 6b. what a fresh process pays before its first token, as a ZeroGPU call does (`scripts/setup_cost.py`): the
 #    target's graphs, each method's companions, its first answer against its second;
 # 6c. the other route a ZeroGPU call could take (`scripts/aot_cost.py`): the target's pass compiled ahead of time,
@@ -42,7 +45,7 @@ set -u
 OUT=${1:?output folder}; shift
 PY=${PYTHON:-python3}
 PAY=/tmp/gpu-pay
-R=/tmp/gpu-reports  # the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
+R=${REPORTS:-/tmp/gpu-reports}  # the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
 [ -n "${ONLY:-}" ] || rm -rf "$R"  # a later call (ONLY) adds to the reports of the call before it on this machine
 mkdir -p "$OUT" "$R"
 BEGAN=$(date +%s)
@@ -119,9 +122,18 @@ if stage 5; then
 fi
 
 if stage 6; then
-    say "6. the sweep for a GPU's defaults (8 questions, one a category; scripts/gpu_sweep.py)"
+    say "6. the sweep for a GPU's defaults (8 other questions, the third of a category; scripts/gpu_sweep.py)"
     c=$(cap 120); measure "$c" scripts/gpu_sweep.py --deadline "$(deadline "$c")" --resume --prompts "$QUESTIONS" \
-        --per-category 1 --limit 8 --json "$R/sweep.json"
+        --per-category 1 --skip-per-category 2 --limit 8 --json "$R/sweep.json"
+fi
+
+if stage 6d && [ -f "$R/sweep.json" ]; then
+    mapfile -t CHOSEN < <($PY scripts/gpu_sweep.py --chosen "$R/sweep.json" 2>>"$OUT/check.log")
+    # the methods whose choice is not the GPU's set (stage 2 benched that)
+    CHOSE=$(printf '%s\n' "${CHOSEN[@]}" | grep -v '^--set$' | cut -d. -f1 | sort -u | paste -sd, -)
+    say "6d. the bench at the sweep's choice, bfloat16 (stage 2's 26 questions): ${CHOSEN[*]:-the GPU set, benched in 2}"
+    [ -z "$CHOSE" ] || bench 170 --per-category 2 --max-new-tokens 128 --dtype bfloat16 --methods "ar,$CHOSE" \
+        "${CHOSEN[@]}" --json "$R/bench-chosen.json"
 fi
 
 if stage 6b; then

@@ -10,6 +10,8 @@ names every setting it changes, the rest being the device's current set (`specde
 a line a candidate after each turn, rewriting --json, then the lines again, best first within each
 method. With --deadline no turn starts past it, and a turn begun before it starts no prompt past it
 (a row says how many prompts it ran); --resume keeps the rows --json holds and measures the rest.
+`--chosen REPORT` prints, without loading a model, each method's best candidate in that report as the
+bench's `--set` items, a line each (`chosen`): what the prepared check benches next, on other questions.
 On a CPU it measures tokens a pass, which do not depend on the device; the speedups there are a CPU's.
 """
 
@@ -110,6 +112,24 @@ def earlier(path: Path | None, target) -> list[dict]:
     return report["rows"]
 
 
+def chosen(rows: list[dict]) -> dict[str, dict]:
+    """Each method's candidate of highest speedup among its rows measured on the most prompts (a
+    row that a deadline cut short is the noisier): the settings the device's set would take."""
+    best = {}
+    for method in dict.fromkeys(row["method"] for row in rows):
+        rows_of = [row for row in rows if row["method"] == method]
+        most = max(row.get("prompts") or 0 for row in rows_of)
+        best[method] = max((row for row in rows_of if (row.get("prompts") or 0) == most),
+                           key=lambda row: row["speedup"])["settings"]
+    return best
+
+
+def set_items(settings: dict[str, dict]) -> list[str]:
+    """{method: settings} as the bench's `--set` items, each value as JSON (a static tree's paths too)."""
+    return [item for method, named in settings.items() for name, value in named.items()
+            for item in ("--set", f"{method}.{name}={json.dumps(value, separators=(',', ':'))}")]
+
+
 def line(row: dict) -> str:
     shown = {name: f"{len(value)} paths" if isinstance(value, list | tuple) else value
              for name, value in row["settings"].items()}  # a static tree's paths, by their number
@@ -128,6 +148,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--per-category", type=int, default=None)
+    parser.add_argument("--skip-per-category", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
@@ -139,15 +160,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              "began, loading included: a sweep stopped from outside loses its turn")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --json holds (from a sweep on this device and dtype) and measure the rest")
+    parser.add_argument("--chosen", type=Path, default=None, metavar="REPORT",
+                        help="print REPORT's best candidate of each method as the bench's --set items, and stop")
     args = parser.parse_args(argv)
+    if args.chosen:
+        print("\n".join(set_items(chosen(json.loads(args.chosen.read_text())["rows"]))))
+        return []
     started = time.monotonic()
     target = load_model(dtype=args.dtype, device=args.device)
     if default_compile(target.device):
         target = compiled(target, progress=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{target.device}, {args.dtype}; the device's set now: {defaults_for(target.device).name}", flush=True)
     done = earlier(args.json, target) if args.resume else []
-    rows = sweep(target, read_prompts(args.prompts, args.limit, args.per_category), args.max_new_tokens,
-                 [name.strip() for name in args.methods.split(",")], args.json,
+    prompts = read_prompts(args.prompts, args.limit, args.per_category, args.skip_per_category)
+    rows = sweep(target, prompts, args.max_new_tokens, [name.strip() for name in args.methods.split(",")], args.json,
                  None if args.deadline is None else started + args.deadline, done)
     print("\nbest first:")
     for method in dict.fromkeys(row["method"] for row in rows):

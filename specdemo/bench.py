@@ -180,9 +180,11 @@ def parse_methods(text: str) -> list[str]:
     return list(dict.fromkeys(["ar", *names, *(REFERENCES[name] for name in names if name in REFERENCES)]))
 
 
-def read_prompts(path: Path, limit: int | None, per_category: int | None = None) -> list[dict]:
+def read_prompts(path: Path, limit: int | None, per_category: int | None = None,
+                 skip_per_category: int = 0) -> list[dict]:
     """Rows of a JSONL prompt file (MT-bench / Spec-Bench format); the first turn is the prompt.
-    `per_category`: the first N rows of each category, in file order; then `limit`: the first N."""
+    `per_category`: the first N rows of each category, in file order, after its first
+    `skip_per_category` (a sample apart from one of fewer a category); then `limit`: the first N."""
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, json.JSONDecodeError) as error:
@@ -192,12 +194,14 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
     if per_category is not None:
         if per_category < 1:
             raise SpecDemoError(f"--per-category must be at least 1, got {per_category}")
-        taken: dict[str, int] = {}
+        if skip_per_category < 0:
+            raise SpecDemoError(f"--skip-per-category must be at least 0, got {skip_per_category}")
+        seen: dict[str, int] = {}
         sample = []
         for row in rows:
             category = row.get("category", "")
-            if taken.get(category, 0) < per_category:
-                taken[category] = taken.get(category, 0) + 1
+            seen[category] = seen.get(category, 0) + 1
+            if skip_per_category < seen[category] <= skip_per_category + per_category:
                 sample.append(row)
         rows = sample
     return rows[:limit] if limit else rows
@@ -365,6 +369,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     parser.add_argument("--per-category", type=int, default=None,
                         help="only the first N prompts of each category (a stratified sample)")
+    parser.add_argument("--skip-per-category", type=int, default=0, metavar="N",
+                        help="with --per-category: after the first N of each category (a sample apart from those)")
     parser.add_argument("--rounding-noise", action="store_true",
                         help="also measure how far the dtype's rounding moves AR's top-two logit gaps "
                              "(docs/divergence.md)")
@@ -387,7 +393,7 @@ def main(argv: list[str] | None = None, target: LoadedModel | None = None) -> di
     if args.limit is not None and args.limit < 1:
         raise SpecDemoError(f"--limit must be at least 1, got {args.limit}")
     settings = parse_settings(args.set, methods)
-    prompts = read_prompts(args.prompts, args.limit, args.per_category)
+    prompts = read_prompts(args.prompts, args.limit, args.per_category, args.skip_per_category)
     target = from_arguments(args, lambda message: print(message, file=sys.stderr, flush=True), target)
     report = benchmark(target, methods, prompts, args.max_new_tokens, settings, args.rounding_noise,
                        None if args.deadline is None else started + args.deadline)

@@ -102,6 +102,20 @@ def test_default_prompt_file_covers_the_categories():
     assert {"writing", "coding", "math", "qa", "summarization", "translation", "rag"} <= categories
 
 
+def test_a_sample_per_category_may_skip_each_categorys_first_rows(tmp_path):
+    """`--per-category 1 --skip-per-category 2`: the third row of each category that has one, a
+    sample apart from `--per-category 2`'s (the GPU sweep's questions, apart from the bench's)."""
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": q, "category": category, "turns": ["hi"]}
+            for q, category in enumerate(["a", "b", "a", "a", "b", "a", "c"])]
+    path.write_text("\n".join(map(json.dumps, rows)))
+    assert [row["question_id"] for row in bench.read_prompts(path, None, 1, 2)] == [3]
+    assert [row["question_id"] for row in bench.read_prompts(path, None, 2, 1)] == [2, 3, 4]
+    assert [row["question_id"] for row in bench.read_prompts(path, None, 2)] == [0, 1, 2, 4, 6]
+    with pytest.raises(SpecDemoError, match="skip-per-category"):
+        bench.read_prompts(path, None, 1, -1)
+
+
 def test_ar_always_runs_first():
     assert bench.parse_methods("hf_generate") == ["ar", "hf_generate"]
     assert bench.parse_methods("hf_generate,ar,ar") == ["ar", "hf_generate"]
@@ -267,6 +281,22 @@ def test_a_resumed_gpu_sweep_measures_only_what_the_earlier_one_did_not(tmp_path
     assert [settings for method, settings in left if method == "speculative"] == [
         settings for settings in speculative if settings not in measured]
     assert [settings for method, settings in left if method == "medusa"] == sweep.CANDIDATES["medusa"]
+
+
+def test_the_gpu_sweeps_choice_is_each_methods_fastest_candidate_as_the_benchs_settings():
+    """`gpu_sweep.py --chosen`: a method's candidate of highest speedup among those measured on the
+    most prompts, as `--set` items the bench reads back into the same settings (a static tree's paths too)."""
+    sweep = load_script("gpu_sweep")
+    static = next(settings for settings in sweep.CANDIDATES["speculative"] if settings.get("static_tree"))
+    rows = [{"method": "speculative", "settings": json.loads(json.dumps(static)), "speedup": 1.9, "prompts": 8},
+            {"method": "speculative", "settings": {"gamma": 7}, "speedup": 2.4, "prompts": 3},  # cut short
+            {"method": "speculative", "settings": {}, "speedup": 1.7, "prompts": 8},
+            {"method": "medusa", "settings": {}, "speedup": 1.8, "prompts": 8}]
+    chosen = sweep.chosen(rows)
+    assert chosen == {"speculative": rows[0]["settings"], "medusa": {}}
+    items = sweep.set_items(chosen)
+    assert items[::2] == ["--set"] * len(static)
+    assert bench.parse_settings(items[1::2], ["ar", "speculative", "medusa"]) == {"ar": {}, **chosen}
 
 
 def test_a_gpu_sweep_past_its_deadline_ends_after_its_first_turn_and_prompt(embedded):

@@ -49,3 +49,16 @@ def test_float32_holds_only_with_every_answer_on_all_eight_questions(tmp_path):
     assert verdicts(tmp_path)["float32: every answer its reference's"] == "FAILS"
     report.write_text(json.dumps(bench({**every, "speculative": stats(1.9, 2.8, matches=0.875)}, questions=8)))
     assert verdicts(tmp_path)["float32: every answer its reference's"] == "FAILS"
+
+
+def test_the_speedups_are_read_again_at_the_sweeps_choice_where_it_chose_other_settings(tmp_path):
+    (tmp_path / "bench-bf16.json").write_text(json.dumps(bench(
+        {"ar": stats(1.0), "speculative": stats(1.9, 2.9), "medusa": stats(1.7, 2.7)})))
+    chosen = bench({"ar": stats(1.0), "speculative": stats(2.05, 3.1)})
+    chosen["settings"] = {"ar": {}, "speculative": {"gamma": 6, "static_tree": [[0], [1], [0, 0]]}}
+    (tmp_path / "bench-chosen.json").write_text(json.dumps(chosen))
+    got = verdicts(tmp_path)
+    assert got["`speculative` against graphed AR, bfloat16"] == "FAILS"
+    assert got["`speculative` against graphed AR, bfloat16, at the sweep's choice (gamma=6 static_tree=3 paths)"] \
+        == "holds"
+    assert not any("`medusa`" in what and "choice" in what for what in got)  # the GPU's set: stage 2 is its bench
