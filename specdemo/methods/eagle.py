@@ -65,11 +65,12 @@ class FeatureDraft(nn.Module, ProposesFromVocab):
         del self.model.embed_tokens  # shared with the target, kept outside this module's weights
         # a dict: not submodules, so never saved
         self.shared = {"embed": target.get_input_embeddings(), "head": target.get_output_embeddings()}
-        # [K] token ids it may propose, ascending (None: all)
-        self.vocab = None if vocab is None else vocab.to(target.device)
+        # buffers, never saved, so that .to() moves them with the draft: [K] token ids it may propose, ascending
+        # (None: all), and their rows of the LM head, gathered once (each step they would cost more than their product)
+        self.register_buffer("vocab", vocab, persistent=False)
         self.to(device=target.device, dtype=target.dtype)
-        # the rows it may propose, gathered once: gathered each step they would cost more than the product reading them
-        self.head = None if vocab is None else target.get_output_embeddings().weight[self.vocab]  # [K, H], no parameter
+        self.register_buffer("head", None if vocab is None else target.get_output_embeddings().weight[self.vocab],
+                             persistent=False)  # [K, H]
         self.head_packed = Packed()  # their layout for a CPU's products (`prepack`)
 
     def features(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: Cache | None, **tree) -> torch.Tensor:

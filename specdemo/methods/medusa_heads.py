@@ -104,7 +104,8 @@ class MedusaHeads(nn.Module):
                                     for _ in range(num_heads))
         self.lm_heads = (None if shared_lm_head is not None
                          else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads)))
-        self.vocab = vocab
+        # a buffer, so .to() moves it with the heads: a graph of them reads it on their device
+        self.register_buffer("vocab", vocab, persistent=False)
         if shared_lm_head is not None:  # a buffer, so .to() moves it, but never saved with the blocks
             weight = shared_lm_head.weight.detach()
             self.register_buffer("proposal_weight", weight if vocab is None else weight[vocab], persistent=False)
@@ -155,7 +156,7 @@ class MedusaHeads(nn.Module):
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into the heads' proposal vocabulary."""
-        return indices if self.vocab is None else self.vocab.to(indices.device)[indices]
+        return indices if self.vocab is None else self.vocab[indices]
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None,
                    graphs: FunctionGraphs | None = None) -> list[list[int]]:
