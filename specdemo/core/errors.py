@@ -19,6 +19,18 @@ def in_one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0]
 
 
+def described(error: BaseException) -> str:
+    """Why something failed, its first line `in_one_line` and then that of each error it was raised
+    from or while handling (a CUDA graph whose capture fails ends in CUDA's own error, "operation
+    failed due to a previous error during capture", which names nothing of the first), its other
+    lines the rest of the error's message (a compiler's)."""
+    chain, cause = [error], error.__cause__ or error.__context__
+    while cause is not None and len(chain) < 4:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(["; during ".join(map(in_one_line, chain)), *str(error).splitlines()[1:]])
+
+
 def check_request(input_ids: torch.Tensor, max_new_tokens: int, context_length: int | None,
                   lookahead_positions: int = 0) -> int:
     """Check a prompt of token ids [1, L] and a token budget; return the prompt length L.

@@ -41,6 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.core import llama
+from specdemo.core.errors import described
 from specdemo.core.kvcache import StaticKV
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ class FunctionGraphs:
                 try:
                     captured = self.graphs[kind] = self.capture(function, tuple(tensor.clone() for tensor in inputs))
                 except Exception as error:  # noqa: BLE001 -- any capture failure: warn once, run eagerly from now on
-                    self.failed = f"{type(error).__name__}: {error}"
+                    self.failed = described(error)
                     log.warning("capturing a CUDA graph of %s failed (%s); running it eagerly", key,
                                 self.failed.splitlines()[0])
             if captured is None:

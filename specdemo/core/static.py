@@ -32,7 +32,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from specdemo.core import llama
 from specdemo.core.attention import additive
-from specdemo.core.errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError, described
 from specdemo.core.graphs import GRAPH_CAPACITY, CudaGraphs, PassLayout, layout_views, padded_inputs
 from specdemo.core.grouped_attention import per_pass
 from specdemo.core.kvcache import StaticKV
@@ -335,7 +335,7 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
             out = hidden if rows is None else (hidden, rows_of(out[1][0], rows))
             passes.runs[bucket] += 1
         except Exception as error:  # noqa: BLE001 -- any compiler failure: warn once, run eagerly from now on
-            passes.failed = f"{type(error).__name__}: {error}"
+            passes.failed = described(error)
             log.warning("compiling the static pass failed (%s); running it eagerly", passes.failed.splitlines()[0])
     if out is None:  # eagerly: the start set here, as a graph sets it from its layout
         cache.start.fill_(cache.length)
