@@ -60,13 +60,15 @@ class ExportedPass(torch.nn.Module):
     """The target's static pass of one padded width (`static.static_forward`, its products joined
     where CUDA graphs join them) as a module `torch.export` traces: the fed inputs, the layout
     (`static.padded_layout`'s bytes) and the KV buffer (`StaticKV.buffer`, which it writes) are its
-    inputs; it returns the hidden states and the logits."""
+    inputs; it returns the hidden states and the logits. `room`: the bytes the joined products may
+    take (None: as `static.compile_passes` gives them, with CUDA only)."""
 
-    def __init__(self, model, bucket: int, positions: int):
+    def __init__(self, model, bucket: int, positions: int, room: int | None = None):
         super().__init__()
         self.model, self.bucket, self.positions = model, bucket, positions
         decoder = model.get_decoder()
-        room = torch.cuda.mem_get_info(model.device)[0] // JOINED_SHARE if model.device.type == "cuda" else 0
+        if room is None:
+            room = torch.cuda.mem_get_info(model.device)[0] // JOINED_SHARE if model.device.type == "cuda" else 0
         self.run = joined_forward(decoder, room) if room else static_forward
         self.register_buffer("rotary", llama.rotary_table(decoder, positions), persistent=False)
 
@@ -123,10 +125,11 @@ def loaded(package: str, weights: dict[str, torch.Tensor]):
     return model
 
 
-def measure_width(model, width: int, context: int, repeats: int, folder: Path) -> dict:
-    """One width's row: the route's one-time costs, a fresh process's load, each way's pass and its logits' gap."""
+def measure_width(model, width: int, context: int, repeats: int, folder: Path, room: int | None = None) -> dict:
+    """One width's row: the route's one-time costs, a fresh process's load, each way's pass and its
+    logits' gap (`room`: `ExportedPass`')."""
     device = model.device
-    module = ExportedPass(model, width, capacity(model, context + width))
+    module = ExportedPass(model, width, capacity(model, context + width), room)
     inputs, layout, buffer = pass_inputs(model, width, context, module.positions)
     row = {"width": width}
     with torch.inference_mode():
