@@ -143,20 +143,31 @@ def measure_width(model, width: int, context: int, repeats: int, folder: Path, r
     row["fresh_load_s"] = float(fresh.stdout.split()[-1])
     compiled, row["load_s"] = seconds(lambda: loaded(package, weights))
     ways = {"eager": lambda: module(inputs, layout, buffer), "ahead of time": lambda: compiled(inputs, layout, buffer)}
-    if device.type == "cuda":
-        for name, run in list(ways.items()):
-            try:
-                graph, out = recorded(run, device, torch.cuda.graph_pool_handle())
-                ways[f"{name}, graphed"] = (lambda graph=graph, out=out: (graph.replay(), out)[1])
-            except Exception as error:  # noqa: BLE001 -- a capture that fails is a finding: told, and the rest goes on
-                row[f"{name}, graphed"] = in_one_line(error)
-    with torch.inference_mode():
+    with torch.inference_mode():  # uncaptured first: a capture may leave a package unfit to run uncaptured after
         for name, run in ways.items():
-            logits = run()[1]
-            row[f"{name} gap"] = float((logits - reference).abs().max())
-            row[f"{name} same top tokens"] = bool((logits.argmax(-1) == reference.argmax(-1)).all())
-            row[f"{name} ms"] = round(milliseconds(run, device, repeats), 3)
+            measure_way(row, name, run, reference, device, repeats)
+        for name, run in list(ways.items()) if device.type == "cuda" else ():
+            try:  # a capture that fails is a finding: told, and the rest goes on
+                graph, out = recorded(run, device, torch.cuda.graph_pool_handle())
+            except Exception as error:  # noqa: BLE001
+                row[f"{name}, graphed"] = in_one_line(error)
+                continue
+            measure_way(row, f"{name}, graphed", lambda graph=graph, out=out: (graph.replay(), out)[1], reference,
+                        device, repeats)
     return row
+
+
+def measure_way(row: dict, name: str, run, reference: torch.Tensor, device: torch.device, repeats: int) -> None:
+    """Into `row`: how far `run()`'s logits lie from the eager pass's `reference`, whether every fed
+    token's top token is the same, and its milliseconds; or, where it fails, why (the other ways go on)."""
+    try:
+        logits = run()[1]
+        row[f"{name} gap"] = float((logits - reference).abs().max())
+        row[f"{name} same top tokens"] = bool((logits.argmax(-1) == reference.argmax(-1)).all())
+        row[f"{name} ms"] = round(milliseconds(run, device, repeats), 3)
+    except Exception as error:  # noqa: BLE001 -- told in the row: the other ways' numbers stand
+        traceback.print_exc()
+        row[name] = in_one_line(error)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -53,3 +53,15 @@ def test_the_route_is_compiled_loaded_in_a_fresh_process_and_matches_the_eager_p
     assert row["eager gap"] == 0.0 and row["ahead of time gap"] < 1e-4
     assert row["eager same top tokens"] and row["ahead of time same top tokens"]
     assert not any("graphed" in key for key in row)  # CUDA graphs wait for a GPU
+
+
+def test_a_way_that_fails_is_told_in_its_row_and_the_others_stand():
+    """A way of running the pass that raises (on a GPU: a package run after its capture, say) costs
+    its own numbers, not the width's row."""
+    script = load_script("aot_cost")
+    reference = torch.zeros(1, 2, 5)
+    row = {"width": 1}
+    script.measure_way(row, "broken", lambda: 1 / 0, reference, torch.device("cpu"), 1)
+    script.measure_way(row, "eager", lambda: (None, reference), reference, torch.device("cpu"), 1)
+    assert row["broken"] == "ZeroDivisionError: division by zero"
+    assert row["eager gap"] == 0.0 and row["eager same top tokens"] and row["eager ms"] >= 0
