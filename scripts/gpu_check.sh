@@ -45,7 +45,8 @@ set -u
 OUT=${1:?output folder}; shift
 PY=${PYTHON:-python3}
 PAY=/tmp/gpu-pay
-R=${REPORTS:-/tmp/gpu-reports}  # the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
+# the JSON reports and the trace, bundled into OUT/reports.tar.gz as each stage begins (`say`)
+R=${REPORTS:-/tmp/gpu-reports}
 [ -n "${ONLY:-}" ] || rm -rf "$R"  # a later call (ONLY) adds to the reports of the call before it on this machine
 mkdir -p "$OUT" "$R"
 BEGAN=$(date +%s)
@@ -131,7 +132,8 @@ if stage 6d && [ -f "$R/sweep.json" ]; then
     mapfile -t CHOSEN < <($PY scripts/gpu_sweep.py --chosen "$R/sweep.json" 2>>"$OUT/check.log")
     # the methods whose choice is not the GPU's set (stage 2 benched that)
     CHOSE=$(printf '%s\n' "${CHOSEN[@]}" | grep -v '^--set$' | cut -d. -f1 | sort -u | paste -sd, -)
-    say "6d. the bench at the sweep's choice, bfloat16 (stage 2's 26 questions): ${CHOSEN[*]:-the GPU set, benched in 2}"
+    say "6d. the bench at the sweep's choice, bfloat16 (stage 2's 26 questions):" \
+        "${CHOSEN[*]:-the GPU set, benched in 2}"
     [ -z "$CHOSE" ] || bench 170 --per-category 2 --max-new-tokens 128 --dtype bfloat16 --methods "ar,$CHOSE" \
         "${CHOSEN[@]}" --json "$R/bench-chosen.json"
 fi
