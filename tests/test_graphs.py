@@ -195,6 +195,17 @@ def test_the_buffer_is_lent_to_one_request_at_a_time(graphed_models):
     assert not graphs.serves(request_cache(target, 10_000, passes))  # longer than the graphs' buffer
 
 
+def test_a_request_longer_than_the_graphs_buffer_runs_eagerly_over_a_cache_of_its_own():
+    """Its passes attend over windows of its own cache, not the graphs' (whose window would stop
+    at their buffer's end, and whose positions past it the pass would write out of bounds)."""
+    model = make_tiny_model(context=1024)
+    prompt = torch.randint(0, 97, (1, 240), generator=torch.Generator().manual_seed(0))
+    expected = final_summary(ar.generate(model, prompt, max_new_tokens=40, eos_token_ids=())).tokens
+    passes = graphed(model, capacity=256)
+    summary = final_summary(ar.generate(model, prompt, max_new_tokens=40, eos_token_ids=(), passes=passes))
+    assert summary.tokens == expected and not passes.failed and passes.runs[0] == summary.target_forwards
+
+
 def test_a_padded_slot_never_changes_a_graphed_pass(prompt_ids):
     """A graph's padded slots keep whatever an earlier pass fed them (only the fed tokens are
     copied in): a pass of 3 tokens in the 8-wide graph gives the same hidden states and logits

@@ -322,7 +322,8 @@ def static_pass(model: PreTrainedModel, cache: StaticKV, inputs: torch.Tensor, p
         raise SpecDemoError(f"the static KV cache holds {cache.capacity} positions; this pass needs "
                             f"{cache.length + (bucket or width)}")
     reach = cache.length + (bucket or width)
-    seen = cache.window(passes.graphs.window(reach) if passes and passes.graphs
+    # a cache of its own (the graphs' buffer lent, or too short) has no graph's window: it rounds up, as without graphs
+    seen = cache.window(passes.graphs.window(reach) if passes and passes.graphs and passes.graphs.serves(cache)
                         else math.ceil(reach / WINDOW_STEP) * WINDOW_STEP)
     out = None
     if bucket is not None:
