@@ -363,8 +363,9 @@ def accept_sampled(
         return 0, int(torch.multinomial(p[0], 1, generator=choose.generator)), {}
     p = torch.cat([torch.softmax(choose.scores(candidate[:, : n + i], logits[i : i + 1]), dim=-1)
                    for i in range(g + 1)])
-    p_x = p[torch.arange(g), draft_tokens]  # [g] target probability of each draft token
-    q_x = q[torch.arange(g), draft_tokens]  # [g] draft probability of each draft token
+    drafted = torch.arange(g, device=p.device)  # made there: an index from the host would be a copy that waits
+    p_x = p[drafted, draft_tokens]  # [g] target probability of each draft token
+    q_x = q[drafted, draft_tokens]  # [g] draft probability of each draft token
     acceptance = torch.clamp(p_x / q_x, max=1.0)  # min(1, p/q)
     draws = torch.rand(g, generator=choose.generator, device=p.device)  # r ~ U(0, 1)
     rejected = (draws >= acceptance).nonzero()
