@@ -256,7 +256,7 @@ def main() -> None:
         ask_generate(url)
         step("/generate answered with every method", started)
     # the stand-in has no GPU to give: the model stays on the CPU, and every "GPU call" is the stand-in's
-    zerogpu = {**env, "PYTHONPATH": str(STANDIN), "SPACE_ID": "specdemo/zerogpu-standin",
+    zerogpu = {**env, "PYTHONPATH": str(STANDIN), "SPACE_ID": "specdemo/zerogpu-standin", "SPACES_ZERO_GPU": "true",
                "SPACES_STANDIN_QUOTA_S": str(STANDIN_QUOTA_S)}
     with serving(zerogpu, "--device", "cpu") as url:
         step(f"ZeroGPU Space (the stand-in, a quota of {STANDIN_QUOTA_S} s a visitor): app.py serves {url}", started)

@@ -28,6 +28,7 @@ def spaces(monkeypatch, tmp_path):
     """The stand-in on the import path, a new day's quotas, and a fresh place to keep the pass cost."""
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # as the platform sets it on a ZeroGPU Space
     monkeypatch.setenv("SPECDEMO_STATE", str(tmp_path))
     import spaces as standin
 
@@ -82,7 +83,19 @@ def test_a_new_day_keeps_the_quota_and_factor_the_environment_sets(spaces, monke
 
 def test_on_zerogpu_the_model_goes_to_cuda_at_start_uncaptured(spaces):
     assert zerogpu.at_start(None, None) == ("cuda", False)
-    assert zerogpu.at_start("cpu", True) == ("cpu", True)  # what the command line asks, it gets
+    assert zerogpu.at_start(None, True) == ("cuda", False)  # no CUDA outside a GPU call: nothing to capture on
+    assert zerogpu.at_start("cpu", True) == ("cpu", True)  # on the CPU the command line asks for, it gets
+
+
+def test_spaces_installed_without_zerogpu_is_not_zerogpu(spaces, monkeypatch):
+    """Any Gradio Space (a paid CPU one too), or a laptop, may have `spaces` installed; its GPU
+    decorator then does nothing, and the app runs as asked."""
+    monkeypatch.delenv("SPACES_ZERO_GPU")
+    assert not zerogpu.on_zerogpu() and zerogpu.at_start(None, None) == (None, None)
+    decode = lambda plan: plan  # noqa: E731
+    assert zerogpu.gpu_call(decode) is decode
+    monkeypatch.setenv("SPACES_ZERO_GPU", "1")
+    assert zerogpu.on_zerogpu()
 
 
 def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):

@@ -51,20 +51,25 @@ class GpuPlan:
 
 
 def on_zerogpu() -> bool:
-    """Whether the app runs where ZeroGPU's `spaces` package is installed (a ZeroGPU Space, or its stand-in)."""
-    return importlib.util.find_spec("spaces") is not None
+    """Whether the app runs on ZeroGPU (or its stand-in): the `spaces` package is installed and the
+    platform says so, as the package reads it (`spaces/config.py`: SPACES_ZERO_GPU "1", "t" or
+    "true"). Installed alone (any Gradio Space, a laptop), `spaces.GPU` does nothing."""
+    zero = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+    return zero and importlib.util.find_spec("spaces") is not None
 
 
 def at_start(device: str | None, compile_passes: bool | None) -> tuple[str | None, bool | None]:
     """The app's device and capture at start. On ZeroGPU, `spaces` is imported first (it lends CUDA
     to GPU calls and stands in for it outside them), the model goes to cuda as the platform expects,
-    and nothing is captured at start: each GPU call is a process of its own, where no graph outlives it.
-    Elsewhere, as given."""
+    and nothing is captured at start, whatever is asked: outside a GPU call there is no CUDA to
+    capture on, and each GPU call is a process of its own, where no graph outlives it. Elsewhere
+    (or on the CPU a command line asks for), as given."""
     if not on_zerogpu():
         return device, compile_passes
     import spaces  # noqa: F401
 
-    return device or "cuda", False if compile_passes is None else compile_passes
+    device = device or "cuda"
+    return device, compile_passes if device == "cpu" else False
 
 
 def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:

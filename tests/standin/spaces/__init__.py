@@ -1,5 +1,6 @@
 """A stand-in for Hugging Face's `spaces` package on ZeroGPU, for tests and `make space-check`:
-put this folder first on `sys.path` and `import spaces` finds it.
+put this folder first on `sys.path` and `import spaces` finds it; set SPACES_ZERO_GPU=true, as
+the platform does on a ZeroGPU Space (without it the app runs as on any other machine).
 
 What it keeps of the real package (`spaces/zero/client.py` and `wrappers.py`, version 0.51):
 - `spaces.GPU(duration=...)` wraps a function or a generator; `duration` is seconds or a callable
