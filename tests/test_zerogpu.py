@@ -169,6 +169,27 @@ def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
     assert "used up" in zerogpu.refusal_sentence(error) and "23:59:12" in zerogpu.refusal_sentence(error)
 
 
+def test_a_refused_click_runs_on_the_cpu_within_the_cpus_budget_not_the_gpu_seconds_it_asked_for():
+    import gradio as gr
+
+    planned = []
+
+    def refused_call(plan):
+        raise gr.Error("You have exceeded your ZeroGPU quota (8s requested vs. 3s left).",
+                       title="ZeroGPU quota exceeded")
+        yield
+
+    def on_cpu(plan):
+        planned.append(plan)
+        yield "answered"
+
+    plan = zerogpu.GpuPlan(8.0, 64, 2.0)
+    assert list(zerogpu.with_cpu_fallback(refused_call, on_cpu, plan)) == ["answered"]
+    cpu_plan, = planned
+    assert cpu_plan.on_cpu and "used up" in cpu_plan.note and cpu_plan.declared_s == 0.0
+    assert handlers.click_budget(cpu_plan).left() > LIMITS.budget_s - 5  # the CPU's budget, not 8 s
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.5])
 def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(embedded, spaces, factor):
     spaces.reset(quota_s=120, duration_factor=factor)

@@ -127,13 +127,13 @@ def gpu_call(function):
 
 def with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
     """Yield what `gpu_function(plan, *args)` yields; if ZeroGPU refuses it before it runs, what
-    `cpu_function` yields for the same click on the CPU, its plan saying why."""
+    `cpu_function` yields for the same click on the CPU (`on_the_cpu`)."""
     try:
         yield from gpu_function(plan, *args)
     except Exception as error:  # noqa: BLE001 -- only ZeroGPU's refusals are caught; the rest goes on up
         if not refused(error):
             raise
-        yield from cpu_function(replace(plan, note=refusal_sentence(error), on_cpu=True), *args)
+        yield from cpu_function(on_the_cpu(plan, error), *args)
 
 
 def call_with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
@@ -143,7 +143,13 @@ def call_with_cpu_fallback(gpu_function, cpu_function, plan: GpuPlan, *args):
     except Exception as error:  # noqa: BLE001 -- as above
         if not refused(error):
             raise
-        return cpu_function(replace(plan, note=refusal_sentence(error), on_cpu=True), *args)
+        return cpu_function(on_the_cpu(plan, error), *args)
+
+
+def on_the_cpu(plan: GpuPlan, refusal: BaseException) -> GpuPlan:
+    """The plan of a click ZeroGPU refused, run on the CPU instead: it declares nothing, so its
+    deadline is the CPU's budget, not the GPU seconds it asked for, and it says why it runs there."""
+    return replace(plan, declared_s=0.0, note=refusal_sentence(refusal), on_cpu=True)
 
 
 def state_file() -> Path:
