@@ -14,8 +14,8 @@ METHODS = {"ar", "speculative", "draft_tree", "static_draft_tree", "device_draft
            "contrastive"}
 # a package: its `__init__` and its modules
 VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}
-APP = {"ui", "ui_offload", "ui_settings", "handlers", "drawing", *VIEWS, "live", "limits", "lesson", "one_run",
-       "zerogpu", "clicks", "wiring"}
+APP = {"ui", "ui_offload", "ui_settings", "handlers", "targets", "drawing", *VIEWS, "live", "limits", "lesson",
+       "one_run", "zerogpu", "clicks", "wiring"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/
 PACKAGES = {"specdemo", *(f"specdemo.{layer}" for layer in LAYERS)}
 
@@ -72,7 +72,8 @@ def test_the_presets_name_companions_without_importing_a_method():
     assert "specdemo.assets" in named and not {name for name in named if name.startswith("specdemo.methods")}
 
 
-@pytest.mark.parametrize("module", ["ui", "ui_offload", "ui_settings", "handlers", *sorted(VIEWS), "lesson", "clicks"])
+@pytest.mark.parametrize("module", ["ui", "ui_offload", "ui_settings", "handlers", "targets", *sorted(VIEWS), "lesson",
+                                    "clicks"])
 def test_the_page_never_touches_tensors_or_a_model(module):
     """The page and its pictures read events; `live` runs a method, through the registry."""
     assert not imports(module) & {"torch", "transformers", *CORE - {"events", "steps", "errors", "sampling"}, *METHODS}

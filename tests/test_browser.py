@@ -73,10 +73,10 @@ def fast_app(embedded, served_app):
     """An app that offers the fast (bfloat16) precision whatever this CPU: the app offers it only
     where the CPU multiplies bfloat16 natively, but bfloat16 runs on any CPU (emulated, slower).
     The session's page (`served_app`) is built first, outside the patch, so it stays as this CPU has it."""
-    from specdemo.app import handlers, ui
+    from specdemo.app import targets, ui
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
+        patch.setattr(targets, "fast_dtype", lambda device: "bfloat16")
         app = serve(ui.build_app(embedded, presets=()))
         yield app
         app.close()

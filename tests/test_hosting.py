@@ -8,6 +8,8 @@ import pytest
 
 from specdemo import SpecDemoError
 from specdemo.app import drawing, handlers, limits, live, ui
+from specdemo.app import targets as offered
+from specdemo.app.targets import EXACT
 from specdemo.methods import METHODS
 
 from conftest import page_inputs
@@ -134,14 +136,14 @@ def test_one_preset_is_resident_at_a_time(embedded, monkeypatch):
         loaded.append((model, targets.resident))  # what was resident while it loaded
         return model
 
-    monkeypatch.setattr(handlers, "load_model", load)
-    monkeypatch.setattr(handlers, "free_memory", lambda: evicted.append(targets.resident))
+    monkeypatch.setattr(offered, "load_model", load)
+    monkeypatch.setattr(offered, "free_memory", lambda: evicted.append(targets.resident))
     targets = handlers.Targets(embedded, (Preset("A", "org/a"), Preset("B", "org/b")))
-    a = targets("A", handlers.EXACT)
-    assert targets("A", handlers.EXACT) is a and evicted == []  # resident: not loaded again
-    b = targets("B", handlers.EXACT)
+    a = targets("A", EXACT)
+    assert targets("A", EXACT) is a and evicted == []  # resident: not loaded again
+    b = targets("B", EXACT)
     assert evicted == [None] and loaded == [(a, None), (b, None)]  # A dropped, its memory freed, then B loaded
-    assert targets(None, handlers.EXACT) is embedded and targets.resident is b  # the start is never evicted
+    assert targets(None, EXACT) is embedded and targets.resident is b  # the start is never evicted
 
 
 def test_a_space_starts_without_the_gpu_presets_and_its_readme_preloads_the_model_and_asks_for_zerogpu():

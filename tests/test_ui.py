@@ -219,16 +219,18 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
 
     from specdemo import SpecDemoError
     from specdemo.app import handlers
+    from specdemo.app import targets as offered
     from specdemo.app.live import Baselines, Request
+    from specdemo.app.targets import EXACT
 
-    monkeypatch.setattr(handlers, "fast_dtype", lambda device: "bfloat16")
+    monkeypatch.setattr(offered, "fast_dtype", lambda device: "bfloat16")
     targets = handlers.Targets(embedded, ())
-    assert list(targets.precisions) == [handlers.EXACT, "fast (bfloat16)"] and targets.start_precision == handlers.EXACT
+    assert list(targets.precisions) == [EXACT, "fast (bfloat16)"] and targets.start_precision == EXACT
     # the switch is unlabelled in the header's row: what it does is said once the start's precision is left
-    assert not targets.shows_about(targets.start_name, handlers.EXACT) and not targets.about(targets.start_name, "")
+    assert not targets.shows_about(targets.start_name, EXACT) and not targets.about(targets.start_name, "")
     assert targets.shows_about(targets.start_name, "fast (bfloat16)")
     assert "near-tie" in targets.about(targets.start_name, "fast (bfloat16)")
-    assert targets(None, handlers.EXACT) is embedded and targets(None, "") is embedded
+    assert targets(None, EXACT) is embedded and targets(None, "") is embedded
     fast = targets(None, "fast (bfloat16)")
     assert str(fast.dtype) == "torch.bfloat16" and fast.spec == embedded.spec
     baselines, request = Baselines(), Request("Name a colour.", "ar", 4)
@@ -237,8 +239,8 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     assert baselines.has(embedded, request) and not baselines.has(fast, request)
     with pytest.raises(SpecDemoError, match="precision must be one of"):
         targets(None, "fastest")
-    monkeypatch.setattr(handlers, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
-    assert list(handlers.Targets(embedded, ()).precisions) == [handlers.EXACT]
+    monkeypatch.setattr(offered, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32
+    assert list(handlers.Targets(embedded, ()).precisions) == [EXACT]
     radio = next(c["props"] for c in build_app(embedded, presets=()).config["components"]
                  if c["props"].get("elem_id") == "precision")
     assert radio["visible"] is False

@@ -4,6 +4,7 @@ refused, a class of visitors all get answers, a used-up quota answers on the CPU
 and the race is replayed and drawn outside its GPU call."""
 
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 import torch
 from gradio.context import LocalContext
 
+from specdemo import SpecDemoError
 from specdemo.app import clicks, handlers, views, zerogpu
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import Request
+from specdemo.models import Companions
 
 from conftest import page_inputs
 
@@ -118,8 +121,8 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
 
     def method_options(method, target):
         loaded.append(method)
-        if method == "speculative":  # a draft to load and its graphs to capture
-            time.sleep(0.05)
+        if method == "speculative":  # a draft to load and its graphs to capture, once a process
+            target.companions.get("draft", lambda: time.sleep(0.05))
         return {}
 
     def run(target, request, stop=None):  # a short answer, whose first steps capture the tree's graph
@@ -127,7 +130,8 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
         time.sleep(0.02)
         yield from ()
 
-    with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
+    with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs",
+                                  companions=Companions())
     monkeypatch.setattr(clicks, "capture", lambda target: (with_graphs, 0.01))
     monkeypatch.setattr(clicks, "method_options", method_options)
     monkeypatch.setattr(clicks, "run", run)
@@ -138,20 +142,23 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     # a method's own short answer to the click's prompt, once: AR's graphs are the target's
     assert warmed == [("speculative", "Why is the sky blue?", clicks.WARM_TOKENS)]
     assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) >= 0.07
-    assert zerogpu.kept(zerogpu.companions_key("ar"), 99.0) < 0.05
+    assert zerogpu.kept(zerogpu.companions_key("ar"), 99.0) == 99.0  # AR loads none: nothing kept, none counted
     zerogpu.keep(**{zerogpu.companions_key("speculative"): 3.0})  # as a GPU's draft might take
     counted = zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar", "speculative")).declared_s
     assert counted >= zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar",)).declared_s + 2
+    # a worker an earlier click warmed (ZeroGPU reuses an idle one): its companions cost nothing, and are not kept
+    assert clicks.ready(target, requests) is with_graphs
+    assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) == 3.0
     cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"]  # loaded at first use
-    assert len(warmed) == 1
+    assert clicks.ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"] * 2  # loaded at first use
+    assert len(warmed) == 2
     # a GPU of one's own, its graphs captured at start: the short answer still goes first (a setting changed
     # on the page may need a graph), and nothing is kept for a plan; eager, nothing is captured, so nothing is run
     monkeypatch.setattr(clicks, "on_zerogpu", lambda: False)
     monkeypatch.setattr(clicks, "keep", lambda **seconds: pytest.fail("kept off ZeroGPU"))
-    assert clicks.ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 2
+    assert clicks.ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 3
     eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(eager, requests[1:2]) is eager and len(warmed) == 2
+    assert clicks.ready(eager, requests[1:2]) is eager and len(warmed) == 3
 
 
 def test_off_zerogpu_the_start_is_as_asked(monkeypatch):
@@ -275,3 +282,39 @@ def test_measuring_is_one_gpu_call_within_the_cap_and_a_used_up_quota_measures_o
     as_visitor("spent")
     drawn = [update for update in page.on_measure() if "pass_cost_plot" in update]
     assert "used up" in drawn[-1]["pass_cost_note"] and len(spaces.CALLS) == 1  # refused: measured on the CPU
+
+
+def test_on_zerogpu_every_model_the_page_offers_loads_at_its_start_and_never_in_a_handler(embedded, spaces,
+                                                                                          monkeypatch):
+    """Outside the thread that imported `spaces` nothing stands in for CUDA, so a handler (another
+    thread) that loaded a model on cuda would fail: on ZeroGPU the page's other precision and its
+    copy on disk load as the page is built, and a handler only looks them up. One that failed says so."""
+    from specdemo.app import targets as offered
+    from specdemo.app import ui
+    from specdemo.app.targets import EXACT, Targets
+
+    loads = []
+
+    def load(spec, dtype, device, device_map=None):
+        loads.append((spec, dtype, device_map, threading.current_thread()))
+        if dtype == "float32" and device_map == "disk":
+            raise RuntimeError("no room on disk")
+        return SimpleNamespace(spec=spec, dtype=dtype, placed=device_map)
+
+    monkeypatch.setattr(offered, "fast_dtype", lambda device: "bfloat16")
+    monkeypatch.setattr(offered, "load_model", load)
+    built = []
+    monkeypatch.setattr(ui, "Targets", lambda *args, **kwargs: built.append(Targets(*args, **kwargs)) or built[-1])
+    ui.build_app(embedded)
+    targets, = built
+    assert targets.presets == () and {(dtype, placed) for _, dtype, placed, _ in loads} == {
+        ("bfloat16", None), ("bfloat16", "disk"), ("float32", "disk")}  # the start (float32, in memory) is loaded
+    assert {thread for *_, thread in loads} == {threading.current_thread()}
+    monkeypatch.setattr(offered, "load_model", lambda *args, **kwargs: pytest.fail("a handler loaded a model"))
+    fast = "fast (bfloat16)"
+    with ThreadPoolExecutor(1) as handler:
+        assert handler.submit(targets, None, fast).result().dtype == "bfloat16"
+        assert handler.submit(targets, targets.on_disk, fast).result().placed == "disk"
+        assert handler.submit(targets, None, EXACT).result() is embedded
+        with pytest.raises(SpecDemoError, match="did not load when this page started.*no room on disk"):
+            handler.submit(targets, targets.on_disk, EXACT).result()

@@ -24,7 +24,6 @@ from specdemo.app.drawing import (
     race_row,
     view_updates,
 )
-from specdemo.app.lesson import ON_DISK, ON_DISK_ABOUT
 from specdemo.app.limits import LIMITS, Deadline, budget
 from specdemo.app.live import (
     Baselines,
@@ -37,6 +36,7 @@ from specdemo.app.live import (
     text,
     whole,
 )
+from specdemo.app.targets import Targets
 from specdemo.app.zerogpu import (
     GpuPlan,
     call_with_cpu_fallback,
@@ -50,8 +50,7 @@ from specdemo.app.zerogpu import (
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS
-from specdemo.models import EMBEDDED, LoadedModel, compiled, fast_dtype, free_memory, load_model
-from specdemo.presets import Preset, preset_for, preset_named
+from specdemo.models import LoadedModel
 
 
 def click_budget(plan: GpuPlan) -> Deadline:
@@ -99,104 +98,9 @@ def request_from(named: dict) -> Request:
                    whole("max_new_tokens", named["max_new_tokens"]), sampling, settings)
 
 
-class Targets:
-    """The models a page offers: the one it started with, and the presets this machine can run
-    (with CUDA, the GPU presets: `specdemo.presets`), each loaded on first use. Besides the start,
-    one model is resident at a time (a preset, or the start at the other precision): asking for
-    another evicts it first, so a class switching presets never holds more than two in memory.
-    Where the start is the embedded model, it is offered again with its decoder layers on disk
-    (`lesson.ON_DISK`, on the start's device), standing in for a model too big for memory; it is
-    resident as a preset is. A compiled start makes every model it loads compiled too (but the one
-    on disk: no graph holds weights that move in during a pass). On ZeroGPU, a click the platform
-    refused runs on the model's twin on the CPU (`on_cpu`), loaded once too."""
-
-    def __init__(self, start: LoadedModel, presets: tuple[Preset, ...]):
-        self.start, self.presets = start, presets
-        self.resident: LoadedModel | None = None
-        self.resident_key: tuple | None = None  # (spec, dtype, on disk) of the resident model
-        self.cpu_twins: dict[bool, LoadedModel] = {}  # by whether its layers are on disk
-        self.lock = threading.Lock()  # a class's clicks may ask for a model at once: one loads it
-        start_preset = preset_for(start.spec, presets)
-        self.start_name = start_preset.name if start_preset else start.spec
-        self.on_disk = ON_DISK if start.spec == EMBEDDED and start.placed is None else None
-        self.names = list(dict.fromkeys([self.start_name, *(preset.name for preset in presets),
-                                         *([self.on_disk] if self.on_disk else [])]))
-        # exact: float32, where every method's answer is AR's; fast: the dtype this device multiplies fastest, if
-        # not float32
-        fast = fast_dtype(start.device)
-        self.precisions = {EXACT: "float32", **({fast_label(fast): fast} if fast != "float32" else {})}
-        start_dtype = str(start.dtype).removeprefix("torch.")
-        self.start_precision = next((label for label, dtype in self.precisions.items() if dtype == start_dtype), EXACT)
-
-    def about(self, name: str, precision: str = "") -> str:
-        """What model `name` brings, and what the precision switch does once `precision` is not the start's."""
-        preset = next((preset for preset in self.presets if preset.name == name), None)
-        brings = ON_DISK_ABOUT if name and name == self.on_disk else preset.about if preset else ""
-        return " ".join(filter(None, [brings, PRECISION_ABOUT if precision not in ("", self.start_precision) else ""]))
-
-    def shows_about(self, name: str, precision: str = "") -> bool:
-        """Whether the page says what model `name` brings: once another than the start is chosen, or
-        always with GPU presets (a lesson step setting the start back leaves the first screen as it was);
-        or what the precision switch does, once `precision` is not the start's."""
-        return (name != self.start_name or len(self.names) > 1 + bool(self.on_disk)
-                or precision not in ("", self.start_precision))
-
-    def __call__(self, name: str | None, precision: str | None = None) -> LoadedModel:
-        """The model `name` (default: the start) at `precision` (a label of `self.precisions`;
-        default: the start's dtype), loaded once."""
-        with self.lock:
-            return self.load(name, precision)
-
-    def load(self, name: str | None, precision: str | None) -> LoadedModel:
-        if precision not in (None, "", *self.precisions):
-            raise SpecDemoError(f"precision must be one of {', '.join(map(repr, self.precisions))}, got {precision!r}")
-        dtype = self.precisions[precision] if precision else str(self.start.dtype).removeprefix("torch.")
-        same_dtype = dtype == str(self.start.dtype).removeprefix("torch.")
-        if (not name or name == self.start_name) and same_dtype:
-            return self.start
-        on_disk = bool(name) and name == self.on_disk
-        start = not name or name in (self.start_name, self.on_disk)
-        preset = None if start else preset_named(name, self.presets)
-        spec = self.start.spec if start else preset.target
-        if self.resident is not None and self.resident_key == (spec, dtype, on_disk):
-            return self.resident
-        if self.resident is not None:
-            self.resident = self.resident_key = None
-            free_memory()  # before the next load, so two presets never share the GPU
-        device = str(self.start.device)
-        loaded = (self.layers_on_disk(dtype, device) if on_disk
-                  else load_model(spec, dtype, device, device_map=preset and preset.device_map))
-        self.resident, self.resident_key = compiled(loaded) if self.start.passes else loaded, (spec, dtype, on_disk)
-        return self.resident
-
-    def layers_on_disk(self, dtype: str, device: str) -> LoadedModel:
-        """The start's model with every decoder layer on disk, in a temporary folder of its own that
-        goes with the model (`placement.dispatch`): dropped by the page, or at the process's exit."""
-        return load_model(self.start.spec, dtype, device, device_map="disk")
-
-    def on_cpu(self, target: LoadedModel) -> LoadedModel:
-        """`target`'s twin on the CPU at its fastest dtype there, its layers on disk where `target`'s
-        are, loaded on first use and held (one in memory, one on disk)."""
-        on_disk = target.placed is not None
-        with self.lock:
-            twin = self.cpu_twins.get(on_disk)
-            if twin is None or twin.spec != target.spec:
-                self.cpu_twins.pop(on_disk, None)
-                self.cpu_twins[on_disk] = (self.layers_on_disk("auto", "cpu") if on_disk
-                                           else load_model(target.spec, "auto", "cpu"))
-            return self.cpu_twins[on_disk]
-
-
-EXACT = "exact (float32)"
-PRECISION_ABOUT = ("Precision: exact (float32) gives every method AR's answer; fast rounds, which may flip a near-tie "
-                   "between AR's two likeliest tokens, and the page then says where.")
 RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
 REPLAY_EVERY_S = 0.15  # a replay frame's wall time
 REPLAY_SPEEDS = {"real time": 1.0, "half speed": 0.5, "quarter speed": 0.25}
-
-
-def fast_label(dtype: str) -> str:
-    return f"fast ({dtype})"
 
 
 class Handlers:
@@ -204,7 +108,7 @@ class Handlers:
     baselines. On ZeroGPU each click declares the GPU time it plans (`zerogpu.plan_for`), decodes
     in a GPU call, and runs on the CPU if the platform refuses it (`zerogpu.with_cpu_fallback`)."""
 
-    def __init__(self, targets: "Targets"):
+    def __init__(self, targets: Targets):
         self.targets, self.baselines = targets, Baselines()
         self.generate_on_gpu, self.race_on_gpu = gpu_call(self.decode_generate), gpu_call(self.decode_race)
         self.measure_on_gpu = gpu_call(self.decode_pass_costs)

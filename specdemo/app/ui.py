@@ -19,6 +19,7 @@ from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS
 from specdemo.app.ui_settings import SETTING_WIDTH, method_settings
 from specdemo.app.wiring import Outputs, wire
+from specdemo.app.zerogpu import on_zerogpu
 from specdemo.defaults import Defaults, defaults_for
 from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
@@ -380,10 +381,12 @@ def wire_step_through(page: Page, handlers: Handlers) -> None:
 def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) -> gr.Blocks:
     """The page: controls, the streamed answer, the method's view, live speed, race and step-through.
     `presets`: the models a person may switch to (default: those this machine can run)."""
-    # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets
+    # the presets of the device the model runs on: a CPU run on a CUDA machine gets no 7B presets; none on ZeroGPU,
+    # whose every call would load one anew
+    zero = on_zerogpu()
     if presets is None:  # SPECDEMO_PRESETS=0 (a public Space): only the model the app started with
-        presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets else ()
-    handlers = Handlers(Targets(target, presets))
+        presets = available_presets(cuda=target.device.type == "cuda") if LIMITS.presets and not zero else ()
+    handlers = Handlers(Targets(target, presets, preload=zero))
     # analytics off; Gradio's copies of exports are deleted after an hour (checked every hour)
     with gr.Blocks(title="SpecDemo", analytics_enabled=False, delete_cache=(EXPORTS_KEPT_S, EXPORTS_KEPT_S)) as app:
         top = header(handlers.targets, target)
