@@ -318,3 +318,26 @@ def test_on_zerogpu_every_model_the_page_offers_loads_at_its_start_and_never_in_
         assert handler.submit(targets, None, EXACT).result() is embedded
         with pytest.raises(SpecDemoError, match="did not load when this page started.*no room on disk"):
             handler.submit(targets, targets.on_disk, EXACT).result()
+
+
+def test_a_calls_deadline_counts_what_its_worker_spent_before_it(tmp_path):
+    """ZeroGPU counts a call's time from its grant: a forked worker's age is taken off the call's
+    deadline; the page's own process, and a worker an earlier call used, take nothing off."""
+    import multiprocessing
+
+    old_stat, uptime = tmp_path / "stat", tmp_path / "uptime"
+    old_stat.write_text("123 (python) S " + " ".join(["0"] * 18) + " 100 0 0\n")  # started 1 s after boot
+    uptime.write_text("5000.0 0.0\n")  # ... and that was over an hour ago
+
+    def worker(ages):
+        time.sleep(0.3)
+        ages.put((zerogpu.before_the_call_s(), zerogpu.before_the_call_s(old_stat, uptime)))
+
+    assert zerogpu.before_the_call_s() == 0.0
+    fork = multiprocessing.get_context("fork")
+    ages = fork.Queue()
+    process = fork.Process(target=worker, args=(ages,))
+    process.start()
+    fresh, reused = ages.get(timeout=30)
+    process.join()
+    assert 0.25 <= fresh < 10 and reused == 0.0

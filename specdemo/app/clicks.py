@@ -33,7 +33,7 @@ from specdemo.app.live import (
     timed_events,
     timing_rounds,
 )
-from specdemo.app.zerogpu import GpuPlan, companions_key, keep, on_zerogpu
+from specdemo.app.zerogpu import GpuPlan, before_the_call_s, companions_key, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, decoded, method_options
 from specdemo.models import LoadedModel, capture
@@ -167,7 +167,7 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedMode
     if fresh:
         target, seconds = capture(target)
         if seconds:
-            keep(setup_s=seconds)
+            keep(setup_s=seconds + before_the_call_s())  # the worker's start counts in the call's time too
     if target.passes is None:
         return target
     firsts: dict[str, Request] = {}  # each method's first request

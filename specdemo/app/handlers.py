@@ -54,9 +54,10 @@ from specdemo.models import LoadedModel
 
 
 def click_budget(plan: GpuPlan) -> Deadline:
-    """The click's deadline: its budget, or on ZeroGPU what its declaration grants less a margin, so
-    that no GPU call runs past it."""
-    return budget(plan.granted_s - zerogpu.MARGIN_S if plan.declared_s else None)
+    """The click's deadline: its budget, or on ZeroGPU what its declaration grants less a margin and
+    what the call's worker spent before it (`zerogpu.before_the_call_s`), so that no GPU call runs
+    past it."""
+    return budget(plan.granted_s - zerogpu.MARGIN_S - zerogpu.before_the_call_s() if plan.declared_s else None)
 
 
 KNOBS = (  # in the order of the page's inputs

@@ -19,6 +19,7 @@ CPU instead (`refused`, `refusal_sentence`).
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import re
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ SETUP_S = 4.0
 MARGIN_S = 2.0  # the last pass, and the wobble of a shared GPU
 PASS_S = 0.03  # seconds a target pass, until this device measured its own (an eager GPU pass of the embedded model)
 SHORTEST_ANSWER = 16  # new tokens a shortened click keeps at least
+LONGEST_CALL_S = 120  # the longest call ZeroGPU's tiers allow: a worker older than that served an earlier call
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,23 @@ def at_start(device: str | None, compile_passes: bool | None) -> tuple[str | Non
 
     device = device or "cuda"
     return device, compile_passes if device == "cpu" else False
+
+
+def before_the_call_s(stat: Path = Path("/proc/self/stat"), uptime: Path = Path("/proc/uptime")) -> float:
+    """Seconds a GPU call's worker ran before its function: ZeroGPU counts a call's duration from
+    when it grants the GPU, then forks the worker, which attaches the GPU and moves the model in
+    before the function starts. The worker's age, read from Linux's /proc (`stat`'s start time,
+    in clock ticks since boot, against `uptime`); 0 in the page's own process (the stand-in's
+    calls), off Linux, or in a worker an earlier call used, older than any call (ZeroGPU reuses an
+    idle one, whose function starts at once)."""
+    if multiprocessing.parent_process() is None:
+        return 0.0
+    try:
+        started = int(stat.read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        age = float(uptime.read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return age if 0.0 <= age <= LONGEST_CALL_S else 0.0
 
 
 def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
