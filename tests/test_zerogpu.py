@@ -341,3 +341,19 @@ def test_a_calls_deadline_counts_what_its_worker_spent_before_it(tmp_path):
     fresh, reused = ages.get(timeout=30)
     process.join()
     assert 0.25 <= fresh < 10 and reused == 0.0
+
+
+def test_an_error_in_a_gpu_call_reaches_the_page_as_a_sentence(embedded, spaces, monkeypatch):
+    """ZeroGPU sends back a `gr.Error` whole and any other error as its kind alone ("ZeroGPU worker
+    error: OutOfMemoryError"): a GPU call's own errors cross as sentences."""
+    import gradio as gr
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore of the message")
+        yield
+
+    monkeypatch.setattr(clicks, "generate_records", failing)
+    as_visitor("unlucky")
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    with pytest.raises(gr.Error, match="The answer failed: RuntimeError: CUDA out of memory. Tried to allocate"):
+        list(page.on_generate(*page_inputs("Name three colours.", "ar", 8)))

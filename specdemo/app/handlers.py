@@ -47,10 +47,16 @@ from specdemo.app.zerogpu import (
     whole_cap,
     with_cpu_fallback,
 )
-from specdemo.core.errors import SpecDemoError
+from specdemo.core.errors import SpecDemoError, in_one_line
 from specdemo.core.events import StepEvent
 from specdemo.methods import METHODS
 from specdemo.models import LoadedModel
+
+
+def crossing(error: Exception) -> gr.Error:
+    """What a GPU call raises for `error`, which crosses back from its process as a sentence: a
+    SpecDemoError's own, any other's kind and first line (ZeroGPU would send back its kind alone)."""
+    return gr.Error(str(error) if isinstance(error, SpecDemoError) else f"The answer failed: {in_one_line(error)}")
 
 
 def click_budget(plan: GpuPlan) -> Deadline:
@@ -124,8 +130,10 @@ class Handlers:
             yield from clicks.generate_records(target, self.baselines,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
-        except SpecDemoError as error:  # raised in the GPU call's process: a sentence crosses back, not a traceback
-            raise gr.Error(str(error)) from error
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
+            raise crossing(error) from error
         finally:
             stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
 
@@ -211,8 +219,10 @@ class Handlers:
                                     tuple(Request(prompt, name, max_new_tokens) for name in names))
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
                                            RACE_MIN_ROUNDS)
-        except SpecDemoError as error:
-            raise gr.Error(str(error)) from error
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
+            raise crossing(error) from error
         finally:
             stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
 
@@ -271,8 +281,10 @@ class Handlers:
             models = {where: clicks.as_it_is(self.targets(name), plan, self.targets.on_cpu)
                       for where, name in (("in memory", None), ("offloaded", self.targets.on_disk))}
             yield from clicks.pass_cost_records(models, stop)
-        except SpecDemoError as error:
-            raise gr.Error(str(error)) from error
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
+            raise crossing(error) from error
         finally:
             stop.set()
 
@@ -308,8 +320,10 @@ def api_generate_for(targets: Targets):
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
                     {**stats(events, summary), **({"note": plan.note} if plan.note else {})})
-        except SpecDemoError as error:
-            raise gr.Error(str(error)) from error
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
+            raise crossing(error) from error
         finally:
             stop.set()
 
