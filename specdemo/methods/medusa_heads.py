@@ -23,6 +23,7 @@ from specdemo.core.errors import SpecDemoError
 from specdemo.core.graphs import FunctionGraphs
 from specdemo.core.prepack import Packed, linear, prepack
 from specdemo.core.transfer import tensor_on
+from specdemo.methods.draft import ProposesFromVocab
 from specdemo.models import local_folder
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
@@ -63,7 +64,7 @@ class TokenMixer(nn.Module):
         return self.linear(joined)
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(nn.Module, ProposesFromVocab):
     """K heads on the target's last hidden state. With `shared_lm_head` (the target's own) the
     heads store only their residual blocks, a few MB instead of an LM head each, and may propose
     from a `vocab` subset (token ids): its rows of the LM head cost a sixth of the full head per
@@ -153,10 +154,6 @@ class MedusaHeads(nn.Module):
         if self.lm_heads is not None:
             return self.lm_heads[k](x)
         return linear(x, self.proposal_weight, packed=self.proposal_packed)
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Token ids of indices into the heads' proposal vocabulary."""
-        return indices if self.vocab is None else self.vocab[indices]
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int], token: int | None = None,
                    graphs: FunctionGraphs | None = None) -> list[list[int]]:
