@@ -16,7 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-from specdemo.bench import OTHER_WEIGHTS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_sweep import in_words  # noqa: E402
+
+from specdemo.bench import OTHER_WEIGHTS  # noqa: E402
 
 SPEEDUPS = (("speculative", 2.0, 2.8), ("medusa", 1.8, None), ("lookahead", 1.4, None), ("cllm", 1.8, None))
 
@@ -58,7 +61,7 @@ def speedups(bench: dict | None, chosen: bool = False) -> list[str]:
         if chosen:
             if method not in methods and method not in failed:
                 continue
-            what += f", at the sweep's choice ({settings_in_words(bench['settings'].get(method, {}))})"
+            what += f", at the sweep's choice ({in_words(bench['settings'].get(method, {}))})"
         if method not in methods:
             lines.append(point(what, f"failed: {failed[method]}" if method in failed else None, bound, None))
             continue
@@ -67,11 +70,6 @@ def speedups(bench: dict | None, chosen: bool = False) -> list[str]:
         holds = speedup >= least and (per_pass is None or stats["tokens_per_forward"] >= per_pass)
         lines.append(point(what, f"{speedup:.2f}x at {stats['tokens_per_forward']:.2f} tokens a pass", bound, holds))
     return lines
-
-
-def settings_in_words(settings: dict) -> str:
-    return " ".join(f"{name}={f'{len(value)} paths' if isinstance(value, list) else value}"
-                    for name, value in settings.items())
 
 
 def exactness(bench: dict | None) -> str:

@@ -130,10 +130,14 @@ def set_items(settings: dict[str, dict]) -> list[str]:
             for item in ("--set", f"{method}.{name}={json.dumps(value, separators=(',', ':'))}")]
 
 
+def in_words(settings: dict) -> str:
+    """A candidate's settings on one line, a static tree's paths by their number."""
+    return " ".join(f"{name}={f'{len(value)} paths' if isinstance(value, list | tuple) else value}"
+                    for name, value in settings.items())
+
+
 def line(row: dict) -> str:
-    shown = {name: f"{len(value)} paths" if isinstance(value, list | tuple) else value
-             for name, value in row["settings"].items()}  # a static tree's paths, by their number
-    settings = " ".join(f"{name}={value}" for name, value in shown.items()) or "(the device's set)"
+    settings = in_words(row["settings"]) or "(the device's set)"
     return (f"{row['method']:<12} {settings:<50} {row['tokens_per_forward']:5.2f} tok/pass {row['speedup']:5.2f}x  "
             f"step {row['step_ms']:5.1f} ms (pass {row['target_pass_ms']:4.1f}, AR {row['ar_step_ms']:4.1f})  "
             f"matches {row['matches_ar']:.2f}{on_prompts(row.get('prompts'))}")
