@@ -66,6 +66,22 @@ def click_budget(plan: GpuPlan) -> Deadline:
     return budget(plan.granted_s - zerogpu.MARGIN_S - zerogpu.before_the_call_s() if plan.declared_s else None)
 
 
+@contextlib.contextmanager
+def gpu_call_of(plan: GpuPlan) -> Iterator[Deadline]:
+    """The body of a click's GPU call: its deadline (`click_budget`), set when the call ends however it
+    ends (its end, Stop, an error), so that no pass of it runs on; an error other than a gr.Error
+    leaves it as a sentence (`crossing`)."""
+    stop = click_budget(plan)
+    try:
+        yield stop
+    except gr.Error:
+        raise
+    except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
+        raise crossing(error) from error
+    finally:
+        stop.set()
+
+
 KNOBS = (  # in the order of the page's inputs
     "gamma", "adaptive_gamma", "draft_tree_size", "copy_length", "retrieve", "tree", "tree_size", "typical_acceptance",
     "decoder", "block_size", "window", "ngram", "candidates", "num_beams", "length_penalty", "early_stopping", "alpha",
@@ -123,19 +139,12 @@ class Handlers:
     def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
         """Generate's GPU call: its plan first, then `clicks.generate_records`' records, within the plan's deadline."""
         # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
-        stop = click_budget(plan)
-        try:
+        with gpu_call_of(plan) as stop:
             yield plan
             target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, (request,))
             yield from clicks.generate_records(target, self.baselines,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
-            raise crossing(error) from error
-        finally:
-            stop.set()  # whatever ended the click (its end, Stop, an error), no pass of it runs on
 
     def on_generate(self, *values):
         """Generate, as the page calls it (the values are GENERATE_INPUTS' in order): the AR baseline
@@ -212,19 +221,12 @@ class Handlers:
     def decode_race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
         """The race's GPU call: its plan first, then `clicks.race_records`' records, within the plan's deadline.
         Stop ends the race between two passes."""
-        stop = click_budget(plan)
-        try:
+        with gpu_call_of(plan) as stop:
             yield plan
             target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
                                     tuple(Request(prompt, name, max_new_tokens) for name in names))
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
                                            RACE_MIN_ROUNDS)
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
-            raise crossing(error) from error
-        finally:
-            stop.set()  # whatever ended the race (its end, Stop, an error), no pass of it runs on
 
     @staticmethod
     def replay(outcome: clicks.RaceOutcome, target: LoadedModel, plan: GpuPlan, replay_speed):
@@ -275,18 +277,11 @@ class Handlers:
 
     def decode_pass_costs(self, plan: GpuPlan):
         """Measuring's GPU call: its plan first, then `clicks.pass_cost_records`' records, within its deadline."""
-        stop = click_budget(plan)
-        try:
+        with gpu_call_of(plan) as stop:
             yield plan
             models = {where: clicks.as_it_is(self.targets(name), plan, self.targets.on_cpu)
                       for where, name in (("in memory", None), ("offloaded", self.targets.on_disk))}
             yield from clicks.pass_cost_records(models, stop)
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
-            raise crossing(error) from error
-        finally:
-            stop.set()
 
     @staticmethod
     def on_tick(step, history) -> dict:
@@ -308,8 +303,7 @@ class Handlers:
 def api_generate_for(targets: Targets):
     def decode(plan: GpuPlan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
                seed, model, no_repeat_ngram_size, precision) -> tuple[str, dict]:
-        stop = click_budget(plan)
-        try:
+        with gpu_call_of(plan) as stop:
             sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                                      no_repeat_ngram_size)
             request = Request(text("prompt", prompt or ""), text("method", method),
@@ -320,12 +314,6 @@ def api_generate_for(targets: Targets):
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
                     {**stats(events, summary), **({"note": plan.note} if plan.note else {})})
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
-            raise crossing(error) from error
-        finally:
-            stop.set()
 
     decode_on_gpu = gpu_call(decode)
 
