@@ -167,6 +167,24 @@ def test_static_rollback_moves_the_length_and_gathers_the_accepted_path(tiny_mod
         keep_prefix(cache, 4)
 
 
+def test_rollback_indexes_each_layer_on_the_device_it_is_on(monkeypatch):
+    """A model spread over devices (accelerate's device map) has its cache spread the same way: each
+    layer gathers its accepted path with an index on its own device, made once for each device."""
+    from specdemo.core import kvcache
+
+    made = []
+    monkeypatch.setattr(kvcache, "tensor_on", lambda data, device: made.append(torch.device(device))
+                        or tensor_on(data, device))
+    cache = DynamicCache()
+    for index, device in enumerate(["cpu", "cpu", "meta"]):
+        entries = torch.arange(8, dtype=torch.float32, device=device)[None, None, :, None] + 100 * index
+        cache.update(entries, entries.clone(), index)
+    keep_positions(cache, 3, [5, 7])
+    assert made == [torch.device("cpu"), torch.device("meta")] and cache.get_seq_length() == 5
+    assert [layer.keys.device.type for layer in cache.layers] == ["cpu", "cpu", "meta"]
+    assert cache.layers[1].values[0, 0, :, 0].tolist() == [100, 101, 102, 105, 107]
+
+
 def test_a_request_without_a_compiled_pass_keeps_transformers_cache(prompt_ids):
     model = make_tiny_model()
     assert isinstance(request_cache(model, 40), DynamicCache)

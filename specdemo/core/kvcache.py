@@ -33,14 +33,21 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     branches at once (a Medusa tree, a lookahead window beside its candidates)."""
     positions = list(positions)
     if positions != list(range(length, length + len(positions))):
-        index = tensor_on(positions, cache.layers[0].keys.device)
+        indices: dict[torch.device, torch.Tensor] = {}  # one copy for each device the layers are on (a device map)
+
+        def index(device: torch.device) -> torch.Tensor:
+            if device not in indices:
+                indices[device] = tensor_on(positions, device)
+            return indices[device]
+
         if isinstance(cache, StaticKV):  # two kernels for the whole model where its layers share one buffer
             for pair in [cache.buffer] if cache.buffer is not None else [layer.pair for layer in cache.layers]:
-                pair[..., length : length + len(positions), :] = pair.index_select(-2, index)
+                pair[..., length : length + len(positions), :] = pair.index_select(-2, index(pair.device))
         else:
             for layer in cache.layers:  # copy only the kept entries into place; the crop drops the rest
-                layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, index)
-                layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, index)
+                kept = index(layer.keys.device)
+                layer.keys[..., length : length + len(positions), :] = layer.keys.index_select(-2, kept)
+                layer.values[..., length : length + len(positions), :] = layer.values.index_select(-2, kept)
     keep_prefix(cache, length + len(positions))
 
 
