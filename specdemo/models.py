@@ -220,12 +220,17 @@ def load_model(
     return LoadedModel(spec, source, model, tokenizer, torch_device, torch_dtype)
 
 
+def compiles(target: LoadedModel) -> bool:
+    """Whether `compiled` would compile `target`'s pass: it has none, and its weights stay put."""
+    return not target.passes and not target.placed
+
+
 def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None) -> LoadedModel:
     """`target` with its compiled static pass (on CUDA: its captured graphs), sharing its
     companions, which then compile their own passes as they load (`methods.method_options`).
     `target` itself if it has one, or if it is spread or offloaded (`placement`: its weights move
     in during a pass, which no graph can hold)."""
-    if target.passes or target.placed:
+    if not compiles(target):
         return target
     return replace(target, passes=compile_passes(target.model, progress=progress))
 

@@ -101,15 +101,33 @@ def test_spaces_installed_without_zerogpu_is_not_zerogpu(spaces, monkeypatch):
     assert zerogpu.on_zerogpu()
 
 
+def readied(target, requests=()) -> tuple[list[str], object]:
+    """What `clicks.ready` said it did (its `Preparing` records) and the target it returned."""
+    records = clicks.ready(target, requests)
+    said = []
+    while True:
+        try:
+            said.append(next(records).what)
+        except StopIteration as end:
+            return said, end.value
+
+
+def ready(target, requests=()):
+    return clicks.quietly(clicks.ready(target, requests))
+
+
 def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
     captured = []
     with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
     monkeypatch.setattr(clicks, "capture", lambda target: (captured.append(target.model) or with_graphs, 0.01))
-    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(target) is with_graphs  # a fresh process: the call decodes with graphs captured in it
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
+    said, returned = readied(target)
+    assert returned is with_graphs  # a fresh process: the call decodes with graphs captured in it
+    assert len(said) == 1 and "capturing the model's CUDA graphs" in said[0]  # the visitor waits: the page says why
     assert captured == [target.model] and 0.01 <= zerogpu.kept("setup_s", 99.0) < 5
-    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(cpu) is cpu  # on a CPU nothing is captured in a call
+    assert readied(with_graphs) == ([], with_graphs)  # a worker an earlier call readied: nothing to capture or say
+    cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None, placed=False)
+    assert readied(cpu) == ([], cpu)  # on a CPU nothing is captured in a call
     assert captured == [target.model]
     fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s \
         - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
@@ -135,9 +153,10 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     monkeypatch.setattr(clicks, "capture", lambda target: (with_graphs, 0.01))
     monkeypatch.setattr(clicks, "method_options", method_options)
     monkeypatch.setattr(clicks, "run", run)
-    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
     requests = tuple(Request("Why is the sky blue?", method, 128) for method in ("ar", "speculative", "ar"))
-    assert clicks.ready(target, requests) is with_graphs
+    said, returned = readied(target, requests)
+    assert returned is with_graphs and len(said) == 2 and said[1].startswith("getting speculative ready")
     assert loaded == ["ar", "speculative"]  # each once, in the call, before its first pass
     # a method's own short answer to the click's prompt, once: AR's graphs are the target's
     assert warmed == [("speculative", "Why is the sky blue?", clicks.WARM_TOKENS)]
@@ -147,18 +166,18 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     counted = zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar", "speculative")).declared_s
     assert counted >= zerogpu.plan_for(2, 16, 0.0, 100.0, ("ar",)).declared_s + 2
     # a worker an earlier click warmed (ZeroGPU reuses an idle one): its companions cost nothing, and are not kept
-    assert clicks.ready(target, requests) is with_graphs
+    assert ready(target, requests) is with_graphs
     assert zerogpu.kept(zerogpu.companions_key("speculative"), 0.0) == 3.0
     cpu = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"] * 2  # loaded at first use
+    assert ready(cpu, requests[1:2]) is cpu and loaded == ["ar", "speculative"] * 2  # loaded at first use
     assert len(warmed) == 2
     # a GPU of one's own, its graphs captured at start: the short answer still goes first (a setting changed
     # on the page may need a graph), and nothing is kept for a plan; eager, nothing is captured, so nothing is run
     monkeypatch.setattr(clicks, "on_zerogpu", lambda: False)
     monkeypatch.setattr(clicks, "keep", lambda **seconds: pytest.fail("kept off ZeroGPU"))
-    assert clicks.ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 3
-    eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None)
-    assert clicks.ready(eager, requests[1:2]) is eager and len(warmed) == 3
+    assert ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 3
+    eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
+    assert ready(eager, requests[1:2]) is eager and len(warmed) == 3
 
 
 def test_off_zerogpu_the_start_is_as_asked(monkeypatch):
@@ -207,6 +226,22 @@ def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(em
     call = spaces.CALLS[0]
     assert call["visitor"] == "first" and 0 < call["charged_s"] <= LIMITS.gpu_max_s \
         and call["elapsed_s"] <= call["charged_s"]
+
+
+def test_the_page_says_what_a_gpu_call_does_before_its_first_pass(embedded, spaces, monkeypatch):
+    """The seconds a call spends readying its model (`clicks.ready`: a fresh process's graphs, a
+    method's companions) are told in the answer's place, and in the race's, as they pass."""
+    def ready(target, requests=()):
+        yield clicks.Preparing("capturing")
+        return target
+
+    monkeypatch.setattr(clicks, "ready", ready)
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    outputs = list(page.on_generate(*page_inputs("Name three colours.", "speculative", 8)))
+    assert outputs[0]["answer"] == "<p><i>Getting the GPU ready: capturing…</i></p>"
+    assert "Getting the GPU ready" not in outputs[-1].get("answer", "")
+    raced = list(page.on_race("", "", "Name three colours.", ["lookahead"], 8))
+    assert raced[0] == {"streams": "<p><i>Getting the GPU ready: capturing…</i></p>"}
 
 
 def test_thirty_visitors_at_once_all_get_their_answers_on_the_gpu(embedded, spaces):

@@ -7,7 +7,7 @@ race's replay runs there too. Nothing here draws.
 """
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 
 from specdemo import passcost
@@ -36,13 +36,21 @@ from specdemo.app.live import (
 from specdemo.app.zerogpu import GpuPlan, before_the_call_s, companions_key, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, decoded, method_options
-from specdemo.models import LoadedModel, capture
+from specdemo.models import LoadedModel, capture, compiles
 
 WARM_TOKENS = 8  # a warm-up answer's (`warmed`): after the prompt's pass, room for a static draft tree 6 deep
 UPDATE_EVERY_S = 0.5  # a streamed run's records a second at most: drawing competes with decoding for the CPU
 # what Measure times: passes of these widths after PASS_CONTEXT cached tokens, the median of PASS_REPEATS each, so that
 # both models together take seconds, not minutes
 PASS_WIDTHS, PASS_CONTEXT, PASS_REPEATS = (1, 4, 8, 16, 32), 64, 3
+
+
+@dataclass(frozen=True)
+class Preparing:
+    """A GPU call getting ready before its first pass (`ready`): what it does now, for the page to say
+    while the visitor waits."""
+
+    what: str
 
 
 @dataclass(frozen=True)
@@ -145,26 +153,28 @@ class RaceOutcome:
 
 
 def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], LoadedModel],
-            requests: tuple[Request, ...] = ()) -> LoadedModel:
-    """The model a click of `requests` decodes: the page's (`ready` for a GPU call), or its twin on
-    the CPU (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
+            requests: tuple[Request, ...] = ()) -> Generator[Preparing, None, LoadedModel]:
+    """The model a click of `requests` decodes, returned after `ready`'s records: the page's, or its
+    twin on the CPU (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
     if plan.on_cpu and target.device.type != "cpu":
         return on_cpu(target)
-    return ready(target, requests)
+    return (yield from ready(target, requests))
 
 
-def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedModel:
-    """The target a click of `requests` decodes on a GPU, before its first pass: in a ZeroGPU call's
-    fresh process with its CUDA graphs captured (`models.capture`); wherever it has graphs, with
-    the companions of the requests' methods loaded and whatever else a method captures at its first
-    use with the request's settings captured too (`warmed`), so the answer a visitor watches and
-    times captures nothing. A ZeroGPU call keeps what each took for the next click's plan
-    (`zerogpu.plan_for`): what an earlier call loaded or captured died with its process. On a CPU,
-    or without graphs, the target as it is, and companions load at their first use."""
+def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> Generator[Preparing, None, LoadedModel]:
+    """The target a click of `requests` decodes on a GPU, returned before its first pass: in a ZeroGPU
+    call's fresh process with its CUDA graphs captured (`models.capture`); wherever it has graphs,
+    with the companions of the requests' methods loaded and whatever else a method captures at its
+    first use with the request's settings captured too (`warmed`), so the answer a visitor watches
+    and times captures nothing. Each part is announced as it starts (`Preparing`): the visitor
+    waits for it, and Stop takes effect between parts. A ZeroGPU call keeps what each took for the
+    next click's plan (`zerogpu.plan_for`): what an earlier call loaded or captured died with its
+    process. On a CPU, or without graphs, the target as it is, and companions load at their first use."""
     if target.device.type != "cuda":
         return target
     fresh = on_zerogpu()
-    if fresh:
+    if fresh and compiles(target):  # a worker an earlier call readied has them
+        yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
         target, seconds = capture(target)
         if seconds:
             keep(setup_s=seconds + before_the_call_s())  # the worker's start counts in the call's time too
@@ -175,6 +185,8 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedMode
         firsts.setdefault(request.method, request)
     took = {}
     for request in firsts.values():
+        if request.method != "ar":  # AR's graphs are the target's
+            yield Preparing(f"getting {request.method} ready: its companions, and the graphs its settings need")
         started, before = time.perf_counter(), set(target.companions.loaded)
         method_options(request.method, target)
         warmed(target, request)
@@ -185,6 +197,15 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> LoadedMode
     if fresh and took:  # one write of the state file for them all
         keep(**took)
     return target
+
+
+def quietly(records: Generator):
+    """What a generator of records returns, its records passed over (a call that shows none)."""
+    while True:
+        try:
+            next(records)
+        except StopIteration as end:
+            return end.value
 
 
 def warmed(target: LoadedModel, request: Request) -> None:

@@ -23,6 +23,11 @@ def plan_html(plan: GpuPlan) -> str:
     return f"<p><i>{html.escape(plan.note[0].upper() + plan.note[1:])}.</i></p>" if plan.note else ""
 
 
+def preparing_html(record: clicks.Preparing) -> str:
+    """What a GPU call is doing before its first pass, while the visitor waits."""
+    return f"<p><i>Getting the GPU ready: {html.escape(record.what)}…</i></p>"
+
+
 PLOTS = ("timeline", "detail", "trajectory", "tree", "best")
 
 
@@ -159,6 +164,10 @@ class GenerateDrawing:
 
     def on_gpuplan(self, plan: GpuPlan) -> None:
         self.plan = plan
+
+    @staticmethod
+    def on_preparing(record: clicks.Preparing) -> dict:
+        return {"answer": preparing_html(record), "stats": "", "why": ""}
 
     def on_streaming(self, record: clicks.Streaming) -> dict:
         if record.baseline is None:  # the AR baseline: no statistics nor verdict while it streams

@@ -21,6 +21,7 @@ from specdemo.app.drawing import (
     decoder,
     difference_note,
     plan_html,
+    preparing_html,
     race_row,
     view_updates,
 )
@@ -137,11 +138,13 @@ class Handlers:
         self.measure_on_gpu = gpu_call(self.decode_pass_costs)
 
     def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
-        """Generate's GPU call: its plan first, then `clicks.generate_records`' records, within the plan's deadline."""
+        """Generate's GPU call: its plan first, then what readying its model takes (`clicks.ready`), then
+        `clicks.generate_records`' records, within the plan's deadline."""
         # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         with gpu_call_of(plan) as stop:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu, (request,))
+            target = yield from clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
+                                               (request,))
             yield from clicks.generate_records(target, self.baselines,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
@@ -205,6 +208,8 @@ class Handlers:
             for record in records:
                 if isinstance(record, GpuPlan):
                     plan = record
+                elif isinstance(record, clicks.Preparing):
+                    yield {"streams": preparing_html(record)}
                 elif isinstance(record, clicks.Timing):
                     note = (f"Timing every method the same way, without drawing: round {record.round_} of "
                             f"{record.rounds}, {record.done} of {record.runs} runs done; {record.running} running.")
@@ -219,12 +224,12 @@ class Handlers:
             yield from self.replay(outcome, target, plan, replay_speed)
 
     def decode_race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
-        """The race's GPU call: its plan first, then `clicks.race_records`' records, within the plan's deadline.
-        Stop ends the race between two passes."""
+        """The race's GPU call: its plan first, then what readying its model takes (`clicks.ready`), then
+        `clicks.race_records`' records, within the plan's deadline. Stop ends the race between two passes."""
         with gpu_call_of(plan) as stop:
             yield plan
-            target = clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
-                                    tuple(Request(prompt, name, max_new_tokens) for name in names))
+            target = yield from clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
+                                               tuple(Request(prompt, name, max_new_tokens) for name in names))
             yield from clicks.race_records(target, prompt, names, min(max_new_tokens, plan.max_new_tokens), plan, stop,
                                            RACE_MIN_ROUNDS)
 
@@ -308,8 +313,8 @@ def api_generate_for(targets: Targets):
                                      no_repeat_ngram_size)
             request = Request(text("prompt", prompt or ""), text("method", method),
                               min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
-            target = clicks.planned(targets(text("model", model or ""), text("precision", precision or "")),
-                                    plan, targets.on_cpu, (request,))
+            page = targets(text("model", model or ""), text("precision", precision or ""))
+            target = clicks.quietly(clicks.planned(page, plan, targets.on_cpu, (request,)))
             events, summary = collect(run(target, request, stop))
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
