@@ -231,7 +231,7 @@ def test_a_first_visitor_is_never_refused_and_no_call_outruns_its_declaration(em
 def test_the_page_says_what_a_gpu_call_does_before_its_first_pass(embedded, spaces, monkeypatch):
     """The seconds a call spends readying its model (`clicks.ready`: a fresh process's graphs, a
     method's companions) are told in the answer's place, and in the race's, as they pass."""
-    def ready(target, requests=()):
+    def ready(target, requests=(), before_s=0.0):
         yield clicks.Preparing("capturing")
         return target
 
@@ -355,27 +355,36 @@ def test_on_zerogpu_every_model_the_page_offers_loads_at_its_start_and_never_in_
             handler.submit(targets, targets.on_disk, EXACT).result()
 
 
-def test_a_calls_deadline_counts_what_its_worker_spent_before_it(tmp_path):
-    """ZeroGPU counts a call's time from its grant: a forked worker's age is taken off the call's
-    deadline; the page's own process, and a worker an earlier call used, take nothing off."""
+def test_a_calls_deadline_counts_what_its_worker_spent_before_its_first_call(tmp_path):
+    """ZeroGPU counts a call's time from its grant: a forked worker's age is taken off its first
+    call's deadline; the page's own process, and a worker an earlier call used (ZeroGPU reuses an
+    idle one, however young), take nothing off, and their calls keep the whole deadline."""
     import multiprocessing
 
     old_stat, uptime = tmp_path / "stat", tmp_path / "uptime"
     old_stat.write_text("123 (python) S " + " ".join(["0"] * 18) + " 100 0 0\n")  # started 1 s after boot
     uptime.write_text("5000.0 0.0\n")  # ... and that was over an hour ago
+    plan = zerogpu.GpuPlan(8.0, 64, 0.0)
 
     def worker(ages):
         time.sleep(0.3)
-        ages.put((zerogpu.before_the_call_s(), zerogpu.before_the_call_s(old_stat, uptime)))
+        served = set()
+        with handlers.gpu_call_of(plan, served) as (first, stop):
+            left = stop.left()
+        with handlers.gpu_call_of(plan, served) as (second, stop):
+            ages.put((first.before_s, left, second.before_s, stop.left(),
+                      zerogpu.before_the_call_s(set(), old_stat, uptime)))
 
-    assert zerogpu.before_the_call_s() == 0.0
+    with handlers.gpu_call_of(plan, set()) as (own, stop):
+        assert own.before_s == 0.0 and stop.left() > 8.0 - zerogpu.MARGIN_S - 0.5
     fork = multiprocessing.get_context("fork")
     ages = fork.Queue()
     process = fork.Process(target=worker, args=(ages,))
     process.start()
-    fresh, reused = ages.get(timeout=30)
+    fresh, fresh_left, reused, reused_left, too_old = ages.get(timeout=30)
     process.join()
-    assert 0.25 <= fresh < 10 and reused == 0.0
+    assert 0.25 <= fresh < 5 and fresh_left < 8.0 - zerogpu.MARGIN_S - 0.25
+    assert reused == 0.0 and reused_left > 8.0 - zerogpu.MARGIN_S - 0.5 and too_old == 0.0
 
 
 def test_an_error_in_a_gpu_call_reaches_the_page_as_a_sentence(embedded, spaces, monkeypatch):

@@ -33,7 +33,7 @@ from specdemo.app.live import (
     timed_events,
     timing_rounds,
 )
-from specdemo.app.zerogpu import GpuPlan, before_the_call_s, companions_key, keep, on_zerogpu
+from specdemo.app.zerogpu import GpuPlan, companions_key, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, decoded, method_options
 from specdemo.models import LoadedModel, capture, compiles
@@ -158,26 +158,28 @@ def planned(target: LoadedModel, plan: GpuPlan, on_cpu: Callable[[LoadedModel], 
     twin on the CPU (`on_cpu`, the page's `Targets.on_cpu`) when ZeroGPU refused the click."""
     if plan.on_cpu and target.device.type != "cpu":
         return on_cpu(target)
-    return (yield from ready(target, requests))
+    return (yield from ready(target, requests, plan.before_s))
 
 
-def ready(target: LoadedModel, requests: tuple[Request, ...] = ()) -> Generator[Preparing, None, LoadedModel]:
+def ready(target: LoadedModel, requests: tuple[Request, ...] = (),
+          before_s: float = 0.0) -> Generator[Preparing, None, LoadedModel]:
     """The target a click of `requests` decodes on a GPU, returned before its first pass: in a ZeroGPU
     call's fresh process with its CUDA graphs captured (`models.capture`); wherever it has graphs,
     with the companions of the requests' methods loaded and whatever else a method captures at its
     first use with the request's settings captured too (`warmed`), so the answer a visitor watches
     and times captures nothing. Each part is announced as it starts (`Preparing`): the visitor
     waits for it, and Stop takes effect between parts. A ZeroGPU call keeps what each took for the
-    next click's plan (`zerogpu.plan_for`): what an earlier call loaded or captured died with its
-    process. On a CPU, or without graphs, the target as it is, and companions load at their first use."""
+    next click's plan (`zerogpu.plan_for`), the graphs' capture with what the worker spent before
+    the call (`before_s`): the next call may be a fresh process. On a CPU, or without graphs, the
+    target as it is, and companions load at their first use."""
     if target.device.type != "cuda":
         return target
     fresh = on_zerogpu()
-    if fresh and compiles(target):  # a worker an earlier call readied has them
+    if fresh and compiles(target):  # a model with its layers on disk has none to capture
         yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
         target, seconds = capture(target)
         if seconds:
-            keep(setup_s=seconds + before_the_call_s())  # the worker's start counts in the call's time too
+            keep(setup_s=seconds + before_s)  # the worker's start (`GpuPlan.before_s`) counts in the call's time too
     if target.passes is None:
         return target
     firsts: dict[str, Request] = {}  # each method's first request

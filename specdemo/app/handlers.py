@@ -62,19 +62,20 @@ def crossing(error: Exception) -> gr.Error:
 
 def click_budget(plan: GpuPlan) -> Deadline:
     """The click's deadline: its budget, or on ZeroGPU what its declaration grants less a margin and
-    what the call's worker spent before it (`zerogpu.before_the_call_s`), so that no GPU call runs
-    past it."""
-    return budget(plan.granted_s - zerogpu.MARGIN_S - zerogpu.before_the_call_s() if plan.declared_s else None)
+    what the call's worker spent before it (`before_s`), so that no GPU call runs past it."""
+    return budget(plan.granted_s - zerogpu.MARGIN_S - plan.before_s if plan.declared_s else None)
 
 
 @contextlib.contextmanager
-def gpu_call_of(plan: GpuPlan) -> Iterator[Deadline]:
-    """The body of a click's GPU call: its deadline (`click_budget`), set when the call ends however it
-    ends (its end, Stop, an error), so that no pass of it runs on; an error other than a gr.Error
-    leaves it as a sentence (`crossing`)."""
+def gpu_call_of(plan: GpuPlan, served: set[int]) -> Iterator[tuple[GpuPlan, Deadline]]:
+    """The body of a click's GPU call: its plan, with what its worker spent before it
+    (`zerogpu.before_the_call_s`, `served`: the workers that ran a call of this page), and its
+    deadline (`click_budget`), set when the call ends however it ends (its end, Stop, an error), so
+    that no pass of it runs on; an error other than a gr.Error leaves it as a sentence (`crossing`)."""
+    plan = dataclasses.replace(plan, before_s=zerogpu.before_the_call_s(served))
     stop = click_budget(plan)
     try:
-        yield stop
+        yield plan, stop
     except gr.Error:
         raise
     except Exception as error:  # noqa: BLE001 -- ZeroGPU sends back any other error's kind alone
@@ -134,6 +135,7 @@ class Handlers:
 
     def __init__(self, targets: Targets):
         self.targets, self.baselines = targets, Baselines()
+        self.served: set[int] = set()  # the worker processes that ran a GPU call of this page (ZeroGPU reuses them)
         self.generate_on_gpu, self.race_on_gpu = gpu_call(self.decode_generate), gpu_call(self.decode_race)
         self.measure_on_gpu = gpu_call(self.decode_pass_costs)
 
@@ -141,7 +143,7 @@ class Handlers:
         """Generate's GPU call: its plan first, then what readying its model takes (`clicks.ready`), then
         `clicks.generate_records`' records, within the plan's deadline."""
         # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
-        with gpu_call_of(plan) as stop:
+        with gpu_call_of(plan, self.served) as (plan, stop):
             yield plan
             target = yield from clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
                                                (request,))
@@ -226,7 +228,7 @@ class Handlers:
     def decode_race(self, plan: GpuPlan, model_name, precision, prompt, names, max_new_tokens):
         """The race's GPU call: its plan first, then what readying its model takes (`clicks.ready`), then
         `clicks.race_records`' records, within the plan's deadline. Stop ends the race between two passes."""
-        with gpu_call_of(plan) as stop:
+        with gpu_call_of(plan, self.served) as (plan, stop):
             yield plan
             target = yield from clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
                                                tuple(Request(prompt, name, max_new_tokens) for name in names))
@@ -282,7 +284,7 @@ class Handlers:
 
     def decode_pass_costs(self, plan: GpuPlan):
         """Measuring's GPU call: its plan first, then `clicks.pass_cost_records`' records, within its deadline."""
-        with gpu_call_of(plan) as stop:
+        with gpu_call_of(plan, self.served) as (plan, stop):
             yield plan
             models = {where: clicks.as_it_is(self.targets(name), plan, self.targets.on_cpu)
                       for where, name in (("in memory", None), ("offloaded", self.targets.on_disk))}
@@ -306,9 +308,11 @@ class Handlers:
 
 
 def api_generate_for(targets: Targets):
+    served: set[int] = set()  # the worker processes that ran a call of this endpoint (ZeroGPU reuses them)
+
     def decode(plan: GpuPlan, prompt, method, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
                seed, model, no_repeat_ngram_size, precision) -> tuple[str, dict]:
-        with gpu_call_of(plan) as stop:
+        with gpu_call_of(plan, served) as (plan, stop):
             sampling = sampling_from(do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                                      no_repeat_ngram_size)
             request = Request(text("prompt", prompt or ""), text("method", method),

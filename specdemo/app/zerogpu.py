@@ -32,7 +32,7 @@ SETUP_S = 4.0
 MARGIN_S = 2.0  # the last pass, and the wobble of a shared GPU
 PASS_S = 0.03  # seconds a target pass, until this device measured its own (an eager GPU pass of the embedded model)
 SHORTEST_ANSWER = 16  # new tokens a shortened click keeps at least
-LONGEST_CALL_S = 120  # the longest call ZeroGPU's tiers allow: a worker older than that served an earlier call
+LONGEST_CALL_S = 120  # the longest call ZeroGPU's tiers allow: a worker older than that is no fresh one
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class GpuPlan:
     note: str = ""  # what was shortened, or why the click runs on the CPU, for the page ("" when neither)
     on_cpu: bool = False  # ZeroGPU refused the click: it runs on the Space's CPU
     factor: float = 1.0  # the seconds ZeroGPU charges and grants a declared second (`duration_factor`)
+    before_s: float = 0.0  # what the call's worker spent before its function, set in the call (`before_the_call_s`)
 
     @property
     def granted_s(self) -> float:
@@ -74,15 +75,18 @@ def at_start(device: str | None, compile_passes: bool | None) -> tuple[str | Non
     return device, compile_passes if device == "cpu" else False
 
 
-def before_the_call_s(stat: Path = Path("/proc/self/stat"), uptime: Path = Path("/proc/uptime")) -> float:
+def before_the_call_s(served: set[int], stat: Path = Path("/proc/self/stat"),
+                      uptime: Path = Path("/proc/uptime")) -> float:
     """Seconds a GPU call's worker ran before its function: ZeroGPU counts a call's duration from
     when it grants the GPU, then forks the worker, which attaches the GPU and moves the model in
-    before the function starts. The worker's age, read from Linux's /proc (`stat`'s start time,
-    in clock ticks since boot, against `uptime`); 0 in the page's own process (the stand-in's
-    calls), off Linux, or in a worker an earlier call used, older than any call (ZeroGPU reuses an
-    idle one, whose function starts at once)."""
-    if multiprocessing.parent_process() is None:
+    before the function starts. The worker's age at its first call, read from Linux's /proc
+    (`stat`'s start time, in clock ticks since boot, against `uptime`), after which the process
+    joins `served` (the workers that have run a call); 0 in a worker an earlier call used (ZeroGPU
+    reuses an idle one, whose function starts at once), in the page's own process (the stand-in's
+    calls), and off Linux."""
+    if multiprocessing.parent_process() is None or os.getpid() in served:
         return 0.0
+    served.add(os.getpid())
     try:
         started = int(stat.read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
         age = float(uptime.read_text().split()[0]) - started
