@@ -3,9 +3,10 @@
 import threading
 
 import pytest
+import torch
 
 from specdemo import SpecDemoError
-from specdemo.app import limits, live
+from specdemo.app import clicks, limits, live
 from specdemo.app.live import Baselines, Request, first_difference, speedup, stats, timed_events
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import SamplingConfig
@@ -108,6 +109,23 @@ def test_baselines_measure_ar_once_per_prompt(embedded):
     assert first[1].method == "ar" and len(first[1].tokens) <= 8
     assert baselines.get(embedded, Request("Say yes.", "jacobi", 8)) is first  # same prompt and settings: cached
     assert baselines.get(embedded, Request("Say no.", "jacobi", 8)) is not first
+
+
+def test_a_baseline_is_kept_for_the_device_and_length_it_was_decoded_at(embedded):
+    """A click ZeroGPU refused runs on the CPU: its speed is never compared with the GPU's AR run. A
+    click its plan shortened keeps its baseline as long as it was decoded, not as it was asked."""
+    from dataclasses import replace
+
+    from specdemo.app.drawing import GenerateDrawing
+    from specdemo.app.zerogpu import GpuPlan
+
+    baselines, request = Baselines(), Request("Say yes.", "speculative", 64)
+    on_gpu = replace(embedded, device=torch.device("cuda"))
+    drawing = GenerateDrawing(on_gpu, request, baselines)
+    drawing.draw(GpuPlan(8.0, 16, 0.0))  # the plan shortened the answer to 16 new tokens
+    drawing.draw(clicks.Baseline([], None))
+    assert baselines.has(on_gpu, replace(request, max_new_tokens=16)) and not baselines.has(on_gpu, request)
+    assert not baselines.has(embedded, replace(request, max_new_tokens=16))  # the CPU's twin: none of the GPU's
 
 
 def test_stop_signal_ends_the_run(embedded):

@@ -6,6 +6,7 @@ import html
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -163,7 +164,9 @@ class GenerateDrawing:
         return {"stats": table}
 
     def on_gpuplan(self, plan: GpuPlan) -> None:
+        """The click's plan, as its call decodes it: its baseline is kept as long as the plan made it."""
         self.plan = plan
+        self.request = replace(self.request, max_new_tokens=plan.max_new_tokens)
 
     @staticmethod
     def on_preparing(record: clicks.Preparing) -> dict:

@@ -175,9 +175,10 @@ def collect(events: Iterator[StepEvent | Summary]) -> tuple[list[StepEvent], Sum
 
 class Baselines:
     """AR runs of the target, measured on the same prompt and settings as the run they are
-    compared with, kept per (model, precision, placement, prompt, max_new_tokens, sampling) so a
-    person waits for each once: a float32 run is never compared with bfloat16's AR answer, nor a
-    model offloaded to disk with its twin in memory."""
+    compared with, kept per (model, precision, placement, device, prompt, max_new_tokens, sampling)
+    so a person waits for each once: a float32 run is never compared with bfloat16's AR answer, nor
+    a model offloaded to disk with its twin in memory, nor a run on the CPU (a click ZeroGPU
+    refused) with the GPU's."""
 
     def __init__(self, size: int = 64):
         self.size = size
@@ -186,8 +187,8 @@ class Baselines:
 
     @staticmethod
     def key(target: LoadedModel, request: Request) -> tuple:
-        return (target.spec, target.dtype, target.placed is not None, request.prompt, request.max_new_tokens,
-                request.sampling)
+        return (target.spec, target.dtype, target.placed is not None, target.device.type, request.prompt,
+                request.max_new_tokens, request.sampling)
 
     def has(self, target: LoadedModel, request: Request) -> bool:
         return self.key(target, request) in self.runs
