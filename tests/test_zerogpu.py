@@ -193,6 +193,11 @@ def test_a_refusal_is_told_from_other_errors_and_says_when_the_quota_returns():
     assert zerogpu.refused(error) and not zerogpu.refused(gr.Error("a bad prompt")) \
         and not zerogpu.refused(ValueError())
     assert "used up" in zerogpu.refusal_sentence(error) and "23:59:12" in zerogpu.refusal_sentence(error)
+    # the same title for the Space's own limit and a queue that timed out: not the visitor's quota
+    for message, why in (("Space app has reached its GPU limit. Try re-running outside of examples", "its GPU limit"),
+                         ("No GPU was available after 60s. Try re-running outside of examples", "after 60s")):
+        sentence = zerogpu.refusal_sentence(gr.Error(message, title="ZeroGPU quota exceeded"))
+        assert "used up" not in sentence and why in sentence and sentence.startswith("No GPU could take this click")
 
 
 def test_a_refused_click_runs_on_the_cpu_within_the_cpus_budget_not_the_gpu_seconds_it_asked_for():

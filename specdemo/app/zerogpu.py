@@ -238,12 +238,14 @@ def refused(error: BaseException) -> bool:
 
 
 def refusal_sentence(error: BaseException) -> str:
-    """One sentence for the page: why this answer runs on the CPU, and when the GPU quota comes back."""
+    """One sentence for the page: why this answer runs on the CPU, and when the GPU quota comes back.
+    The platform titles the visitor's quota, the Space's own limit and a GPU queue that timed out
+    alike ("ZeroGPU quota exceeded"): only its message says the visitor's quota ("exceeded your")."""
     message = str(getattr(error, "message", "") or error)
     wait = re.search(r"Try again in ([0-9:.]+)", message)
     when = f" It comes back in {wait.group(1).split('.')[0]} (hours:minutes:seconds)." if wait else ""
-    if getattr(error, "title", "") == "ZeroGPU quota exceeded":
+    if getattr(error, "title", "") == "ZeroGPU quota exceeded" and "exceeded your" in message:
         return (f"Your free GPU time on this Space is used up for today, so this answer runs on the Space's CPU and is "
                 f"slower.{when}")
-    return (f"No GPU could take this click ({getattr(error, 'title', 'ZeroGPU')}), so it runs on the Space's CPU and "
-            f"is slower.{when}")
+    why = message.split(". ")[0].strip().rstrip(".") or getattr(error, "title", "ZeroGPU")
+    return f"No GPU could take this click ({why}), so it runs on the Space's CPU and is slower.{when}"
