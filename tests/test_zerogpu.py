@@ -132,6 +132,12 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
     fixed = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s \
         - zerogpu.decode_seconds(1, 16, zerogpu.kept("pass_s", zerogpu.PASS_S))
     assert fixed < zerogpu.SETUP_S  # the measured setup, not the estimate
+    assert zerogpu.kept("start_s", 99.0) == 99.0  # a worker that spent nothing before its call: none kept
+    # a fresh worker's start, kept apart from the capture: a reused worker's call, which has none, leaves it be
+    declared = zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s
+    assert clicks.quietly(clicks.ready(target, (), before_s=3.0)) is with_graphs
+    assert zerogpu.kept("start_s", 0.0) == 3.0 and zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s >= declared + 2
+    assert clicks.quietly(clicks.ready(target)) is with_graphs and zerogpu.kept("start_s", 0.0) == 3.0
 
 
 def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):

@@ -169,17 +169,19 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = (),
     first use with the request's settings captured too (`warmed`), so the answer a visitor watches
     and times captures nothing. Each part is announced as it starts (`Preparing`): the visitor
     waits for it, and Stop takes effect between parts. A ZeroGPU call keeps what each took for the
-    next click's plan (`zerogpu.plan_for`), the graphs' capture with what the worker spent before
-    the call (`before_s`): the next call may be a fresh process. On a CPU, or without graphs, the
+    next click's plan (`zerogpu.plan_for`), and a fresh worker's start (`before_s`, what it spent
+    before the call): the next call may be a fresh process. On a CPU, or without graphs, the
     target as it is, and companions load at their first use."""
     if target.device.type != "cuda":
         return target
     fresh = on_zerogpu()
+    # a fresh worker's start is kept apart: a reused one (ZeroGPU reuses an idle worker) has none to measure
+    measured = {"start_s": before_s} if fresh and before_s else {}
     if fresh and compiles(target):  # a model with its layers on disk has none to capture
         yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
-        target, seconds = capture(target)
-        if seconds:
-            keep(setup_s=seconds + before_s)  # the worker's start (`GpuPlan.before_s`) counts in the call's time too
+        target, measured["setup_s"] = capture(target)
+    if measured:
+        keep(**measured)
     if target.passes is None:
         return target
     firsts: dict[str, Request] = {}  # each method's first request

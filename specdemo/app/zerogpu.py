@@ -102,13 +102,14 @@ def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
 
 def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float, methods: tuple[str, ...] = ()) -> GpuPlan:
     """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, with a fresh
-    process's setup as kept: the target's graphs, and the companions of each of `methods` (none
-    before a call measured them); elsewhere `unplanned`. `cap_s` bounds what the click charges the
+    process's setup as kept: the worker's start, the target's graphs, and the companions of each of
+    `methods` (none before a call measured them); elsewhere `unplanned`. `cap_s` bounds what the click charges the
     visitor: on a GPU kind with a duration factor it declares its seconds divided by the factor,
     which the platform grants and charges multiplied."""
     if not on_zerogpu():
         return unplanned(max_new_tokens, measure_s)
-    setup_s = kept("setup_s", SETUP_S) + sum(kept(companions_key(method), 0.0) for method in set(methods))
+    setup_s = (kept("start_s", 0.0) + kept("setup_s", SETUP_S)
+               + sum(kept(companions_key(method), 0.0) for method in set(methods)))
     factor = duration_factor()
     # whole seconds the call may run: a whole number of declared seconds, times the factor, within the cap
     runnable = math.floor(math.floor(cap_s / factor) * factor)
@@ -182,8 +183,9 @@ def state_file() -> Path:
 
 def kept(name: str, default: float) -> float:
     """A cost this device measured in an earlier GPU call ("pass_s": seconds a target pass;
-    "setup_s": seconds a fresh process took to capture its graphs; `companions_key(method)`: to
-    load a method's companions and capture their graphs), `default` before the first."""
+    "start_s": what a fresh worker spent before its call, `before_the_call_s`; "setup_s": seconds a
+    call took to capture the target's graphs; `companions_key(method)`: to load a method's
+    companions and capture their graphs), `default` before the first."""
     try:
         return float(json.loads(state_file().read_text())[name])
     except (OSError, ValueError, KeyError, TypeError):
