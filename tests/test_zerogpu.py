@@ -15,7 +15,7 @@ import torch
 from gradio.context import LocalContext
 
 from specdemo import SpecDemoError
-from specdemo.app import clicks, handlers, views, zerogpu
+from specdemo.app import clicks, handlers, live, views, zerogpu
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import Request
 from specdemo.models import Companions
@@ -396,6 +396,29 @@ def test_a_calls_deadline_counts_what_its_worker_spent_before_its_first_call(tmp
     process.join()
     assert 0.25 <= fresh < 5 and fresh_left < 8.0 - zerogpu.MARGIN_S - 0.25
     assert reused == 0.0 and reused_left > 8.0 - zerogpu.MARGIN_S - 0.5 and too_old == 0.0
+
+
+def test_stop_ends_a_gpu_call_at_its_next_record_and_gives_the_gpu_back(embedded, spaces, monkeypatch):
+    """Stop closes the page's records; ZeroGPU's worker learns of it when the call hands back its next
+    record, and closes the call there: its runs stop, and the next click gets the GPU."""
+    finished = []
+
+    def recorded(target, request, stop=None):  # a slow GPU: a pass takes 200 ms
+        for item in real_run(target, request, stop):
+            if isinstance(item, live.Summary):
+                finished.append(item.finish_reason)
+            time.sleep(0.2)
+            yield item
+
+    real_run = clicks.run
+    monkeypatch.setattr(clicks, "run", recorded)
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    updates = page.on_generate(*page_inputs("Count from one to two hundred, one number a line.", "ar", 120))
+    next(updates)
+    updates.close()  # what the Stop button does
+    assert len(spaces.CALLS) == 1 and finished == ["stopped"]
+    monkeypatch.setattr(clicks, "run", real_run)
+    assert list(page.on_generate(*page_inputs("Name a fruit.", "ar", 4))) and len(spaces.CALLS) == 2
 
 
 def test_an_error_in_a_gpu_call_reaches_the_page_as_a_sentence(embedded, spaces, monkeypatch):

@@ -12,16 +12,24 @@ What it keeps of the real package (`spaces/zero/client.py` and `wrappers.py`, ve
   "ZeroGPU quota exceeded" ("You have exceeded your ZeroGPU quota (Ns requested vs. Ms left).
   Try again in H:MM:SS.") and "ZeroGPU illegal duration" (above TIER_MAX_S);
 - a visitor is the request's `x-ip-token` header (the platform's), else its client's address;
-- a call waits, uncharged and untimed, for the Space's one GPU (`GPUS`).
-What it cannot keep on a CPU: the GPU itself and the forked worker process.
+- a call waits, uncharged and untimed, for the Space's one GPU (`GPUS`);
+- what crosses to and from the worker crosses as a pickle: the call's arguments, what it yields
+  and returns (`crossed`), so each is a copy, and one that cannot be pickled fails;
+- an error other than a `gr.Error` comes back as "ZeroGPU worker error" with its class's name alone;
+- a generator learns of Stop (the page closing it) when it hands over its next value, which is
+  dropped: it then closes.
+What it cannot keep on a CPU: the GPU itself and the forked worker process (its own copy of the
+page's memory, and its reuse by a later call).
 `CALLS` records every call (visitor, declared, charged and elapsed seconds) for the tests to check.
 SPACES_STANDIN_QUOTA_S sets the daily quota at import (`make space-check` uses a short one to
 reach a used-up quota in a few clicks), SPACES_STANDIN_DURATION_FACTOR the factor.
 """
 
+import contextlib
 import functools
 import inspect
 import os
+import pickle
 import threading
 import time
 from datetime import timedelta
@@ -86,6 +94,19 @@ def schedule(seconds: float) -> tuple[str, int]:
     return who, requested
 
 
+def crossed(value):
+    """`value` as the other process receives it: through a pickle."""
+    return pickle.loads(pickle.dumps(value))
+
+
+def worker_error(error: Exception) -> Exception:
+    """What the page receives for `error` raised in a GPU call: a `gr.Error` as it is, any other as
+    the platform's "ZeroGPU worker error" naming its class alone."""
+    import gradio as gr
+
+    return error if isinstance(error, gr.Error) else gr.Error(type(error).__name__, title="ZeroGPU worker error")
+
+
 def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's name)
     if task is None:
         return functools.partial(GPU, duration=duration, size=size)
@@ -103,10 +124,24 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
             started = time.monotonic()
             INSIDE.call = True
             try:
-                for item in task(*args, **kwargs):
+                items = task(*crossed(args), **crossed(kwargs))
+                while True:
+                    try:
+                        item = crossed(next(items))
+                    except StopIteration:
+                        break
+                    except Exception as error:  # noqa: BLE001 -- as the worker sends it back
+                        raise worker_error(error) from None
                     INSIDE.call = False
-                    # the page draws what a GPU call yields outside it, as the real worker's queue hands it over
-                    yield item
+                    try:
+                        # the page draws what a GPU call yields outside it, as the real worker's queue hands it over
+                        yield item
+                    except GeneratorExit:  # Stop: the worker learns of it at its next value, drops it and closes
+                        INSIDE.call = True
+                        with contextlib.suppress(Exception):
+                            next(items)
+                        items.close()
+                        raise
                     INSIDE.call = True
             finally:
                 INSIDE.call = False
@@ -124,7 +159,9 @@ def GPU(task=None, duration=60, size=None):  # noqa: N802 (the real package's na
             started = time.monotonic()
             INSIDE.call = True
             try:
-                return task(*args, **kwargs)
+                return crossed(task(*crossed(args), **crossed(kwargs)))
+            except Exception as error:  # noqa: BLE001 -- as the worker sends it back
+                raise worker_error(error) from None
             finally:
                 INSIDE.call = False
                 CALLS.append({"visitor": who, "declared_s": seconds, "charged_s": granted,
