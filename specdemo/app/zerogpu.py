@@ -200,7 +200,10 @@ def keep(**seconds: float) -> None:
         known = {}
     try:
         state_file().parent.mkdir(parents=True, exist_ok=True)
-        state_file().write_text(json.dumps({**known, **seconds}))
+        # written aside, then renamed: a plan read meanwhile finds the old file whole, never half the new one
+        aside = state_file().with_suffix(f".{os.getpid()}.tmp")
+        aside.write_text(json.dumps({**known, **seconds}))
+        os.replace(aside, state_file())
     except OSError:
         pass  # a read-only disk: the next plan uses the defaults
 
