@@ -404,7 +404,7 @@ def test_a_layout_reads_back_as_the_positions_start_and_sees_it_was_built_from()
     expected[:, :9] = True  # the cache before the window, then the window's columns, seen by every node
     expected[:3, 7:12] = torch.from_numpy(sees)  # but where `sees` says otherwise
     expected[3, 12] = True  # the padded node sees itself alone; the last column, past the pass, none
-    assert torch.equal(view.sees, expected)
+    assert torch.equal(view.sees, expected.to(torch.uint8))  # bytes, 1 where a node sees
 
 
 def test_every_candidate_a_device_grown_tree_drafts_has_its_paths_value():

@@ -105,7 +105,7 @@ def test_padding_masks_the_padded_nodes_out():
     sees = sees_from_parents(TREE)
     tokens, positions = torch.tensor([[7, 11, 13, 17, 19, 23]]), chain_positions(sees, 10)
     fed, view = padded_inputs(tokens, 8), layout_views(padded_layout(positions, sees, 8, start=10), 8)
-    at, seen = view.positions, view.sees[:, 1:-1]
+    at, seen = view.positions, view.sees[:, 1:-1].bool()  # bytes, 1 where a node sees
     assert fed.shape == at.shape == (1, 8) and seen.shape == (8, 8)
     assert view.slots.tolist() == list(range(10, 18)) and int(view.start) == 10 and int(view.first) == 9
     assert view.sees[:, 0].all() and not view.sees[:, -1].any()  # the cache before the pass; what lies past it
@@ -138,7 +138,7 @@ def test_a_look_back_padded_to_its_window_gives_the_unpadded_pass(tiny_model, pr
             cache.start.fill_(n + 3)
             if padded:
                 view = layout_views(padded_layout(positions, sees, 8, look_back=8, start=n + 3), 8)
-                seen = view.sees[:, 1:-1]
+                seen = view.sees[:, 1:-1].bool()
                 assert seen.shape == (8, 16) and seen[:, :5].all() and np.array_equal(seen[:2, 5:10], sees)
                 outputs.append(static_forward(decoder, cache, padded_inputs(tokens, 8), view)[:, :2])
             else:

@@ -143,7 +143,9 @@ class PassLayout(NamedTuple):
     start: torch.Tensor  # [] the first slot it writes in its cache
     first: torch.Tensor  # [] the buffer slot of `sees`' second column, less one
     slots: torch.Tensor  # [b] the slot each node writes: start and on
-    sees: torch.Tensor  # [b, 1 + span + 1] what each node sees: the cache before the span, the span, past it
+    # [b, 1 + span + 1] what each node sees (1) or not (0): the cache before the span, the span, past it; bytes, read
+    # as they are (a view as bool is a reinterpreting cast that some of inductor's releases cannot lower)
+    sees: torch.Tensor
 
 
 def layout_views(layout: torch.Tensor, bucket: int) -> PassLayout:
@@ -151,7 +153,7 @@ def layout_views(layout: torch.Tensor, bucket: int) -> PassLayout:
     split = 8 * (2 * bucket + 2)
     head = layout[:split].view(torch.int64)
     return PassLayout(head[:bucket].view(1, bucket), head[bucket], head[bucket + 1], head[bucket + 2 :],
-                      layout[split:].view(torch.bool).view(bucket, -1))
+                      layout[split:].view(bucket, -1))
 
 
 def replayable(forward, decoder, cache: StaticKV, inputs: torch.Tensor, layout: torch.Tensor, bucket: int, head,

@@ -73,7 +73,7 @@ def static_forward(decoder: torch.nn.Module, cache: StaticKV, inputs: torch.Tens
     # each buffer slot's column of the framed `sees`: the first (all seen) before the span, the last (none) past it
     every_slot = torch.arange(cache.layers[0].keys.shape[2], device=inputs.device)
     columns = (every_slot - layout.first).clamp(0, layout.sees.shape[1] - 1)
-    mask = additive(layout.sees[:, columns], decoder.dtype)
+    mask = additive((layout.sees != 0)[:, columns], decoder.dtype)
     if llama.writes_out(decoder):  # the same values in fewer kernels
         out = llama.decoder_pass(decoder, cache, inputs, layout.positions, layout.slots, mask, bool(layers), joined,
                                  **per_pass(decoder))
