@@ -334,7 +334,9 @@ def test_on_zerogpu_every_model_the_page_offers_loads_at_its_start_and_never_in_
                                                                                           monkeypatch):
     """Outside the thread that imported `spaces` nothing stands in for CUDA, so a handler (another
     thread) that loaded a model on cuda would fail: on ZeroGPU the page's other precision and its
-    copy on disk load as the page is built, and a handler only looks them up. One that failed says so."""
+    copy on disk load as the page is built, and a handler only looks them up. One that failed says so.
+    The CPU twins of refused clicks load then too: at launch the platform deletes the Hub's model
+    files whose weights it packed, so a twin loaded from them later would find none."""
     from specdemo.app import targets as offered
     from specdemo.app import ui
     from specdemo.app.targets import EXACT, Targets
@@ -354,7 +356,12 @@ def test_on_zerogpu_every_model_the_page_offers_loads_at_its_start_and_never_in_
     ui.build_app(embedded)
     targets, = built
     assert targets.presets == () and {(dtype, placed) for _, dtype, placed, _ in loads} == {
-        ("bfloat16", None), ("bfloat16", "disk"), ("float32", "disk")}  # the start (float32, in memory) is loaded
+        ("bfloat16", None), ("bfloat16", "disk"), ("float32", "disk"),  # the start (float32, in memory) is loaded
+        ("auto", None), ("auto", "disk")}  # the CPU twins
+    built_with = len(loads)
+    on_disk = SimpleNamespace(spec=targets.start.spec, placed="disk")
+    assert targets.on_cpu(targets.start).placed is None and targets.on_cpu(on_disk).placed == "disk"
+    assert len(loads) == built_with  # a refused click finds its twin loaded
     assert {thread for *_, thread in loads} == {threading.current_thread()}
     monkeypatch.setattr(offered, "load_model", lambda *args, **kwargs: pytest.fail("a handler loaded a model"))
     fast = "fast (bfloat16)"

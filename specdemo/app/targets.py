@@ -27,7 +27,8 @@ class Targets:
     in the thread that builds the page, where `spaces` stands in for CUDA: a handler runs in another
     thread, where nothing stands in and touching CUDA fails, and each GPU call is a fork of this
     process that finds them loaded. A model that fails to load then is not offered: asking for it
-    is told why."""
+    is told why. The CPU twins load then too: at launch the platform deletes the Hub's model files
+    whose weights it packed for the GPU, so a twin loaded later would find none."""
 
     def __init__(self, start: LoadedModel, presets: tuple[Preset, ...], preload: bool = False):
         self.start, self.presets = start, presets
@@ -53,6 +54,11 @@ class Targets:
             for name, precision in itertools.product(self.names, self.precisions):
                 if name != self.start_name or self.precisions[precision] != start_dtype:
                     self.preloaded[self.key(name, precision)] = self.loaded_or_why(name, precision)
+            for on_disk in (False, True) if self.on_disk else (False,):
+                try:
+                    self.cpu_twins[on_disk] = self.cpu_twin(start.spec, on_disk)
+                except Exception as error:  # noqa: BLE001 -- a refused click then loads it, or says why
+                    log.warning("the page's CPU twin (on disk: %s) did not load: %s", on_disk, error)
 
     def about(self, name: str, precision: str = "") -> str:
         """What model `name` brings, and what the precision switch does once `precision` is not the start's."""
@@ -124,9 +130,12 @@ class Targets:
             twin = self.cpu_twins.get(on_disk)
             if twin is None or twin.spec != target.spec:
                 self.cpu_twins.pop(on_disk, None)
-                self.cpu_twins[on_disk] = (self.layers_on_disk("auto", "cpu") if on_disk
-                                           else load_model(target.spec, "auto", "cpu"))
+                self.cpu_twins[on_disk] = self.cpu_twin(target.spec, on_disk)
             return self.cpu_twins[on_disk]
+
+    def cpu_twin(self, spec: str, on_disk: bool) -> LoadedModel:
+        """Model `spec` on the CPU at its fastest dtype there, its layers on disk if `on_disk`."""
+        return self.layers_on_disk("auto", "cpu") if on_disk else load_model(spec, "auto", "cpu")
 
 
 EXACT = "exact (float32)"
