@@ -103,9 +103,9 @@ def unplanned(max_new_tokens: int, measure_s: float) -> GpuPlan:
 def plan_for(runs: int, max_new_tokens: int, measure_s: float, cap_s: float, methods: tuple[str, ...] = ()) -> GpuPlan:
     """The click's plan: on ZeroGPU `plan_click` at this device's kept pass cost, with a fresh
     process's setup as kept: the worker's start, the target's graphs, and the companions of each of
-    `methods` (none before a call measured them); elsewhere `unplanned`. `cap_s` bounds what the click charges the
-    visitor: on a GPU kind with a duration factor it declares its seconds divided by the factor,
-    which the platform grants and charges multiplied."""
+    `methods` (none before a call measured them); elsewhere `unplanned`. `cap_s` bounds what the
+    click charges the visitor: on a GPU kind with a duration factor it declares its seconds divided
+    by the factor, which the platform grants and charges multiplied."""
     if not on_zerogpu():
         return unplanned(max_new_tokens, measure_s)
     setup_s = (kept("start_s", 0.0) + kept("setup_s", SETUP_S)
