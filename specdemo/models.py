@@ -45,6 +45,7 @@ EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 T = TypeVar("T")
 CONVERTED = Path(__file__).resolve().parent.parent / "build" / "gguf"  # GGUF files read once (see above)
+TARGET_PASSES = "the target's compiled pass"  # its name among its companions (`compiled`)
 AUTO = "auto"  # the dtype this device multiplies fastest: `default_dtype`
 
 
@@ -59,8 +60,9 @@ CHAT_FORMATS = {"lmsys/vicuna-7b-v1.3": VICUNA_CHAT, "cllm/vicuna-7b-sharegpt-gp
 
 class Companions:
     """What a target brings with it (its draft or feature draft, Medusa heads, CLLM, datastore:
-    `methods.method_options` says which a method needs), each loaded once, on first use, and held
-    here, beside the target: whoever holds the target holds them, and dropping it drops them."""
+    `methods.method_options` says which a method needs; its own compiled pass, `compiled`), each
+    loaded once, on first use, and held here, beside the target: whoever holds the target holds
+    them, and dropping it drops them."""
 
     def __init__(self):
         self.loaded: dict[str, object] = {}
@@ -221,18 +223,21 @@ def load_model(
 
 
 def compiles(target: LoadedModel) -> bool:
-    """Whether `compiled` would compile `target`'s pass: it has none, and its weights stay put."""
-    return not target.passes and not target.placed
+    """Whether `compiled` would compile `target`'s pass now: it has none, none is kept with its
+    companions (compiled for a copy of it), and its weights stay put."""
+    return not target.passes and not target.placed and TARGET_PASSES not in target.companions.loaded
 
 
 def compiled(target: LoadedModel, progress: Callable[[str], None] | None = None) -> LoadedModel:
-    """`target` with its compiled static pass (on CUDA: its captured graphs), sharing its
-    companions, which then compile their own passes as they load (`methods.method_options`).
-    `target` itself if it has one, or if it is spread or offloaded (`placement`: its weights move
-    in during a pass, which no graph can hold)."""
-    if not compiles(target):
+    """`target` with its compiled static pass (on CUDA: its captured graphs), compiled once and
+    kept with its companions, so that a copy of the same model finds it (a ZeroGPU worker's next
+    call, handed the page's uncompiled model); the companions then compile their own passes as
+    they load (`methods.method_options`). `target` itself if it has one, or if it is spread or
+    offloaded (`placement`: its weights move in during a pass, which no graph can hold)."""
+    if target.passes or target.placed:
         return target
-    return replace(target, passes=compile_passes(target.model, progress=progress))
+    return replace(target, passes=target.companions.get(
+        TARGET_PASSES, lambda: compile_passes(target.model, progress=progress)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -268,10 +273,11 @@ def from_arguments(args: argparse.Namespace, progress: Callable[[str], None] | N
 
 
 def capture(target: LoadedModel) -> tuple[LoadedModel, float]:
-    """`compiled(target)` and the seconds compiling (capturing) took, 0 when it had its pass."""
+    """`compiled(target)` and the seconds compiling (capturing) took, 0 when it compiled nothing."""
+    if not compiles(target):
+        return compiled(target), 0.0
     started = time.perf_counter()
-    captured = compiled(target)
-    return captured, 0.0 if captured is target else time.perf_counter() - started
+    return compiled(target), time.perf_counter() - started
 
 
 def free_memory() -> None:

@@ -120,7 +120,8 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
     captured = []
     with_graphs = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes="graphs")
     monkeypatch.setattr(clicks, "capture", lambda target: (captured.append(target.model) or with_graphs, 0.01))
-    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False,
+                             companions=Companions())
     said, returned = readied(target)
     assert returned is with_graphs  # a fresh process: the call decodes with graphs captured in it
     assert len(said) == 1 and "capturing the model's CUDA graphs" in said[0]  # the visitor waits: the page says why
@@ -138,6 +139,25 @@ def test_a_gpu_call_captures_its_graphs_and_the_next_plan_counts_what_that_took(
     assert clicks.quietly(clicks.ready(target, (), before_s=3.0)) is with_graphs
     assert zerogpu.kept("start_s", 0.0) == 3.0 and zerogpu.plan_for(1, 16, 0.0, 100.0).declared_s >= declared + 2
     assert clicks.quietly(clicks.ready(target)) is with_graphs and zerogpu.kept("start_s", 0.0) == 3.0
+
+
+def test_a_reused_worker_keeps_the_graphs_its_first_call_captured(embedded, spaces, monkeypatch):
+    """ZeroGPU hands a later call the worker an earlier one used, with the page's uncaptured model:
+    the graphs that call captured are kept with the model's companions, so this call captures
+    nothing, says nothing of it, and keeps no setup for the next plan."""
+    from dataclasses import replace
+
+    from specdemo import models
+
+    made = []
+    monkeypatch.setattr(models, "compile_passes", lambda model, progress=None: made.append(model) or "graphs")
+    page_model = replace(embedded, device=torch.device("cuda"), companions=Companions())  # as the worker finds it
+    said, first = readied(page_model)
+    assert first.passes == "graphs" and len(said) == 1 and made == [embedded.model]
+    zerogpu.keep(setup_s=3.0)  # as a GPU's capture might take
+    said, again = readied(page_model)
+    assert again.passes == "graphs" and said == [] and made == [embedded.model]
+    assert zerogpu.kept("setup_s", 0.0) == 3.0 and page_model.passes is None  # the page's model is as it was
 
 
 def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_that_took(spaces, monkeypatch):
@@ -159,7 +179,8 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     monkeypatch.setattr(clicks, "capture", lambda target: (with_graphs, 0.01))
     monkeypatch.setattr(clicks, "method_options", method_options)
     monkeypatch.setattr(clicks, "run", run)
-    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
+    target = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False,
+                             companions=Companions())
     requests = tuple(Request("Why is the sky blue?", method, 128) for method in ("ar", "speculative", "ar"))
     said, returned = readied(target, requests)
     assert returned is with_graphs and len(said) == 2 and said[1].startswith("getting speculative ready")
@@ -182,7 +203,8 @@ def test_a_gpu_call_loads_its_methods_companions_and_the_next_plan_counts_what_t
     monkeypatch.setattr(clicks, "on_zerogpu", lambda: False)
     monkeypatch.setattr(clicks, "keep", lambda **seconds: pytest.fail("kept off ZeroGPU"))
     assert ready(with_graphs, requests[1:2]) is with_graphs and len(warmed) == 3
-    eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False)
+    eager = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(), passes=None, placed=False,
+                             companions=Companions())
     assert ready(eager, requests[1:2]) is eager and len(warmed) == 3
 
 

@@ -36,7 +36,7 @@ from specdemo.app.live import (
 from specdemo.app.zerogpu import GpuPlan, companions_key, keep, on_zerogpu
 from specdemo.core.events import StepEvent, Summary
 from specdemo.methods import METHODS, decoded, method_options
-from specdemo.models import LoadedModel, capture, compiles
+from specdemo.models import LoadedModel, capture, compiled, compiles
 
 WARM_TOKENS = 8  # a warm-up answer's (`warmed`): after the prompt's pass, room for a static draft tree 6 deep
 UPDATE_EVERY_S = 0.5  # a streamed run's records a second at most: drawing competes with decoding for the CPU
@@ -170,16 +170,19 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = (),
     and times captures nothing. Each part is announced as it starts (`Preparing`): the visitor
     waits for it, and Stop takes effect between parts. A ZeroGPU call keeps what each took for the
     next click's plan (`zerogpu.plan_for`), and a fresh worker's start (`before_s`, what it spent
-    before the call): the next call may be a fresh process. On a CPU, or without graphs, the
+    before the call): the next call may be a fresh process. A worker ZeroGPU reuses keeps the
+    graphs its first call captured (`models.compiled`). On a CPU, or without graphs, the
     target as it is, and companions load at their first use."""
     if target.device.type != "cuda":
         return target
     fresh = on_zerogpu()
     # a fresh worker's start is kept apart: a reused one (ZeroGPU reuses an idle worker) has none to measure
     measured = {"start_s": before_s} if fresh and before_s else {}
-    if fresh and compiles(target):  # a model with its layers on disk has none to capture
-        yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
-        target, measured["setup_s"] = capture(target)
+    if fresh:
+        if compiles(target):  # none kept from an earlier call of this worker; a model on disk has none to capture
+            yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
+            target, measured["setup_s"] = capture(target)
+        target = compiled(target)  # the graphs an earlier call of this worker captured, where it had none
     if measured:
         keep(**measured)
     if target.passes is None:
