@@ -1,6 +1,6 @@
 """What a Generate click and a race decode, as data: the part of a click that runs in its GPU call.
 
-On ZeroGPU a click's GPU call runs in a process of its own, and its seconds are charged to the
+On ZeroGPU a click's GPU call runs in a worker process of its own, and its seconds are charged to the
 visitor's quota. So these generators decode and time, and yield plain records (runs, checks,
 timings) that cross back to the page's process; `specdemo.app.handlers` draws them there, and the
 race's replay runs there too. Nothing here draws.

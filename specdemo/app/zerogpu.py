@@ -7,7 +7,9 @@ The platform's rules, as the `spaces` package applies them (`spaces/zero/client.
   without a login) and refuses the call when they exceed what is left ("ZeroGPU quota exceeded")
   or the tier's maximum ("ZeroGPU illegal duration"); a call that waited too long for a GPU is
   refused too ("ZeroGPU queue timeout"). A shorter declaration also queues ahead of a longer one.
-- Every call runs in a fresh forked process: what it captures or compiles dies with it.
+- Every call runs in a forked worker process, fresh or one an earlier call used that the platform
+  kept while its GPU was idle (`spaces/zero/wrappers.py`): what a call captures lives on only in
+  that worker, which may or may not serve the next one.
 
 So a click declares what it will run, not a constant (`plan_click`): its passes at the pass cost
 measured on this device, its timing rounds, the setup of a fresh process and a margin, within
@@ -65,7 +67,7 @@ def at_start(device: str | None, compile_passes: bool | None) -> tuple[str | Non
     """The app's device and capture at start. On ZeroGPU, `spaces` is imported first (it lends CUDA
     to GPU calls and stands in for it outside them), the model goes to cuda as the platform expects,
     and nothing is captured at start, whatever is asked: outside a GPU call there is no CUDA to
-    capture on, and each GPU call is a process of its own, where no graph outlives it. Elsewhere
+    capture on, and GPU calls run in worker processes of their own, where a graph stays. Elsewhere
     (or on the CPU a command line asks for), as given."""
     if not on_zerogpu():
         return device, compile_passes
