@@ -180,7 +180,7 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = (),
     measured = {"start_s": before_s} if fresh and before_s else {}
     if fresh:
         if compiles(target):  # none kept from an earlier call of this worker; a model on disk has none to capture
-            yield Preparing("capturing the model's CUDA graphs, which each ZeroGPU call's fresh process needs")
+            yield Preparing("capturing the model's CUDA graphs, once for each of ZeroGPU's worker processes")
             target, measured["setup_s"] = capture(target)
         target = compiled(target)  # the graphs an earlier call of this worker captured, where it had none
     if measured:
