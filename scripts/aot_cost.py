@@ -20,8 +20,7 @@ measures the second for the embedded target's pass at each width given (a padded
 
     PYTHONPATH=. python scripts/aot_cost.py [--dtype bfloat16] [--widths 1,16] [--repeats 20] [--json OUT]
 
-On a CPU it checks the route and times it without vectorised kernels (AOTInductor's vectorised
-CPU code for the pass's boolean mask does not compile); the CUDA rows wait for a GPU.
+On a CPU it checks the route and times it; the CUDA rows wait for a GPU.
 """
 
 import argparse
@@ -108,10 +107,10 @@ def seconds(run) -> tuple[object, float]:
     return value, time.perf_counter() - started
 
 
-def compiled_apart(program: torch.export.ExportedProgram, package: str, configs: dict) -> dict[str, torch.Tensor]:
+def compiled_apart(program: torch.export.ExportedProgram, package: str) -> dict[str, torch.Tensor]:
     """`program` compiled ahead of time into `package` with its weights kept apart (`APART`), and those weights."""
     args, kwargs = program.example_inputs
-    artifacts = torch._inductor.aot_compile(program.module(), args, kwargs, options={**configs, **APART})
+    artifacts = torch._inductor.aot_compile(program.module(), args, kwargs, options=APART)
     package_aoti(package, [artifact for artifact in artifacts if isinstance(artifact, str)])
     weights = next(artifact for artifact in artifacts if not isinstance(artifact, str))
     return {name: weights.get_weight(name)[0] for name in weights}
@@ -135,9 +134,8 @@ def measure_width(model, width: int, context: int, repeats: int, folder: Path, r
     with torch.inference_mode():
         reference = module(inputs, layout, buffer)[1]
     program, row["export_s"] = seconds(lambda: torch.export.export(module, (inputs, layout, buffer)))
-    configs = {} if device.type == "cuda" else {"cpp.simdlen": 0}
     package = str(folder / f"pass-{width}.pt2")
-    weights, row["compile_s"] = seconds(lambda: compiled_apart(program, package, configs))
+    weights, row["compile_s"] = seconds(lambda: compiled_apart(program, package))
     row["package_mb"] = round(Path(package).stat().st_size / 2**20, 1)
     fresh = subprocess.run([sys.executable, "-c", LOAD, package], capture_output=True, text=True, check=True)
     row["fresh_load_s"] = float(fresh.stdout.split()[-1])
