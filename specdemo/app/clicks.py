@@ -182,7 +182,8 @@ def ready(target: LoadedModel, requests: tuple[Request, ...] = (),
         if compiles(target):  # none kept from an earlier call of this worker; a model on disk has none to capture
             yield Preparing("capturing the model's CUDA graphs, once for each of ZeroGPU's worker processes")
             target, measured["setup_s"] = capture(target)
-        target = compiled(target)  # the graphs an earlier call of this worker captured, where it had none
+        else:
+            target = compiled(target)  # the graphs an earlier call of this worker captured (or none: on disk)
     if measured:
         keep(**measured)
     if target.passes is None:

@@ -7,6 +7,7 @@ before the next pass, so it is never attended to. transformers' DynamicCache dro
 """
 
 import copy
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -33,13 +34,7 @@ def keep_positions(cache: Cache, length: int, positions: Sequence[int]) -> None:
     branches at once (a Medusa tree, a lookahead window beside its candidates)."""
     positions = list(positions)
     if positions != list(range(length, length + len(positions))):
-        indices: dict[torch.device, torch.Tensor] = {}  # one copy for each device the layers are on (a device map)
-
-        def index(device: torch.device) -> torch.Tensor:
-            if device not in indices:
-                indices[device] = tensor_on(positions, device)
-            return indices[device]
-
+        index = functools.cache(lambda device: tensor_on(positions, device))  # one copy a device (a device map)
         if isinstance(cache, StaticKV):  # two kernels for the whole model where its layers share one buffer
             for pair in [cache.buffer] if cache.buffer is not None else [layer.pair for layer in cache.layers]:
                 pair[..., length : length + len(positions), :] = pair.index_select(-2, index(pair.device))
