@@ -8,6 +8,7 @@ import torch
 from specdemo import SpecDemoError
 from specdemo.app import clicks, limits, live
 from specdemo.app.live import Baselines, Request, first_difference, speedup, stats, timed_events
+from specdemo.app.zerogpu import unplanned
 from specdemo.core.events import StepEvent, Summary
 from specdemo.core.sampling import SamplingConfig
 
@@ -90,25 +91,31 @@ def test_run_stops_at_the_end_of_its_budget(embedded, monkeypatch):
 
 def test_one_budget_covers_every_run_of_a_click(embedded):
     """The baseline, the method and a reference run share the click's deadline: once it has
-    passed, none of them decodes, and a cut-short AR run is not kept as a baseline."""
+    passed, none of them decodes, and a cut-short AR run is not handed to the page as a baseline."""
     stop = limits.budget(0.0)
     stop.wait(1)
-    baselines = Baselines()
     request = Request("Count to a hundred.", "cllm", 32)
-    _, baseline = baselines.get(embedded, request, stop)
-    assert baseline.finish_reason == "stopped" and not baselines.has(embedded, request)
+    records = list(clicks.generate_records(embedded, None, request, unplanned(32, 0.0), stop))
+    assert not any(isinstance(record, clicks.Baseline | clicks.Answered) for record in records)
     _, summary = live.collect(live.run(embedded, Request("Count to a hundred.", "ar", 32), stop))
     assert summary.finish_reason == "stopped" and not summary.tokens
     assert live.greedy_answer(embedded.model, embedded, request, stop).finish_reason == "stopped"
 
 
-def test_baselines_measure_ar_once_per_prompt(embedded):
+def test_a_kept_baseline_serves_every_method_on_its_prompt_and_settings(embedded):
+    """Generate decodes AR once per prompt and settings: a kept run is handed in and not decoded again."""
     baselines = Baselines()
     request = Request("Say yes.", "lookahead", 8)
-    first = baselines.get(embedded, request)
-    assert first[1].method == "ar" and len(first[1].tokens) <= 8
-    assert baselines.get(embedded, Request("Say yes.", "jacobi", 8)) is first  # same prompt and settings: cached
-    assert baselines.get(embedded, Request("Say no.", "jacobi", 8)) is not first
+    first = live.collect(live.run(embedded, Baselines.ar_request(request)))
+    baselines.put(embedded, request, first)
+    assert baselines.known(embedded, Request("Say yes.", "jacobi", 8)) is first  # same prompt and settings
+    assert baselines.known(embedded, Request("Say no.", "jacobi", 8)) is None
+    assert baselines.known(embedded, Request("Say yes.", "ar", 8, SamplingConfig(do_sample=True))) is None
+    records = list(clicks.generate_records(embedded, first, request, unplanned(8, 0.0), limits.budget(60.0)))
+    answered = next(record for record in records if isinstance(record, clicks.Answered))
+    assert not any(isinstance(record, clicks.Baseline) for record in records)
+    assert all(record.baseline is first[0] for record in records if isinstance(record, clicks.Streaming))
+    assert answered.baseline_summary is first[1]
 
 
 def test_a_baseline_is_kept_for_the_device_and_length_it_was_decoded_at(embedded):
@@ -124,8 +131,8 @@ def test_a_baseline_is_kept_for_the_device_and_length_it_was_decoded_at(embedded
     drawing = GenerateDrawing(on_gpu, request, baselines)
     drawing.draw(GpuPlan(8.0, 16, 0.0))  # the plan shortened the answer to 16 new tokens
     drawing.draw(clicks.Baseline([], None))
-    assert baselines.has(on_gpu, replace(request, max_new_tokens=16)) and not baselines.has(on_gpu, request)
-    assert not baselines.has(embedded, replace(request, max_new_tokens=16))  # the CPU's twin: none of the GPU's
+    assert baselines.known(on_gpu, replace(request, max_new_tokens=16)) and not baselines.known(on_gpu, request)
+    assert not baselines.known(embedded, replace(request, max_new_tokens=16))  # the CPU's twin: none of the GPU's
 
 
 def test_stop_signal_ends_the_run(embedded):

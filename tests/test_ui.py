@@ -236,7 +236,7 @@ def test_the_precision_switch_offers_exact_and_the_fast_dtype(embedded, monkeypa
     baselines, request = Baselines(), Request("Name a colour.", "ar", 4)
     baselines.put(embedded, request, ([], None))
     # same model and prompt, another precision
-    assert baselines.has(embedded, request) and not baselines.has(fast, request)
+    assert baselines.known(embedded, request) and not baselines.known(fast, request)
     with pytest.raises(SpecDemoError, match="precision must be one of"):
         targets(None, "fastest")
     monkeypatch.setattr(offered, "fast_dtype", lambda device: "float32")  # an AVX2 CPU: nothing faster than float32

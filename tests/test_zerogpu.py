@@ -464,3 +464,27 @@ def test_an_error_in_a_gpu_call_reaches_the_page_as_a_sentence(embedded, spaces,
     page = handlers.Handlers(handlers.Targets(embedded, ()))
     with pytest.raises(gr.Error, match="The answer failed: RuntimeError: CUDA out of memory. Tried to allocate"):
         list(page.on_generate(*page_inputs("Name three colours.", "ar", 8)))
+
+
+def test_a_kept_baseline_is_handed_to_the_gpu_call_and_declared_no_more(embedded, spaces, monkeypatch):
+    """The page keeps each AR baseline it drew, but ZeroGPU may hand the next click a worker forked
+    before then, a copy of the page without it: the page passes it into the call, which streams no
+    AR and declares one decode fewer. A click ZeroGPU refused decodes its own AR on the CPU."""
+    handed, runs = [], []
+    real, real_plan = clicks.generate_records, handlers.plan_for
+    monkeypatch.setattr(clicks, "generate_records",
+                        lambda target, baseline, *rest: handed.append(baseline) or real(target, baseline, *rest))
+    monkeypatch.setattr(handlers, "plan_for", lambda decodes, *rest: runs.append(decodes) or real_plan(decodes, *rest))
+    as_visitor("returning")
+    page = handlers.Handlers(handlers.Targets(embedded, ()))
+    inputs = page_inputs("Name three colours.", "speculative", 16)
+    first, again = list(page.on_generate(*inputs)), list(page.on_generate(*inputs))
+    streamed_ar = ["First the AR baseline" in "".join(u.get("answer", "") for u in updates)
+                   for updates in (first, again)]
+    assert handed[0] is None and streamed_ar == [True, False]
+    kept = page.baselines.known(embedded, live.Request("Name three colours.", "ar", 16))
+    assert handed[1] is not kept and handed[1][1].tokens == kept[1].tokens  # crossed into the call as a copy
+    assert runs == [2, 1]  # the decodes each call declares (the cap shortens its timing rounds alike)
+    spaces.USED["returning"] = spaces.QUOTA_S - 1
+    refused = list(page.on_generate(*inputs))
+    assert handed[2] is None and "used up" in refused[-1]["why"] and len(spaces.CALLS) == 2

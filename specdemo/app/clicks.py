@@ -253,13 +253,13 @@ def checks(target: LoadedModel, request: Request, summary: Summary, baseline: Su
     return replace(found, divergence=divergence(target, request, summary, baseline))
 
 
-def generate_records(target: LoadedModel, baselines: Baselines, request: Request, plan: GpuPlan,
-                     stop: Deadline) -> Iterator:
-    """Generate's decoding: the AR baseline (unless `baselines` holds it), then the method, each
+def generate_records(target: LoadedModel, baseline: tuple[list[StepEvent], Summary] | None, request: Request,
+                     plan: GpuPlan, stop: Deadline) -> Iterator:
+    """Generate's decoding: the AR baseline (unless the page kept it: `baseline`), then the method, each
     streamed as `Streaming` records; the `Answered` run; then both timed alike (`Timed`), or why not."""
     method_options(request.method, target)  # a missing companion is said now, not after the AR baseline
-    if baselines.has(target, request):
-        baseline_events, baseline_summary = baselines.get(target, request)
+    if baseline is not None:
+        baseline_events, baseline_summary = baseline
     else:
         for baseline_events, baseline_summary in timed_events(  # noqa: B007 (the last pair is the run)
                 run(target, Baselines.ar_request(request), stop), UPDATE_EVERY_S, stop):

@@ -139,17 +139,30 @@ class Handlers:
         self.generate_on_gpu, self.race_on_gpu = gpu_call(self.decode_generate), gpu_call(self.decode_race)
         self.measure_on_gpu = gpu_call(self.decode_pass_costs)
 
-    def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request):
+    def decode_generate(self, plan: GpuPlan, model_name, precision, request: Request, baseline=None):
         """Generate's GPU call: its plan first, then what readying its model takes (`clicks.ready`), then
-        `clicks.generate_records`' records, within the plan's deadline."""
+        `clicks.generate_records`' records, within the plan's deadline. `baseline` is the AR run the
+        page keeps for the plan's request, passed in: a worker ZeroGPU reused holds none the page kept
+        after it forked. A click run on the CPU decodes its own."""
         # one deadline for the click: loading, the AR baseline, the method, timing and reference runs
         with gpu_call_of(plan, self.served) as (plan, stop):
             yield plan
             target = yield from clicks.planned(self.targets(model_name, precision), plan, self.targets.on_cpu,
                                                (request,))
-            yield from clicks.generate_records(target, self.baselines,
+            yield from clicks.generate_records(target, None if plan.on_cpu else baseline,
                                                dataclasses.replace(request, max_new_tokens=plan.max_new_tokens), plan,
                                                stop)
+
+    def generate_plan(self, target: LoadedModel, request: Request) -> tuple[GpuPlan, tuple | None]:
+        """Generate's plan (`plan_for`), and the AR baseline the page keeps for the request it plans
+        (None: the call decodes it, and declares it)."""
+        known = self.baselines.known(target, request)
+        plan = plan_for(1 if known else 2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s,
+                        (request.method,))
+        if plan.max_new_tokens != request.max_new_tokens:  # shortened: the kept baseline is another length's
+            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s, (request.method,))
+            known = self.baselines.known(target, dataclasses.replace(request, max_new_tokens=plan.max_new_tokens))
+        return plan, known
 
     def on_generate(self, *values):
         """Generate, as the page calls it (the values are GENERATE_INPUTS' in order): the AR baseline
@@ -160,10 +173,9 @@ class Handlers:
         try:
             request = request_from(named)
             target = self.targets(named["model"], named["precision"])
-            # the method and its AR baseline
-            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s, (request.method,))
+            plan, baseline = self.generate_plan(target, request)
             records = with_cpu_fallback(self.generate_on_gpu, self.decode_generate, plan, named["model"],
-                                        named["precision"], request)
+                                        named["precision"], request, baseline)
             with contextlib.closing(records):  # Stop closes this generator, and with it the GPU call's
                 drawing = GenerateDrawing(target, request, self.baselines)
                 for record in records:

@@ -190,8 +190,10 @@ class Baselines:
         return (target.spec, target.dtype, target.placed is not None, target.device.type, request.prompt,
                 request.max_new_tokens, request.sampling)
 
-    def has(self, target: LoadedModel, request: Request) -> bool:
-        return self.key(target, request) in self.runs
+    def known(self, target: LoadedModel, request: Request) -> tuple[list[StepEvent], Summary] | None:
+        """The AR run kept for this request's prompt and settings, or None."""
+        with self.lock:
+            return self.runs.get(self.key(target, request))
 
     @staticmethod
     def ar_request(request: Request) -> Request:
@@ -203,17 +205,6 @@ class Baselines:
             if len(self.runs) >= self.size:
                 self.runs.pop(next(iter(self.runs)))
             self.runs[self.key(target, request)] = measured
-
-    def get(self, target: LoadedModel, request: Request,
-            stop: threading.Event | None = None) -> tuple[list[StepEvent], Summary]:
-        """The AR run for this request, measured now (without drawing, as the race runs) when not
-        kept. A run that `stop` cut short is returned but not kept: it is no baseline."""
-        if not self.has(target, request):
-            measured = collect(run(target, self.ar_request(request), stop))
-            if measured[1].finish_reason == "stopped":
-                return measured
-            self.put(target, request, measured)
-        return self.runs[self.key(target, request)]
 
 
 def own_reference(target: LoadedModel, request: Request, stop: threading.Event | None = None) -> Summary | None:
