@@ -10,7 +10,7 @@ what the draft *proposes* never changes what the target *accepts*, so outputs st
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,13 +46,14 @@ class Draft(ProposesFromVocab):
     name: str
     model: PreTrainedModel
     vocab: torch.Tensor | None = None  # [K] token ids, ascending
+    head: torch.Tensor | None = field(init=False, default=None)  # [K, H]: the LM head's rows the draft may propose
+    head_packed: Packed = field(init=False, default_factory=Packed)  # their layout for a CPU's products (`prepack`)
 
     def __post_init__(self):
         if self.vocab is not None:
             head = self.model.get_output_embeddings().weight  # [V, H]
             self.vocab = self.vocab.to(head.device)
-            self.head = head[self.vocab]  # [K, H]: the rows the draft may propose
-            self.head_packed = Packed()  # their layout for a CPU's products (`prepack`)
+            self.head = head[self.vocab]
 
     def logits(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 1, **tree) -> torch.Tensor:
         """Logits [1, logits_to_keep, K] over the draft's vocabulary for the last positions.
