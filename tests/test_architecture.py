@@ -8,7 +8,7 @@ import torch
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = {"events", "steps", "recorder", "kvcache", "attention", "grouped_attention", "static", "llama", "graphs",
-        "prepack", "verify", "loop", "sampling", "errors", "process", "transfer"}
+        "prepack", "verify", "loop", "sampling", "errors", "process", "transfer", "threads"}
 METHODS = {"ar", "speculative", "draft_tree", "static_draft_tree", "device_draft_tree", "draft", "eagle",
            "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi", "cllm", "beam",
            "contrastive"}

@@ -14,6 +14,7 @@ from specdemo.core.errors import SpecDemoError, check_whole
 from specdemo.core.events import StepEvent, Summary, committed_by_origin, final_summary
 from specdemo.core.sampling import GREEDY, SamplingConfig
 from specdemo.core.static import CompiledPass
+from specdemo.core.threads import let_workers_go
 from specdemo.defaults import defaults_for, with_defaults
 from specdemo.divergence import SUSPECT_MARGIN, Divergence, divergences, first_difference  # noqa: F401 (the app reads them here)
 from specdemo.methods import METHODS, ar, cllm, companion, decoded, get_method, method_options
@@ -287,10 +288,11 @@ def timed_events(
 ) -> Iterator[tuple[list[StepEvent], Summary | None]]:
     """The events so far, every `every_s` seconds while they come and once at the end.
 
-    The method runs in a worker thread, so the page updates while it decodes. On a CPU, drawing
-    still takes some of decoding's time; the app draws its AR baseline the same way, so a speedup
-    compares runs that paid alike. Closing this generator (the Stop button) sets `stop`, which
-    the method checks before each target pass."""
+    The method runs in a worker thread, so the page updates while it decodes; this thread only
+    waits, so its OpenMP workers go first (`threads.let_workers_go`: kept, they would slow the
+    worker's decoding). On a CPU, drawing still takes some of decoding's time; the app draws its AR
+    baseline the same way, so a speedup compares runs that paid alike. Closing this generator (the
+    Stop button) sets `stop`, which the method checks before each target pass."""
     steps: list[StepEvent] = []
     outcome: dict = {}
 
@@ -305,6 +307,7 @@ def timed_events(
             outcome["error"] = error
 
     worker = threading.Thread(target=drain, daemon=True)
+    let_workers_go()
     worker.start()
     try:
         shown = 0

@@ -16,7 +16,7 @@ from specdemo.app import lesson, one_run, ui_offload, views
 from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
 from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
-from specdemo.app.live import MAX_NEW_TOKENS
+from specdemo.app.live import MAX_NEW_TOKENS, let_workers_go
 from specdemo.app.ui_settings import SETTING_WIDTH, method_settings
 from specdemo.app.wiring import Outputs, wire
 from specdemo.app.zerogpu import on_zerogpu
@@ -407,5 +407,7 @@ def build_app(target: LoadedModel, presets: tuple[Preset, ...] | None = None) ->
 def serve(app: gr.Blocks, **launch) -> None:
     """Queue and launch the page with the limits of `specdemo.app.limits`: decodes wait in one queue of
     LIMITS.queue_size (one runs at a time, `ONE_AT_A_TIME`; each visitor sees their place in it),
-    cheap events skip it, and uploads are capped."""
+    cheap events skip it, and uploads are capped. This thread, which loaded the model, only serves
+    from now on: its OpenMP workers go (`live.let_workers_go`)."""
+    let_workers_go()
     app.queue(max_size=LIMITS.queue_size).launch(max_file_size=LIMITS.max_upload, **launch)

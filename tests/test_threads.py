@@ -1,0 +1,59 @@
+"""`core.threads`: a thread that hands torch work to another lets its OpenMP workers go, so the
+process keeps no more workers than it has CPUs while the other decodes (the module says why)."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from specdemo.app import live
+from specdemo.app.live import Request
+from specdemo.core.threads import gnu_openmp, let_workers_go
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture
+def two_torch_threads():
+    """torch on two threads (a team of one worker besides the thread), whatever this machine has."""
+    kept = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(kept)
+
+
+def test_a_thread_that_lets_its_openmp_workers_go_keeps_none(two_torch_threads):
+    if gnu_openmp() is None:
+        pytest.skip("torch runs on another OpenMP runtime here, whose pause would end every thread's team")
+    counted = {}
+
+    def work():
+        torch.ones(1 << 22).add_(1)  # wide enough for a parallel part: this thread's team starts
+        counted["with its team"] = os_threads()
+        counted["went"] = let_workers_go()
+        counted["after"] = os_threads()
+        torch.ones(1 << 22).add_(1)  # a new team, for the next parallel part
+        counted["again"] = os_threads()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert counted["went"] and counted["after"] == counted["with its team"] - 1
+    assert counted["again"] == counted["with its team"]
+
+
+def test_a_thread_that_waits_for_a_run_lets_its_workers_go_before_the_run(embedded, monkeypatch):
+    """The page's handler thread waits while the method decodes in a worker thread (`timed_events`)."""
+    order = []
+    monkeypatch.setattr(live, "let_workers_go", lambda: order.append(("went", threading.get_ident())))
+
+    def events():
+        order.append(("decoded", threading.get_ident()))
+        yield from live.run(embedded, Request("Say yes.", "ar", 2))
+
+    list(live.timed_events(events(), 0.1, threading.Event()))
+    assert [what for what, _ in order] == ["went", "decoded"]
+    assert order[0][1] == threading.get_ident() != order[1][1]
