@@ -23,23 +23,27 @@ from pathlib import Path
 OMP_PAUSE_HARD = 2  # OpenMP 5's omp_pause_hard: the workers end, not just sleep
 
 
-def gnu_openmp(maps: Path = Path("/proc/self/maps")) -> ctypes.CDLL | None:
-    """The GNU OpenMP library this process has loaded (torch's), or None (another runtime, none, not Linux)."""
+def gnu_openmp(maps: Path = Path("/proc/self/maps")) -> list[ctypes.CDLL]:
+    """Every GNU OpenMP library this process has loaded (torch's, and another package's own copy,
+    if any): none with another runtime, none at all, or off Linux."""
     try:
         loaded = {line.split()[-1] for line in maps.read_text().splitlines() if "/libgomp" in line}
     except OSError:
-        return None
+        return []
+    libraries = []
     for path in sorted(loaded):
         try:
-            return ctypes.CDLL(path)
+            libraries.append(ctypes.CDLL(path))
         except OSError:
             continue
-    return None
+    return libraries
 
 
 def let_workers_go() -> bool:
-    """End the calling thread's OpenMP team, where the runtime is GNU OpenMP and the thread is in
-    no parallel part (the module's docstring says why); whether it did."""
-    library = gnu_openmp()
-    pause = getattr(library, "omp_pause_resource_all", None)  # OpenMP 5: GCC 9 on
-    return pause is not None and pause(OMP_PAUSE_HARD) == 0
+    """End the calling thread's OpenMP teams, in each GNU OpenMP library loaded, where the thread is
+    in no parallel part (the module's docstring says why); whether one ended."""
+    ended = False
+    for library in gnu_openmp():
+        pause = getattr(library, "omp_pause_resource_all", None)  # OpenMP 5: GCC 9 on
+        ended = (pause is not None and pause(OMP_PAUSE_HARD) == 0) or ended
+    return ended
