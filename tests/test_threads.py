@@ -57,3 +57,28 @@ def test_a_thread_that_waits_for_a_run_lets_its_workers_go_before_the_run(embedd
     list(live.timed_events(events(), 0.1, threading.Event()))
     assert [what for what, _ in order] == ["went", "decoded"]
     assert order[0][1] == threading.get_ident() != order[1][1]
+
+
+def test_a_page_handler_lets_its_workers_go_before_each_update_it_hands_over(monkeypatch):
+    """Gradio runs each step of a handler in one of its worker threads, which waits between steps
+    (`wiring.keyed`): an idle thread keeps no team while another decodes."""
+    import gradio as gr
+
+    from specdemo.app import wiring
+
+    calls = []
+    monkeypatch.setattr(wiring, "let_workers_go", lambda: calls.append("went"))
+
+    def streamed():
+        calls.append("step 1")
+        yield {"answer": "a"}
+        calls.append("step 2")
+        yield {"answer": "ab"}
+        calls.append("end")
+
+    outputs = {"answer": gr.Textbox()}
+    assert len(list(wiring.keyed(streamed, outputs)())) == 2
+    assert calls == ["step 1", "went", "step 2", "went", "end", "went"]
+    calls.clear()
+    wiring.keyed(lambda: calls.append("answered") or {"answer": "a"}, outputs)()
+    assert calls == ["answered", "went"]

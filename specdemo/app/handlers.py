@@ -30,6 +30,7 @@ from specdemo.app.live import (
     Baselines,
     Request,
     collect,
+    let_workers_go,
     race_methods,
     run,
     sampling_from,
@@ -331,7 +332,10 @@ def api_generate_for(targets: Targets):
                               min(whole("max_new_tokens", max_new_tokens), plan.max_new_tokens), sampling)
             page = targets(text("model", model or ""), text("precision", precision or ""))
             target = clicks.quietly(clicks.planned(page, plan, targets.on_cpu, (request,)))
-            events, summary = collect(run(target, request, stop))
+            try:
+                events, summary = collect(run(target, request, stop))
+            finally:
+                let_workers_go()  # this thread waits for the next call now (`live.let_workers_go`)
             clicks.kept(target, summary)
             return (target.decode(list(summary.tokens)),
                     {**stats(events, summary), **({"note": plan.note} if plan.note else {})})

@@ -11,13 +11,18 @@ from collections.abc import Callable
 import gradio as gr
 from gradio.events import Dependency
 
+from specdemo.app.live import let_workers_go
+
 Outputs = dict[str, gr.components.Component]  # an event's outputs, by the names its handler's updates use
 
 
 def keyed(handler: Callable, outputs: Outputs) -> Callable:
     """`handler` as Gradio calls it: each update it returns or yields (a dict keyed by name) keyed
     instead by the components `outputs` names so, which Gradio matches to the event's outputs and
-    leaves the others as they are. A name `outputs` lacks raises: the handler and its wiring disagree."""
+    leaves the others as they are. A name `outputs` lacks raises: the handler and its wiring disagree.
+    Gradio runs each step of a handler in one of its worker threads, which then waits for the next:
+    the thread lets its OpenMP workers go before it hands an update over (`live.let_workers_go`),
+    so no idle thread slows a run that decodes meanwhile."""
 
     def by_component(update: dict):
         # to Gradio, {} is too few values; skip() leaves them all
@@ -27,14 +32,21 @@ def keyed(handler: Callable, outputs: Outputs) -> Callable:
         @functools.wraps(handler)
         def streamed(*values):
             # Stop closes this generator, and with it the handler's
-            with contextlib.closing(handler(*values)) as updates:
-                for update in updates:
-                    yield by_component(update)
+            try:
+                with contextlib.closing(handler(*values)) as updates:
+                    for update in updates:
+                        let_workers_go()
+                        yield by_component(update)
+            finally:
+                let_workers_go()
         return streamed
 
     @functools.wraps(handler)
     def answered(*values):
-        return by_component(handler(*values))
+        try:
+            return by_component(handler(*values))
+        finally:
+            let_workers_go()
     return answered
 
 
