@@ -1,5 +1,6 @@
 """`core.threads`: a thread that hands torch work to another lets its OpenMP workers go, so the
-process keeps no more workers than it has CPUs while the other decodes (the module says why)."""
+process keeps no more workers than it has CPUs while the other decodes (the module says why); and
+`core.process`: torch starts no more threads than a container's CPU quota grants."""
 
 import os
 import threading
@@ -82,3 +83,39 @@ def test_a_page_handler_lets_its_workers_go_before_each_update_it_hands_over(mon
     calls.clear()
     wiring.keyed(lambda: calls.append("answered") or {"answer": "a"}, outputs)()
     assert calls == ["answered", "went"]
+
+
+def cgroup(tmp_path, own: str, files: dict[str, str]):
+    """A stand-in /sys/fs/cgroup with `files` (paths under it), and the process's /proc/self/cgroup."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "own").write_text(own)
+    return tmp_path, tmp_path / "own"
+
+
+@pytest.mark.parametrize("own, files, quota", [
+    ("0::/space\n", {"space/cpu.max": "200000 100000\n"}, 2.0),  # cgroup v2: a Space granted 2 CPUs
+    ("0::/\n", {"cpu.max": "max 100000\n"}, None),  # no quota
+    ("0::/\n", {"cpu.max": "765000 100000\n"}, 7.65),  # at the root, as a cgroup namespace shows it
+    ("3:cpu,cpuacct:/pod\n1:memory:/other\n", {"cpu/pod/cpu.cfs_quota_us": "150000\n",
+                                              "cpu/pod/cpu.cfs_period_us": "100000\n"}, 1.5),  # cgroup v1
+    ("3:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ("", {}, None),  # none at all: off Linux, or no cgroup mounted
+])
+def test_a_cgroups_cpu_quota_is_read_as_the_cpus_it_grants(tmp_path, own, files, quota):
+    from specdemo.core.process import cpu_quota
+
+    root, own_file = cgroup(tmp_path, own, files)
+    assert cpu_quota(root, own_file) == quota
+
+
+def test_torch_uses_no_more_threads_than_the_quota_grants_and_at_least_one(two_torch_threads):
+    """A container that sees a host's cores and is granted the time of fewer: threads beyond the
+    quota only wait for the scheduler."""
+    from specdemo.core.process import threads_within_quota
+
+    assert threads_within_quota(8.0) == 2  # a quota above torch's threads leaves them
+    assert threads_within_quota(1.5) == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert threads_within_quota(0.5) == 1  # less than one CPU: still one thread

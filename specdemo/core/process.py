@@ -11,10 +11,17 @@
   in the process: compile a model once its weights are final. Made by `static.compile_passes`,
   on a CPU only, when a model is loaded with `--compile`.
 
+- **torch's CPU threads within the process's CPU quota** (`threads_within_quota`): a container
+  (a Hugging Face Space, a Docker limit) may see a host's many cores and be granted the time of
+  two. torch sizes its threads by the cores it sees, and a pass's parallel parts wait for the
+  slowest of them, so threads beyond the quota only wait for the scheduler: they are cut to the
+  whole CPUs the cgroup's quota grants (at least one). Made when a model loads.
+
 Each is idempotent: making it twice is making it once.
 """
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import AttentionInterface
@@ -36,3 +43,40 @@ def compiling_on_cpu() -> None:
     if hasattr(config, "recompile_limit"):  # its newer name; torch reads both
         config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_PROCESS)
     torch._inductor.config.freezing = True
+
+
+def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs' worth of time this process's cgroup may use: its quota over its period, cgroup v2's
+    `cpu.max` or v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`, in the process's own cgroup (as
+    `own` names it) or at the root; None without a quota, or off Linux."""
+    try:
+        entries = [line.split(":", 2) for line in own.read_text().splitlines() if line.count(":") >= 2]
+    except OSError:
+        entries = []
+    unified = [root / path.strip().lstrip("/") for _, controllers, path in entries if not controllers]
+    for folder in [*unified, root]:
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        except (OSError, ValueError):
+            continue
+    cpu = [root / "cpu" / path.strip().lstrip("/") for _, controllers, path in entries
+           if "cpu" in controllers.split(",")]
+    for folder in [*cpu, root / "cpu"]:
+        try:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+            return None if quota <= 0 or period <= 0 else quota / period
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def threads_within_quota(quota: float | None = None) -> int:
+    """torch's CPU threads cut to the whole CPUs `quota` grants (default: this process's
+    `cpu_quota`), at least one, where it grants fewer than torch uses (the module's docstring says
+    why); the threads torch uses after."""
+    quota = cpu_quota() if quota is None else quota
+    if quota is not None and torch.get_num_threads() > max(1, int(quota)):
+        torch.set_num_threads(max(1, int(quota)))
+    return torch.get_num_threads()
