@@ -314,6 +314,7 @@ def benchmark(target: LoadedModel, methods: list[str], prompts: list[dict], max_
     return {
         "model": target.spec,
         "device": str(target.device),
+        "cpu_threads": torch.get_num_threads(),  # torch's, within the process's CPU quota (`core.process`)
         "dtype": str(target.dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
         "compiled": compile_report(passes),

@@ -17,7 +17,8 @@ def format_table(report: dict) -> str:
     header = (f"{'method':<18}{'tokens':>8}{'passes':>8}{'wall_s':>9}{'tok/s':>9}{'tok/pass':>10}{'speedup':>9}"
               f"{'matches_ar':>12}")
     settings = "; ".join(f"{name} {value}" for name, value in report["settings"].items() if value)
-    title = (f"model {report['model']} on {report['device']}, {report['dtype']}, "
+    threads = f" ({report['cpu_threads']} torch threads)" if report.get("cpu_threads") else ""
+    title = (f"model {report['model']} on {report['device']}{threads}, {report['dtype']}, "
              f"max_new_tokens {report['max_new_tokens']}")
     lines = [title + (f"; settings: {settings}" if settings else ""), compile_line(report["compiled"]),
              defaults_line(report.get("defaults")), header]

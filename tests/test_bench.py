@@ -13,8 +13,8 @@ from specdemo import SpecDemoError, bench
 
 from conftest import load_script
 
-TOP_KEYS = {"model", "device", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "prompts", "methods",
-            "rows", "suspect_margin"}
+TOP_KEYS = {"model", "device", "cpu_threads", "dtype", "max_new_tokens", "compiled", "defaults", "settings", "prompts",
+            "methods", "rows", "suspect_margin"}
 METHOD_KEYS = {"tokens", "forward_passes", "wall_s", "target_s", "step_ms", "target_pass_ms",
                "tokens_per_s", "tokens_per_forward", "speedup_vs_ar", "matches_ar", "tokens_per_forward_by_category",
                "differs", "divergences", "max_divergence_margin", "guesses_per_pass"}
