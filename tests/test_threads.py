@@ -102,6 +102,9 @@ def cgroup(tmp_path, own: str, files: dict[str, str]):
                                               "cpu/pod/cpu.cfs_period_us": "100000\n"}, 1.5),  # cgroup v1
     ("3:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
     ("", {}, None),  # none at all: off Linux, or no cgroup mounted
+    ("0::/pod/app\n", {"pod/app/cpu.max": "max 100000\n", "pod/cpu.max": "300000 100000\n",
+                       "cpu.max": "max 100000\n"}, 3.0),  # the quota on the cgroup above the process's
+    ("0::/pod/app\n", {"pod/app/cpu.max": "400000 100000\n", "pod/cpu.max": "250000 100000\n"}, 2.5),  # the least
 ])
 def test_a_cgroups_cpu_quota_is_read_as_the_cpus_it_grants(tmp_path, own, files, quota):
     from specdemo.core.process import cpu_quota

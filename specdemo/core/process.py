@@ -46,30 +46,42 @@ def compiling_on_cpu() -> None:
 
 
 def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float | None:
-    """The CPUs' worth of time this process's cgroup may use: its quota over its period, cgroup v2's
-    `cpu.max` or v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`, in the process's own cgroup (as
-    `own` names it) or at the root; None without a quota, or off Linux."""
+    """The CPUs' worth of time this process may use: the smallest quota over its period along its
+    cgroup (as `own` names it) and the cgroups above it to the root, cgroup v2's `cpu.max` or v1's
+    `cpu.cfs_quota_us` and `cpu.cfs_period_us`; None without a quota, or off Linux."""
     try:
         entries = [line.split(":", 2) for line in own.read_text().splitlines() if line.count(":") >= 2]
     except OSError:
         entries = []
-    unified = [root / path.strip().lstrip("/") for _, controllers, path in entries if not controllers]
-    for folder in [*unified, root]:
-        try:
-            quota, period = (folder / "cpu.max").read_text().split()[:2]
-            return None if quota == "max" else int(quota) / int(period)
-        except (OSError, ValueError):
-            continue
-    cpu = [root / "cpu" / path.strip().lstrip("/") for _, controllers, path in entries
-           if "cpu" in controllers.split(",")]
-    for folder in [*cpu, root / "cpu"]:
-        try:
-            quota = int((folder / "cpu.cfs_quota_us").read_text())
-            period = int((folder / "cpu.cfs_period_us").read_text())
-            return None if quota <= 0 or period <= 0 else quota / period
-        except (OSError, ValueError):
-            continue
-    return None
+    unified = lineage(root, [path for _, controllers, path in entries if not controllers])
+    cpu = lineage(root / "cpu", [path for _, controllers, path in entries if "cpu" in controllers.split(",")])
+    quotas = [*(v2_quota(folder) for folder in unified), *(v1_quota(folder) for folder in cpu)]
+    return min((quota for quota in quotas if quota is not None), default=None)
+
+
+def lineage(base: Path, paths: list[str]) -> list[Path]:
+    """The cgroup folders under `base` at each of `paths` and above them, up to `base` itself."""
+    folders = [base]
+    for path in paths:
+        parts = [part for part in path.strip().split("/") if part]
+        folders += [base.joinpath(*parts[:depth]) for depth in range(1, len(parts) + 1)]
+    return folders
+
+
+def v2_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def v1_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (int((folder / name).read_text()) for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def threads_within_quota(quota: float | None = None) -> int:
