@@ -157,11 +157,13 @@ class Handlers:
     def generate_plan(self, target: LoadedModel, request: Request) -> tuple[GpuPlan, tuple | None]:
         """Generate's plan (`plan_for`), and the AR baseline the page keeps for the request it plans
         (None: the call decodes it, and declares it)."""
+        def decoding(runs: int) -> GpuPlan:
+            return plan_for(runs, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s, (request.method,))
+
         known = self.baselines.known(target, request)
-        plan = plan_for(1 if known else 2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s,
-                        (request.method,))
+        plan = decoding(1 if known else 2)
         if plan.max_new_tokens != request.max_new_tokens:  # shortened: the kept baseline is another length's
-            plan = plan_for(2, request.max_new_tokens, LIMITS.timing_s, LIMITS.gpu_max_s, (request.method,))
+            plan = decoding(2)
             known = self.baselines.known(target, dataclasses.replace(request, max_new_tokens=plan.max_new_tokens))
         return plan, known
 
