@@ -1,7 +1,8 @@
-"""The page's views in headless Chromium after a run: the answer-only view, the legends, the step
-through and its autoplay, AR's spread against itself, the race (and a bfloat16 race's explained
-difference), the classic strategies, and a class of sixteen at once. The browser, the page and
-the skip rules are `test_browser`'s; the tests share one page, in this order."""
+"""The page's views in headless Chromium, before a run (Step through says what to do) and after
+one: the answer-only view, the legends, the step through and its autoplay, AR's spread against
+itself, the race (and a bfloat16 race's explained difference), the classic strategies, and a class
+of sixteen at once. The browser, the page and the skip rules are `test_browser`'s; the tests share
+one page, in this order."""
 
 import re
 
@@ -41,6 +42,16 @@ NEAR_TIE = re.compile(
     r"bfloat16 rounds a pass of many tokens differently from a pass of one, which flipped this near-tie\..* "
     r"In float32 the answers are equal\."
 )
+
+
+def test_step_through_before_any_answer_says_what_to_do(page):
+    """A visitor who opens Step through before generating reads what to do, and Next leaves step 0."""
+    page.get_by_role("tab", name="Step through").click()
+    expect(page.locator("#explanation")).to_contain_text("Generate an answer first")
+    page.get_by_role("button", name="Next ▶").click()
+    expect(page.locator("#explanation")).to_contain_text("Generate an answer first")
+    assert page.locator("#step input[type=number]").input_value() == "0"
+    page.get_by_role("tab", name="Generate").click()
 
 
 def test_the_answer_only_view_hides_the_drafts_and_keeps_the_line_breaks(page):

@@ -125,6 +125,7 @@ def request_from(named: dict) -> Request:
 
 
 RACE_MEASURE_S, RACE_MIN_ROUNDS = 2.5 * LIMITS.timing_s, 2  # a race times every method: fewer rounds than Generate's
+NO_ANSWER = "Generate an answer first, then walk through it step by step here."  # Step through, before any answer
 REPLAY_EVERY_S = 0.15  # a replay frame's wall time
 REPLAY_SPEEDS = {"real time": 1.0, "half speed": 0.5, "quarter speed": 0.25}
 
@@ -193,8 +194,7 @@ class Handlers:
         outlined, its beats (draft, verify, accept) and sentence ("explanation"); step 0 is before the first pass."""
         events, summary, decode, decode_tokens = history or ([], None, str, None)
         if not events:
-            return {"answer": "", **view_updates(views.method_pictures([], decode)),
-                    "explanation": "Generate an answer first, then walk through it step by step here."}
+            return {"answer": "", **view_updates(views.method_pictures([], decode)), "explanation": NO_ANSWER}
         step = max(0, min(int(step), len(events)))  # the slider counts passes from 1, the events from 0
         if step == 0:
             before = ("<p>Step 0: before the first target pass. Nothing is committed yet; press Play or Next to watch "

@@ -14,7 +14,7 @@ from gradio.events import Dependency
 
 from specdemo.app import lesson, one_run, ui_offload, views
 from specdemo.app.drawing import EXPORTS_KEPT_S, PLOTS
-from specdemo.app.handlers import GENERATE_INPUTS, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
+from specdemo.app.handlers import GENERATE_INPUTS, NO_ANSWER, REPLAY_SPEEDS, Handlers, Targets, api_generate_for
 from specdemo.app.limits import LIMITS
 from specdemo.app.live import MAX_NEW_TOKENS, let_workers_go
 from specdemo.app.ui_settings import SETTING_WIDTH, method_settings
@@ -278,7 +278,7 @@ def step_through_tab() -> StepThroughTab:
             pace = gr.Slider(0.3, 3.0, value=1.2, step=0.1, label="Seconds per step (autoplay)", elem_id="pace",
                              min_width=SETTING_WIDTH)
         timer = gr.Timer(1.2, active=False)
-        explanation = gr.HTML(elem_id="explanation")
+        explanation = gr.HTML(NO_ANSWER, elem_id="explanation")  # until the page's first answer
         stream = gr.HTML(elem_id="step-stream")
         gr.HTML(views.legend_html())
         # titled as on Generate, not "Plot"
