@@ -173,6 +173,32 @@ def test_race_compares_every_method_with_ar(page):
     page.screenshot(path=str(SCREENSHOTS / "race.png"), full_page=True)
 
 
+def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, served_app):
+    """On a phone's 390 pixels the statistics put each row's meaning under its name and value
+    instead of a third column past the screen's edge, and the race's rows stay a line or two high:
+    its sentences scroll sideways rather than squeeze the table into rows a screen tall."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    phone = context.new_page()
+    try:
+        phone.goto(served_app.local_url)
+        choose_method(phone, "speculative")
+        phone.locator("#max-new-tokens input[type=number]").fill("16")
+        phone.locator("#generate").click()
+        stats = wait_for_run(phone, "speculative")
+        meaning = stats.locator("tr", has_text="Target passes").locator("td").last
+        assert meaning.bounding_box()["x"] + meaning.bounding_box()["width"] <= 390, meaning.bounding_box()
+        assert stats.bounding_box()["x"] + stats.bounding_box()["width"] <= 390, stats.bounding_box()
+        phone.get_by_role("tab", name="Race").click()
+        phone.locator("#race").click()
+        expect(phone.locator("#race-plot .js-plotly-plot").first).to_be_visible(timeout=300_000)
+        rows = phone.locator("#race-table tbody tr")
+        heights = [rows.nth(i).bounding_box()["height"] for i in range(rows.count())]
+        assert heights and max(heights) < 120, heights
+        phone.screenshot(path=str(SCREENSHOTS / "phone-race.png"), full_page=True)
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize(("method", "says"),
                          [("beam", "beams ran in one batched pass"), ("contrastive", "amateur alone")])
 def test_classic_strategies_show_their_views(page, method, says):

@@ -369,6 +369,20 @@ PAGE_STYLE = """
 .specdemo-stats th { text-align: left; white-space: nowrap; padding-right: 0.8em; }
 .specdemo-stats td { padding-right: 0.8em; vertical-align: top; }
 .specdemo-stats td:last-child { color: #5f6368; font-size: 0.9em; }
+/* on a phone a row's meaning goes under its name and value: three columns would run past the screen */
+@media (max-width: 640px) {
+  .specdemo-stats, .specdemo-stats tbody { display: block; border: none !important; }
+  .specdemo-stats tr { display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 3fr); border: none !important;
+    border-bottom: 1px solid #dadce0 !important; }
+  .specdemo-stats th, .specdemo-stats td { border: none !important; padding: 4px 0.8em 4px 0 !important; }
+  .specdemo-stats th { white-space: normal; }
+  .specdemo-stats td:last-child { grid-column: 1 / -1; }
+  .specdemo-stats td:empty { display: none; }
+  /* the race's numbers in view, its sentences a swipe away rather than squeezed into rows a screen tall */
+  #race-table table { display: block; overflow-x: auto; }
+  #race-table th, #race-table td { padding: 4px 6px !important; }
+  #race-table td:nth-child(n+5) { min-width: 16em; }
+}
 #race-table th, #race-table td { word-break: normal; overflow-wrap: normal; }
 .specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
 /* a control's info line as legible as its label: Gradio's is too faint for a projector (under 2:1 on white) */
