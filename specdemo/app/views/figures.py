@@ -23,6 +23,10 @@ def step_counts(event: StepEvent) -> dict[str, int]:
             "rejected": len(event.rejected)}
 
 
+# a legend in a row under the plot: at the right, as plotly puts it, it takes most of a phone's narrow figure
+BELOW = dict(orientation="h", y=-0.3)
+
+
 def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
     """Per target pass, the tokens it accepted and supplied (up) and the proposals it threw away (down)."""
     figure = go.Figure()
@@ -37,7 +41,7 @@ def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
                             else (origin, COLOURS[origin]))
             figure.add_bar(x=steps, y=[sign * c for c in counts], name=name, marker_color=colour)
     figure.update_layout(barmode="relative", title="Tokens per target pass", xaxis_title="step (target pass)",
-                         yaxis_title="tokens")
+                         yaxis_title="tokens", legend=BELOW)
     return compact(figure)
 
 
@@ -208,7 +212,7 @@ def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = Non
         if run:
             times, totals = cumulative_tokens(run)
             figure.add_scatter(x=times, y=totals, mode="lines", name=name, line_shape="hv")
-    figure.update_layout(title="Tokens over time", xaxis_title="seconds", yaxis_title="tokens committed")
+    figure.update_layout(title="Tokens over time", xaxis_title="seconds", yaxis_title="tokens committed", legend=BELOW)
     return compact(figure)
 
 
