@@ -175,8 +175,9 @@ def test_race_compares_every_method_with_ar(page):
 
 def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, served_app):
     """On a phone's 390 pixels the statistics put each row's meaning under its name and value
-    instead of a third column past the screen's edge, and the race's rows stay a line or two high:
-    its sentences scroll sideways rather than squeeze the table into rows a screen tall."""
+    instead of a third column past the screen's edge, the charts' legends sit below them, and the
+    race's rows stay a line or two high: its sentences scroll sideways rather than squeeze the table
+    into rows a screen tall."""
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     phone = context.new_page()
     try:
@@ -188,6 +189,10 @@ def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, se
         meaning = stats.locator("tr", has_text="Target passes").locator("td").last
         assert meaning.bounding_box()["x"] + meaning.bounding_box()["width"] <= 390, meaning.bounding_box()
         assert stats.bounding_box()["x"] + stats.bounding_box()["width"] <= 390, stats.bounding_box()
+        for chart in ("#method-plot", "#speedup-plot"):  # their legends in a row below, not a column at the right
+            plotted, legend = (phone.locator(f"{chart} {part}").first.bounding_box()
+                               for part in (".nsewdrag", ".legend"))
+            assert legend["y"] > plotted["y"] + plotted["height"], (chart, plotted, legend)
         phone.get_by_role("tab", name="Race").click()
         phone.locator("#race").click()
         expect(phone.locator("#race-plot .js-plotly-plot").first).to_be_visible(timeout=300_000)
