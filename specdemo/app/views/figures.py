@@ -24,7 +24,7 @@ def step_counts(event: StepEvent) -> dict[str, int]:
 
 
 # a legend in a row under the plot: at the right, as plotly puts it, it takes most of a phone's narrow figure
-BELOW = dict(orientation="h", y=-0.3)
+BELOW = {"orientation": "h", "y": -0.3}
 
 
 def step_timeline_figure(events: list[StepEvent]) -> go.Figure:
