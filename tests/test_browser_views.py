@@ -175,9 +175,9 @@ def test_race_compares_every_method_with_ar(page):
 
 def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, served_app):
     """On a phone's 390 pixels the statistics put each row's meaning under its name and value
-    instead of a third column past the screen's edge, the charts' legends sit below them, and the
-    race's rows stay a line or two high: its sentences scroll sideways rather than squeeze the table
-    into rows a screen tall."""
+    instead of a third column past the screen's edge, the charts' legends sit below them, Step
+    through's beats stack, and the race's rows stay a line or two high: its sentences scroll sideways
+    rather than squeeze the table into rows a screen tall."""
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     phone = context.new_page()
     try:
@@ -193,6 +193,12 @@ def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, se
             plotted, legend = (phone.locator(f"{chart} {part}").first.bounding_box()
                                for part in (".nsewdrag", ".legend"))
             assert legend["y"] > plotted["y"] + plotted["height"], (chart, plotted, legend)
+        phone.get_by_role("tab", name="Step through").click()
+        phone.locator("#step input[type=number]").fill("1")
+        phone.locator("#step input[type=number]").press("Enter")
+        expect(phone.locator("#explanation")).to_contain_text("Step 1:", timeout=30_000)
+        draft, verify = (phone.locator(".specdemo-beat").nth(i).bounding_box() for i in range(2))
+        assert verify["y"] >= draft["y"] + draft["height"], (draft, verify)  # one beat under another
         phone.get_by_role("tab", name="Race").click()
         phone.locator("#race").click()
         expect(phone.locator("#race-plot .js-plotly-plot").first).to_be_visible(timeout=300_000)

@@ -290,6 +290,7 @@ BEATS_STYLE = """
 .specdemo-beat h4 { margin: 0 0 4px 0; }
 .tok[data-origin="guess"] { background: #fff4cc; border: 1px dashed #c49000; }
 @keyframes specdemo-beat { from { opacity: 0; transform: translateY(6px); } to { opacity: 1; transform: none; } }
+@media (max-width: 640px) { .specdemo-beats { grid-template-columns: 1fr; } }  /* a phone: one beat under another */
 </style>
 """
 
