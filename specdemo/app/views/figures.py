@@ -240,7 +240,7 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
                        mode="lines")
     figure.update_layout(
         title="The n-gram pool", xaxis_title="step (target pass)", yaxis_title="accepted tokens",
-        yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=dict(orientation="h", y=-0.3),
+        yaxis2=dict(title="pool size", overlaying="y", side="right"), legend=BELOW,
     )
     return compact(figure)
 
