@@ -173,11 +173,24 @@ def test_race_compares_every_method_with_ar(page):
     page.screenshot(path=str(SCREENSHOTS / "race.png"), full_page=True)
 
 
+def swipe_left(page, box, y) -> None:
+    """A finger's swipe at height `y` from right to left across `box` (a bounding box), as a phone sends it."""
+    cdp = page.context.new_cdp_session(page)
+    start, end = box["x"] + box["width"] * 0.9, box["x"] + box["width"] * 0.2
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": [{"x": start, "y": y}]})
+    for i in range(1, 11):
+        point = {"x": start + (end - start) * i / 10, "y": y}
+        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [point]})
+        page.wait_for_timeout(16)  # a finger's pace, a move a frame
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
+
+
 def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, served_app):
     """On a phone's 390 pixels the statistics put each row's meaning under its name and value
-    instead of a third column past the screen's edge, the charts' legends sit below them, Step
-    through's beats stack, and the race's rows stay a line or two high: its sentences scroll sideways
-    rather than squeeze the table into rows a screen tall."""
+    instead of a third column past the screen's edge, the charts' legends sit below them, the tree
+    keeps a computer's width and a swipe over it scrolls it, Step through's beats stack, and the
+    race's rows stay a line or two high: its sentences scroll sideways rather than squeeze the table
+    into rows a screen tall."""
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     phone = context.new_page()
     try:
@@ -195,6 +208,12 @@ def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, se
             plotted, legend = (phone.locator(f"{chart} {part}").first.bounding_box()
                                for part in (".nsewdrag", ".legend"))
             assert legend["y"] > plotted["y"] + plotted["height"], (chart, plotted, legend)
+        tree = phone.locator("#tree-plot")  # drawn 600 pixels wide: squeezed, its words would overlap
+        tree.scroll_into_view_if_needed()
+        assert phone.locator("#tree-plot .main-svg").first.bounding_box()["width"] >= 600
+        plotted = phone.locator("#tree-plot .nsewdrag").first.bounding_box()
+        swipe_left(phone, tree.bounding_box(), plotted["y"] + plotted["height"] / 2)  # over the plot, not its title
+        phone.wait_for_function("document.querySelector('#tree-plot').scrollLeft > 100")
         phone.get_by_role("tab", name="Step through").click()
         phone.locator("#step input[type=number]").fill("1")
         phone.locator("#step input[type=number]").press("Enter")

@@ -187,6 +187,15 @@ def test_tree_plot_highlights_the_accepted_path():
     assert [e.line.color for e in edges] == [COLOURS["accepted"], "#c4c7cc", "#c4c7cc"]  # edges into nodes 1, 2, 3
 
 
+def test_a_swipe_over_the_grid_or_a_tree_scrolls_rather_than_zooms():
+    """A phone shows the Jacobi grid and the trees at a computer's width, scrolled sideways by a
+    swipe: neither figure takes a drag to zoom (tests/test_browser_views.py swipes one)."""
+    grid = trajectory_figure([jacobi_event(0, 0, [1, 2], (), (), [None, None])], decode)
+    for figure in (grid, tree_figure(medusa_step(), decode)):
+        assert figure.layout.dragmode is False
+        assert figure.layout.xaxis.fixedrange and figure.layout.yaxis.fixedrange
+
+
 def test_a_tree_titles_headline_fits_a_half_width_plot():
     """A large tree with copied and retrieved branches: its headline fits the 60 characters of a
     half-width plot's title, the mark of each kind of guess in it."""

@@ -119,7 +119,13 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
         title=f"{title}<br><sup>{key}</sup>", xaxis_title="position in block", yaxis_autorange="reversed",
         yaxis=dict(tickvals=list(range(len(cells))), ticktext=rows, automargin=True),  # room for its row names
     )
-    return compact(figure).update_layout(height=max(320, 60 + 26 * len(cells)))
+    return swiped(compact(figure).update_layout(height=max(320, 60 + 26 * len(cells))))
+
+
+def swiped(figure: go.Figure) -> go.Figure:
+    """`figure` for a page that scrolls it sideways on a phone (`.specdemo-wide`): neither a drag nor
+    the mode bar zooms it, so a swipe over it scrolls the page (a mouse's hover stays; a tap shows none)."""
+    return figure.update_layout(dragmode=False).update_xaxes(fixedrange=True).update_yaxes(fixedrange=True)
 
 
 def cell_text(token: str, columns: int) -> str:
@@ -302,7 +308,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
         title=f"{headline}<br><sup>{key}</sup>",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
-    return compact(figure).update_layout(margin=dict(t=80))
+    return swiped(compact(figure).update_layout(margin=dict(t=80)))
 
 
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:

@@ -383,6 +383,9 @@ PAGE_STYLE = """
   #race-table table { display: block; overflow-x: auto; }
   #race-table th, #race-table td { padding: 4px 6px !important; }
   #race-table td:nth-child(n+5) { min-width: 16em; }
+  /* the Jacobi grid and the trees keep a computer's width, a swipe away: squeezed, their words would overlap */
+  .specdemo-wide { overflow-x: auto !important; }
+  .specdemo-wide .js-plotly-plot { min-width: 600px; }
 }
 #race-table th, #race-table td { word-break: normal; overflow-wrap: normal; }
 .specdemo-lesson { background: #fef7e0; border-left: 4px solid #f4b400; padding: 6px 10px; }
