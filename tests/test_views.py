@@ -187,6 +187,20 @@ def test_tree_plot_highlights_the_accepted_path():
     assert [e.line.color for e in edges] == [COLOURS["accepted"], "#c4c7cc", "#c4c7cc"]  # edges into nodes 1, 2, 3
 
 
+def test_a_wide_tree_gets_a_row_for_each_node_of_its_fullest_depth():
+    """A GPU's tree stacks 16 nodes or more at one depth: the figure grows so each keeps a 22-pixel
+    row, its word legible beside it; a CPU's small tree keeps the usual 320 pixels."""
+    assert tree_figure(medusa_step(), decode).layout.height == 320
+    wide = StepEvent(
+        "medusa", step=1, committed=(3,), proposed=tuple(range(3, 23)), accepted=(), rejected=(3,),
+        data=TreeStep(tree=Proposal(tuple(range(3, 23)), (-1,) * 20, ("head",) * 20), root_token=2,
+                      accepted_path=[], best_candidate=[0], proposer="heads", tree_kind="dynamic"),
+    )
+    figure = tree_figure(wide, str)
+    plotted = figure.layout.height - figure.layout.margin.t - figure.layout.margin.b
+    assert plotted >= 22 * 20, (figure.layout.height, plotted)
+
+
 def test_a_swipe_over_the_grid_or_a_tree_scrolls_rather_than_zooms():
     """A phone shows the Jacobi grid and the trees at a computer's width, scrolled sideways by a
     swipe: neither figure takes a drag to zoom (tests/test_browser_views.py swipes one)."""

@@ -308,7 +308,8 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
         title=f"{headline}<br><sup>{key}</sup>",
         xaxis=dict(title="depth (tokens ahead of the last committed one)", dtick=1), yaxis=dict(visible=False),
     )
-    return swiped(compact(figure).update_layout(margin=dict(t=80)))
+    # a row of 22 pixels for each node of the fullest depth: a GPU's wider trees stack 16 or more there
+    return swiped(compact(figure).update_layout(margin=dict(t=80), height=max(320, 140 + 22 * max(rows.values()))))
 
 
 def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
