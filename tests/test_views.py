@@ -189,7 +189,8 @@ def test_tree_plot_highlights_the_accepted_path():
 
 def test_a_wide_tree_gets_a_row_for_each_node_of_its_fullest_depth():
     """A GPU's tree stacks 16 nodes or more at one depth: the figure grows so each keeps a 22-pixel
-    row, its word legible beside it; a CPU's small tree keeps the usual 320 pixels."""
+    row, its word legible beside it, and its mask a row for each node; a CPU's small tree keeps the
+    usual 320 pixels."""
     assert tree_figure(medusa_step(), decode).layout.height == 320
     wide = StepEvent(
         "medusa", step=1, committed=(3,), proposed=tuple(range(3, 23)), accepted=(), rejected=(3,),
@@ -199,6 +200,8 @@ def test_a_wide_tree_gets_a_row_for_each_node_of_its_fullest_depth():
     figure = tree_figure(wide, str)
     plotted = figure.layout.height - figure.layout.margin.t - figure.layout.margin.b
     assert plotted >= 22 * 20, (figure.layout.height, plotted)
+    mask = tree_mask_figure(wide, str)  # its attention mask: a 12-pixel row for each of the 21 nodes, the root's too
+    assert mask.layout.height - mask.layout.margin.t - mask.layout.margin.b >= 12 * 21, mask.layout.height
 
 
 def test_a_swipe_over_the_grid_or_a_tree_scrolls_rather_than_zooms():

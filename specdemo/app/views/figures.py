@@ -324,7 +324,8 @@ def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figur
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
     figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
-    return compact(figure)
+    # a 12-pixel row a node, below the column labels: a GPU's trees of 30 or more nodes stay legible
+    return compact(figure).update_layout(height=max(320, 180 + 12 * len(parents)))
 
 
 def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figure:
