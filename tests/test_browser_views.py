@@ -210,8 +210,8 @@ def test_a_phone_shows_the_statistics_and_the_race_within_its_screen(browser, se
             assert legend["y"] > plotted["y"] + plotted["height"], (chart, plotted, legend)
         tree = phone.locator("#tree-plot")  # drawn 600 pixels wide: squeezed, its words would overlap
         tree.scroll_into_view_if_needed()
-        assert phone.locator("#tree-plot .main-svg").first.bounding_box()["width"] >= 600
-        plotted = phone.locator("#tree-plot .nsewdrag").first.bounding_box()
+        assert tree.locator(".main-svg").first.bounding_box()["width"] >= 600
+        plotted = tree.locator(".nsewdrag").first.bounding_box()
         swipe_left(phone, tree.bounding_box(), plotted["y"] + plotted["height"] / 2)  # over the plot, not its title
         phone.wait_for_function("document.querySelector('#tree-plot').scrollLeft > 100")
         phone.get_by_role("tab", name="Step through").click()
