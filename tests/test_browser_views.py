@@ -140,10 +140,9 @@ def test_ar_against_itself_falls_within_its_reported_spread(page, monkeypatch):
     slowest run of one side against the fastest of the other, so with n runs a side that are
     alike it misses 1.0x only when every run of one side beats every run of the other:
     2 / C(2n, n): 10% at the page's least, 3 runs; under 0.1% at the 7 this test asks for (the most)."""
-    from specdemo.app import limits, live
+    from specdemo.app import live
 
     monkeypatch.setattr(live, "MIN_ROUNDS", live.MAX_ROUNDS)
-    monkeypatch.setattr(live, "MEASURE_S", limits.LIMITS.timing_s)
     page.get_by_role("tab", name="Generate").click()
     page.locator("#prompt textarea").fill("Name three colors.")
     choose_method(page, "ar")
