@@ -204,6 +204,22 @@ def test_a_wide_tree_gets_a_row_for_each_node_of_its_fullest_depth():
     assert mask.layout.height - mask.layout.margin.t - mask.layout.margin.b >= 12 * 21, mask.layout.height
 
 
+def test_a_deep_trees_long_word_is_cut_before_the_next_depth_and_hovers_whole():
+    """Seven depths leave a node's word about 8 characters before the next depth's marker: a longer
+    one is cut with an ellipsis, and its hover shows it whole; a shallow tree shows it whole."""
+    word = {2: " photosynthesis", 3: " is"}
+    chain = StepEvent(
+        "speculative", step=0, committed=(3,), proposed=tuple(range(3, 9)), accepted=(), rejected=(3,),
+        data=TreeStep(tree=Proposal(tuple(range(3, 9)), (-1, 0, 1, 2, 3, 4), ("draft",) * 6), root_token=2,
+                      accepted_path=[], best_candidate=[0], proposer="draft", tree_kind="dynamic"),
+    )
+    nodes = tree_figure(chain, lambda token: word.get(token, "x")).data[-1]
+    assert nodes.text[0] == "photosy…" and nodes.text[1] == " is", nodes.text
+    assert nodes.customdata[0][0] == " photosynthesis"
+    shallow = tree_figure(medusa_step(), lambda token: word.get(token, "x")).data[-1]
+    assert shallow.text[0] == " photosynthesis"
+
+
 def test_a_swipe_over_the_grid_or_a_tree_scrolls_rather_than_zooms():
     """A phone shows the Jacobi grid and the trees at a computer's width, scrolled sideways by a
     swipe: neither figure takes a drag to zoom (tests/test_browser_views.py swipes one)."""

@@ -128,10 +128,10 @@ def swiped(figure: go.Figure) -> go.Figure:
     return figure.update_layout(dragmode=False).update_xaxes(fixedrange=True).update_yaxes(fixedrange=True)
 
 
-def cell_text(token: str, columns: int) -> str:
+def cell_text(token: str, columns: int, characters: int = TRAJECTORY_CHARACTERS) -> str:
     """`token` as a grid of `columns` cells shows it: cut, with an ellipsis, where it would spill into
-    its neighbours (about 64 characters of 10-pixel text fit the grid's width; the hover shows it whole)."""
-    room = max(3, TRAJECTORY_CHARACTERS // max(columns, 1))
+    its neighbours (`characters` fit the grid's width; the hover shows it whole)."""
+    room = max(3, characters // max(columns, 1))
     if len(token) <= room:
         return token
     shown = token.strip()  # a leading space shows as nothing, yet takes a character's width
@@ -254,6 +254,8 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
 # symbol, key mark, meaning
 MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}
 
+TREE_CHARACTERS = 60  # of a node's 12-pixel word, across the tree's depths: more would reach the next depth's marker
+
 TREE_KEY = (  # the tree's nodes, in words under its title
     (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"),
     ("#9aa0a6", "○", "not on the best branch"), *(("#5f6368", mark, meaning) for _, mark, meaning in MARKS.values()),
@@ -293,11 +295,14 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"]
               for n in range(len(tokens))]
     marks = [None, *(MARKS.get(source) for source in data.tree.sources)]  # node 0 is the root
-    figure.add_scatter(
-        x=depths, y=y, mode="markers+text", text=[decode(t) for t in tokens], textposition="middle right",
-        showlegend=False, marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks],
-                                      line=dict(color="#5f6368", width=1)),
-        customdata=[m[2] if m else "" for m in marks], hovertemplate="%{text} %{customdata}<extra></extra>",
+    words = [decode(t) for t in tokens]
+    figure.add_scatter(  # a word cut where it would reach the next depth's marker; the hover shows it whole
+        x=depths, y=y, mode="markers+text", text=[cell_text(word, max(depths) + 1, TREE_CHARACTERS) for word in words],
+        textposition="middle right", showlegend=False,
+        marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks],
+                    line=dict(color="#5f6368", width=1)),
+        customdata=[[word, m[2] if m else ""] for word, m in zip(words, marks, strict=True)],
+        hovertemplate="%{customdata[0]} %{customdata[1]}<extra></extra>",
     )
     counts = Counter(data.tree.sources)  # short: the title must fit a half-width plot (its label names the tree)
     copies = "".join(f", {counts[source]} {GUESSED[source][0]} {mark}"
