@@ -172,6 +172,8 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     streamed = [u["answer"] for u in updates if "answer" in u]
     assert "data-speedup" in updates[-1]["stats"] and "data-done" in updates[-1]["stats"]
     assert '<span class="tok" data-origin="ar"' not in streamed[-1]
+    # the last update holds the method's whole view again: a page that lost a streamed one ends on it
+    assert updates[-1]["answer"] == streamed[-1] and updates[-1]["tree"].visible, updates[-1].keys()
     again = list(on_generate(*inputs))
     assert not any("First the AR baseline" in u.get("answer", "") for u in again)
 

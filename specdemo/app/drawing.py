@@ -156,12 +156,14 @@ class GenerateDrawing:
                 **view_updates(views.method_pictures(events, self.decode)),
                 "speed_plot": views.speed_figure(events, baseline)}
 
-    def after_answer(self, table: str) -> dict:
-        """The table, with the answer's last picture and its verdict the first time after the answer."""
+    def after_answer(self, table: str, last: bool = False) -> dict:
+        """The table, with the answer's last picture and its verdict the first time after the answer;
+        the `last` update of a click holds its whole view again, so a page that missed or misapplied a
+        streamed update still ends on the answer's view."""
         if self.pending:
             self.pending = False
             return {**self.shown, "stats": table, **self.finished}
-        return {"stats": table}
+        return {**(self.shown if last else {}), "stats": table}
 
     def on_gpuplan(self, plan: GpuPlan) -> None:
         """The click's plan, as its call decodes it: its baseline is kept as long as the plan made it."""
@@ -205,20 +207,21 @@ class GenerateDrawing:
         ar_speed = stats(self.answered.baseline_events, self.answered.baseline_summary)["tokens_per_s"]
         single = spread([self.run_stats["tokens_per_s"]], [ar_speed])
         note = NOT_TIMED.format(left=record.left_s)
-        return self.after_answer(views.stats_html(self.run_stats, single, ar_speed, note=note, done=True, drawn=True))
+        return self.after_answer(views.stats_html(self.run_stats, single, ar_speed, note=note, done=True, drawn=True),
+                                 last=True)
 
     def on_timing(self, record: clicks.Timing) -> dict:
         return self.after_answer(views.stats_html(self.run_stats, note=f"{TIMING} Round {record.round_} of "
                                                   f"{record.rounds}: {record.done} of 2 runs done."))
 
     def on_stopped(self, record: clicks.Stopped) -> dict:
-        return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True))
+        return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True), last=True)
 
     def on_timed(self, record: clicks.Timed) -> dict:
         table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured,
                                  record.ar_speed, done=True)
         why = why_html(record.method_stats, record.ar_stats, self.answered.events, record.measured)
-        return {"stats": table, "why": why + self.verdict}
+        return {**self.after_answer(table, last=True), "why": why + self.verdict}
 
 
 def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="",
