@@ -297,7 +297,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
     marks = [None, *(MARKS.get(source) for source in data.tree.sources)]  # node 0 is the root
     words = [decode(t) for t in tokens]
     figure.add_scatter(  # a word cut where it would reach the next depth's marker; the hover shows it whole
-        x=depths, y=y, mode="markers+text", text=[cell_text(word, max(depths) + 1, TREE_CHARACTERS) for word in words],
+        x=depths, y=y, mode="markers+text", text=[cell_text(word, len(rows), TREE_CHARACTERS) for word in words],
         textposition="middle right", showlegend=False,
         marker=dict(size=14, color=colour, symbol=[m[0] if m else "circle" for m in marks],
                     line=dict(color="#5f6368", width=1)),
