@@ -197,8 +197,27 @@ def test_a_long_runs_figure_shows_its_last_steps_so_its_labels_stay_apart(tiny_m
     figure = beam_figure(events, decode=str)
     low, high = figure.layout.xaxis.range
     assert high - low == BEAM_STEPS_SHOWN + 1 and low < len(events) - BEAM_STEPS_SHOWN + 1 and high > len(events)
-    assert f"{len(events)} steps, the last {BEAM_STEPS_SHOWN} shown" in figure.layout.title.text
+    assert f"{len(events)} steps<br><sup>the last {BEAM_STEPS_SHOWN} shown" in figure.layout.title.text
     assert beam_figure(events[:BEAM_STEPS_SHOWN], decode=str).layout.xaxis.range is None  # a short run: all of it
+
+
+def test_a_beam_figures_words_stop_before_the_next_step_and_hover_whole(tiny_model, prompt_ids):
+    from specdemo.app.views.figures import BEAM_STEPS_SHOWN, TREE_CHARACTERS
+
+    events, _ = run(tiny_model, prompt_ids, 2, 24, 62)
+    word = lambda token: f" word{token:05d}"  # noqa: E731  longer than a column holds
+    figure = beam_figure(events, decode=word)
+    first = len(events) - BEAM_STEPS_SHOWN + 1
+    room = TREE_CHARACTERS // (BEAM_STEPS_SHOWN + 1)
+    nodes = [(x, text, hover[0]) for trace in figure.data if trace.name in ("kept", "pruned", "finished")
+             for x, text, hover in zip(trace.x, trace.text, trace.customdata, strict=True)]
+    assert {x for x, _, _ in nodes} >= {first - 1, first}
+    for x, text, whole in nodes:
+        assert whole.startswith(" word")  # the hover: the whole word
+        if x < first:  # left of the first step shown its word would reach into the plot
+            assert text == ""
+        else:
+            assert len(text) == room and text.endswith("…") and whole.strip().startswith(text[:-1])
 
 
 def test_figure_of_a_run_in_progress_has_no_chosen_path(tiny_model, prompt_ids):

@@ -58,6 +58,8 @@ def acceptance_by_position_figure(acceptance_by_position: list[float]) -> go.Fig
 
 
 TRAJECTORY_CHARACTERS = 64  # of the cells' 10-pixel text, across the grid: more would spill into a neighbour's cell
+# of a node's 12-pixel word, across a tree's depths or a beam figure's steps: more would reach the next column's markers
+TREE_CHARACTERS = 60
 TRAJECTORY_STATES = ["not yet correct", "correct", "fast-forwarded", "fixed while its left neighbour was wrong"]
 
 
@@ -164,7 +166,7 @@ def beam_nodes(events: list[StepEvent]) -> list[dict]:
     return nodes
 
 
-BEAM_STEPS_SHOWN = 12  # a beam figure's steps: at 1280 px wide, each column's labels stay apart
+BEAM_STEPS_SHOWN = 8  # a beam figure's steps: in half a 1280-pixel page, a column holds a word of 6 characters
 
 
 def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
@@ -182,33 +184,37 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
         x = [x for n in group for x in (n["parent_xy"][0], n["x"], None)]  # None: a break between edges
         y = [y for n in group for y in (n["parent_xy"][1], n["y"], None)]
         figure.add_scatter(x=x, y=y, mode="lines", line=line, hoverinfo="skip", showlegend=False)
-    figure.add_scatter(x=[0], y=[0], mode="markers+text", text=["prompt"], textposition="middle left", showlegend=False,
-                       marker=dict(size=12, color=COLOURS["ar"]), hoverinfo="skip")
+    figure.add_scatter(x=[0], y=[0], mode="markers+text", text=["prompt"], textposition="bottom center",  # in the plot
+                       showlegend=False, marker=dict(size=12, color=COLOURS["ar"]), hoverinfo="skip")
+    # a long run's labels would overlap: its last steps, room to their right for the last labels
+    last = len(events)
+    first = last - BEAM_STEPS_SHOWN + 1 if last > BEAM_STEPS_SHOWN else 0  # the first step shown
+    columns = last - first + 2  # the steps shown, and the prompt's column or the room right of the last
     for status, marker in BEAM_MARKERS.items():
         group = [n for n in nodes if n["status"] == status]
-        figure.add_scatter(
+        words = [decode(n["token"]) for n in group]
+        figure.add_scatter(  # a word cut where it would reach the next step's markers, none left of the first shown
             x=[n["x"] for n in group], y=[n["y"] for n in group], mode="markers+text", name=status, marker=marker,
-            text=[decode(n["token"]) for n in group], textposition="middle right",
-            textfont=dict(color="#9aa0a6", size=10) if status == "pruned" else None,
-            customdata=[[n["log_prob"], n["score"]] for n in group],
-            hovertemplate="%{text}<br>log p %{customdata[0]:.3f}, "
-                          "score %{customdata[1]:.3f}<extra>" + status + "</extra>",
+            text=[cell_text(word, columns, TREE_CHARACTERS) if n["x"] >= first else ""
+                  for n, word in zip(group, words, strict=True)],
+            textposition="middle right", textfont=dict(color="#9aa0a6", size=10) if status == "pruned" else None,
+            customdata=[[word, n["log_prob"], n["score"]] for n, word in zip(group, words, strict=True)],
+            hovertemplate="%{customdata[0]}<br>log p %{customdata[1]:.3f}, "
+                          "score %{customdata[2]:.3f}<extra>" + status + "</extra>",
         )
     path = [n for n in nodes if n["on_path"]]
     figure.add_scatter(x=[n["x"] for n in path], y=[n["y"] for n in path], mode="markers", name="chosen path",
                        hoverinfo="skip",
                        marker=dict(symbol="circle-open", size=20, color=COLOURS["accepted"], line=dict(width=3)))
     k = events[-1].data.num_beams if events else 0
-    done = " (done: the chosen answer in green)" if path else ""
-    # a long run's labels would overlap: its last steps, room to their right for the last labels
-    last = len(events)
-    shown = f", the last {BEAM_STEPS_SHOWN} shown" if last > BEAM_STEPS_SHOWN else ""
-    span = dict(range=[last - BEAM_STEPS_SHOWN + 0.5, last + 1.5]) if shown else {}
-    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps{shown}{done}",
+    notes = [f"the last {BEAM_STEPS_SHOWN} shown"] if first else []
+    notes += ["done: the chosen answer in green"] if path else []
+    span = dict(range=[first - 0.5, last + 1.5]) if first else {}
+    figure.update_layout(title=f"Beam search, {k} beams: {len(events)} steps<br><sup>{'; '.join(notes)}</sup>",
                          xaxis=dict(title="step (target pass)", dtick=1, **span),
                          yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
     rows = max((len(e.data.beams) for e in events), default=1)
-    return compact(figure).update_layout(height=max(320, 120 + 24 * rows))
+    return compact(figure).update_layout(margin=dict(t=80), height=max(320, 150 + 24 * rows))
 
 
 def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = None) -> go.Figure:
@@ -253,8 +259,6 @@ def pool_figure(events: list[StepEvent]) -> go.Figure:
 
 # symbol, key mark, meaning
 MARKS = {"copy": ("square", "■", "copied from the text"), "retrieved": ("diamond", "◆", "from earlier answers")}
-
-TREE_CHARACTERS = 60  # of a node's 12-pixel word, across the tree's depths: more would reach the next depth's marker
 
 TREE_KEY = (  # the tree's nodes, in words under its title
     (COLOURS["accepted"], "●", "accepted path"), (COLOURS["rejected"], "●", "rejected"),
