@@ -160,8 +160,9 @@ def test_the_app_refuses_a_model_it_cannot_load_with_a_sentence():
 
 
 def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded):
-    """The first run of a prompt streams AR before the method, drawn as the method is (so both pay
-    the same for drawing); the next run of the same prompt reuses it and streams the method at once."""
+    """The first run of a prompt streams AR before the method, drawn as the method is; the next run
+    of the same prompt reuses it and streams the method at once. Once timed, the speed plot shows the
+    timed runs."""
     on_generate = handler(build_app(embedded, presets=()), "on_generate")[0]
     inputs = page_inputs("Name a colour.", "speculative", 8)
     updates = list(on_generate(*inputs))
@@ -174,6 +175,11 @@ def test_the_ar_baseline_streams_first_then_the_run_is_compared_with_it(embedded
     assert '<span class="tok" data-origin="ar"' not in streamed[-1]
     # the last update holds the method's whole view again: a page that lost a streamed one ends on it
     assert updates[-1]["answer"] == streamed[-1] and updates[-1]["tree"].visible, updates[-1].keys()
+    # the speed plot ends on the timed runs the speedup comes from, not on the streams the page drew
+    assert "as streamed" in baseline[-1]["speed_plot"].layout.title.text
+    timed = updates[-1]["speed_plot"]
+    assert "timed run of median speed" in timed.layout.title.text
+    assert [trace.name for trace in timed.data] == ["speculative", "ar baseline"]
     again = list(on_generate(*inputs))
     assert not any("First the AR baseline" in u.get("answer", "") for u in again)
 

@@ -154,6 +154,8 @@ def test_speed_figure_has_both_runs():
     figure = speed_figure(run, baseline)
     assert [trace.name for trace in figure.data] == ["lookahead", "ar baseline"]
     assert list(figure.data[0].y) == [0, 3, 4] and list(figure.data[1].x)[-1] == 0.4
+    assert "as streamed" in figure.layout.title.text
+    assert "timed run" in speed_figure(run, baseline, timed=True).layout.title.text
 
 
 def test_explanations_say_what_happened():

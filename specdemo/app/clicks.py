@@ -105,13 +105,16 @@ class Timing:
 
 @dataclass(frozen=True)
 class Timed:
-    """Generate's timing rounds, done: the speedup's spread, each side's median run's stats and speed."""
+    """Generate's timing rounds, done: the speedup's spread, each side's median run's stats and speed,
+    and the events of those two runs (undrawn, as the speedup was measured)."""
 
     measured: Spread | None
     method_stats: dict
     ar_stats: dict
     method_speed: float
     ar_speed: float
+    method_events: list[StepEvent]
+    ar_events: list[StepEvent]
 
 
 @dataclass(frozen=True)
@@ -287,8 +290,9 @@ def generate_records(target: LoadedModel, baseline: tuple[list[StepEvent], Summa
         yield Stopped()
         return
     ar_runs, method_runs = timed
-    yield Timed(spread(speeds(method_runs), speeds(ar_runs)), stats(*median_run(method_runs)),
-                stats(*median_run(ar_runs)), median(speeds(method_runs)), median(speeds(ar_runs)))
+    method_median, ar_median = median_run(method_runs), median_run(ar_runs)
+    yield Timed(spread(speeds(method_runs), speeds(ar_runs)), stats(*method_median), stats(*ar_median),
+                median(speeds(method_runs)), median(speeds(ar_runs)), method_median[0], ar_median[0])
 
 
 def race_records(target: LoadedModel, prompt: str, names: list[str], max_new_tokens: int, plan: GpuPlan, stop: Deadline,

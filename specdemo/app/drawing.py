@@ -218,10 +218,12 @@ class GenerateDrawing:
         return self.after_answer(views.stats_html(self.run_stats, note=STOPPED, done=True), last=True)
 
     def on_timed(self, record: clicks.Timed) -> dict:
+        """The measured speedup, and the speed plot redrawn from the runs it was measured on."""
         table = views.stats_html({**self.run_stats, "tokens_per_s": record.method_speed}, record.measured,
                                  record.ar_speed, done=True)
         why = why_html(record.method_stats, record.ar_stats, self.answered.events, record.measured)
-        return {**self.after_answer(table, last=True), "why": why + self.verdict}
+        self.shown["speed_plot"] = views.speed_figure(record.method_events, record.ar_events, timed=True)
+        return {**self.after_answer(table, last=True), "why": why + self.verdict}  # the last update: all of `shown`
 
 
 def race_row(method, run_stats, baseline_stats, differs, summary, decode, reference=None, own_differs=None, why="",

@@ -290,8 +290,8 @@ def timed_events(
 
     The method runs in a worker thread, so the page updates while it decodes; this thread only
     waits, so its OpenMP workers go first (`threads.let_workers_go`: kept, they would slow the
-    worker's decoding). On a CPU, drawing still takes some of decoding's time; the app draws its AR
-    baseline the same way, so a speedup compares runs that paid alike. Closing this generator (the
+    worker's decoding). On a CPU, drawing still takes some of decoding's time, and not alike from
+    run to run, so a speedup is measured on undrawn runs (`timing_rounds`). Closing this generator (the
     Stop button) sets `stop`, which the method checks before each target pass."""
     steps: list[StepEvent] = []
     outcome: dict = {}
