@@ -222,6 +222,16 @@ def test_a_deep_trees_long_word_is_cut_before_the_next_depth_and_hovers_whole():
     assert shallow.text[0] == " photosynthesis"
 
 
+def test_a_figures_line_breaks_show_as_the_streams_guesses_do():
+    """A newline token in a tree or the Jacobi grid reads ↵, as a guess in the stream does: plotly
+    would draw it as a blank."""
+    lines = {2: "\n", 3: ":\n\n"}
+    nodes = tree_figure(medusa_step(), lambda token: lines.get(token, "x")).data[-1]
+    assert nodes.text[0] == "↵" and nodes.customdata[0][0] == "↵" and nodes.text[1] == ":↵↵"
+    grid = trajectory_figure([jacobi_event(0, 0, [2, 3], (), (), [None, None])], lines.get).data[0]
+    assert list(grid.text[0]) == ["↵", ":↵↵"]
+
+
 def test_a_swipe_over_the_grid_or_a_tree_scrolls_rather_than_zooms():
     """A phone shows the Jacobi grid and the trees at a computer's width, scrolled sideways by a
     swipe: neither figure takes a drag to zoom (tests/test_browser_views.py swipes one)."""

@@ -1,4 +1,5 @@
-"""The page's plots: pure functions from step events to plotly figures, each sharing the stream's colours."""
+"""The page's plots: pure functions from step events to plotly figures, each sharing the stream's colours and
+showing a token's line breaks as the stream shows a guess's (`html.apart`): as ↵, never as a blank."""
 
 from collections import Counter
 from collections.abc import Callable
@@ -6,7 +7,7 @@ from collections.abc import Callable
 import plotly.graph_objects as go
 
 from specdemo.app.views.explain import GUESSED, counted
-from specdemo.app.views.html import INLINE_REJECTED_LIMIT, own_origin
+from specdemo.app.views.html import INLINE_REJECTED_LIMIT, apart, own_origin
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import TreeStep
 
@@ -99,7 +100,7 @@ def trajectory_figure(block_events: list[StepEvent], decode: Callable[[int], str
         cells = [[0] * len(block_events[0].data.state)]
     else:
         cells = trajectory_cells(block_events)
-    tokens = [[decode(t) for t in e.data.state] for e in block_events]
+    tokens = [[apart(decode(t)) for t in e.data.state] for e in block_events]
     colours = [COLOURS["waiting"], "#a8dab5", COLOURS["accepted"], "#f4b400"]
     scale = [[i / 4 + edge / 4, colour] for i, colour in enumerate(colours) for edge in (0.0, 1.0)]
     figure = go.Figure(
@@ -192,7 +193,7 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
     columns = last - first + 2  # the steps shown, and the prompt's column or the room right of the last
     for status, marker in BEAM_MARKERS.items():
         group = [n for n in nodes if n["status"] == status]
-        words = [decode(n["token"]) for n in group]
+        words = [apart(decode(n["token"])) for n in group]
         figure.add_scatter(  # a word cut where it would reach the next step's markers, none left of the first shown
             x=[n["x"] for n in group], y=[n["y"] for n in group], mode="markers+text", name=status, marker=marker,
             text=[cell_text(word, columns, TREE_CHARACTERS) if n["x"] >= first else ""
@@ -303,7 +304,7 @@ def tree_figure(event: StepEvent, decode: Callable[[int], str], headline: str | 
     colour = [COLOURS["accepted"] if n in accepted else COLOURS["rejected"] if n in rejected else COLOURS["waiting"]
               for n in range(len(tokens))]
     marks = [None, *(MARKS.get(source) for source in data.tree.sources)]  # node 0 is the root
-    words = [decode(t) for t in tokens]
+    words = [apart(decode(t)) for t in tokens]
     figure.add_scatter(  # a word cut where it would reach the next depth's marker; the hover shows it whole
         x=depths, y=y, mode="markers+text", text=[cell_text(word, len(rows), TREE_CHARACTERS) for word in words],
         textposition="middle right", showlegend=False,
@@ -333,7 +334,7 @@ def tree_mask_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Figur
     for node, parent in enumerate(parents):
         lineage.append({node, *(lineage[parent] if parent >= 0 else ())})
     sees = [[j in lineage[i] for j in range(len(parents))] for i in range(len(parents))]
-    labels = [f"{i}:{decode(t)}" for i, t in enumerate(tokens)]
+    labels = [f"{i}:{apart(decode(t))}" for i, t in enumerate(tokens)]
     figure = go.Figure(go.Heatmap(z=[[int(v) for v in row] for row in sees], x=labels, y=labels, showscale=False,
                                   colorscale=[[0, "#ffffff"], [1, COLOURS["target"]]], xgap=1, ygap=1))
     figure.update_layout(title="Tree attention mask (row sees column)", yaxis_autorange="reversed")
@@ -371,7 +372,7 @@ def contrastive_figure(event: StepEvent, decode: Callable[[int], str]) -> go.Fig
         title=f"Step {event.step + 1}: chose {decode(data.chosen)!r}; the expert alone would take "
         f"{decode(data.expert_choice)!r}",
         barmode="group", yaxis=dict(title="log-probability", range=[floor, 1]), legend=dict(orientation="h", y=-0.25),
-        xaxis=dict(tickvals=positions, ticktext=[decode(c["token"]) for c in candidates]),
+        xaxis=dict(tickvals=positions, ticktext=[apart(decode(c["token"])) for c in candidates]),
     )
     return compact(figure)
 
