@@ -377,3 +377,19 @@ def test_titles_and_labels_count_one_token_and_one_pass_in_the_singular():
     assert "1 token committed in this pass" in beats_html(one, decode) and "1 tokens" not in beats_html(one, decode)
     frames = list(replay_frames([("ar", [replace(one, method="ar", elapsed_s=0.1)])], every_s=1.0))
     assert frames[-1][0][0].startswith("ar: 1 token, done")
+
+
+def test_a_plot_keeps_a_computers_width_on_a_phone_where_its_figure_would_overlap():
+    """The trees, the Jacobi grid and the beams keep a computer's width on a phone (a swipe to the
+    side); the charts beside them fit the screen. Their plots take the class with each figure."""
+    from specdemo.app.drawing import WIDE, view_updates
+    from specdemo.app.views import method_pictures
+
+    def classes(events):
+        return {name: update.elem_classes for name, update in view_updates(method_pictures(events, decode)).items()
+                if name != "method_html" and update.visible}
+
+    assert classes([medusa_step()]) == {"timeline": [], "tree": [WIDE], "best": [WIDE], "detail": []}
+    assert classes([beam_step()]) == {"timeline": [], "detail": [WIDE]}
+    jacobi = classes([jacobi_event(0, 0, [1, 2], (1,), (), [None, None])])
+    assert jacobi["trajectory"] == [WIDE] and jacobi["timeline"] == []

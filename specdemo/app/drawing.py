@@ -30,11 +30,14 @@ def preparing_html(record: clicks.Preparing) -> str:
 
 
 PLOTS = ("timeline", "detail", "trajectory", "tree", "best")
+WIDE = "specdemo-wide"  # the CSS class of a plot that keeps a computer's width on a phone (views/html.py)
 
 
 def view_updates(view: dict) -> dict:
-    """Updates for the method's plots (hidden when the method has none of that kind) and its HTML, by name."""
-    plots = {name: gr.Plot(value=view[name], visible=view[name] is not None) for name in PLOTS}
+    """Updates for the method's plots (hidden when the method has none of that kind) and its HTML, by
+    name; a plot whose figure needs a computer's width (`views.needs_width`) scrolls sideways on a phone."""
+    plots = {name: gr.Plot(value=view[name], visible=view[name] is not None,
+                           elem_classes=[WIDE] if views.needs_width(view[name]) else []) for name in PLOTS}
     return {**plots, "method_html": view["html"]}
 
 

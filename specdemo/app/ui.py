@@ -30,7 +30,6 @@ EXAMPLES = list(lesson.EXAMPLES)
 PLOT_LABELS = {"timeline": "Tokens per pass", "detail": "More of the method", "trajectory": "Jacobi trajectory",
                "tree": "The latest pass's candidate tree",
                "best": "The pass that committed the most"}
-WIDE_PLOTS = ("trajectory", "tree", "best")  # a computer's width on a phone too, a swipe to the side (views/html.py)
 FIRST = lesson.LESSON[1]  # the first screen's ready example: the lesson's speculative step, a gain that shows at once
 # method-neutral: it stays on the page while a lesson step or a person changes the method
 START_HERE = ("**Try it:** press Generate to watch the chosen method answer this prompt, its guesses in colour (see "
@@ -43,12 +42,6 @@ ONE_AT_A_TIME = MappingProxyType(dict(concurrency_id="model", concurrency_limit=
 def body_class_js(name: str) -> str:
     """Browser-side: the checkbox's value toggles a class of the page's body (no round trip)."""
     return f"(on) => {{ document.body.classList.toggle('{name}', on); return []; }}"
-
-
-def wide(plot: str) -> list[str]:
-    """The CSS classes of the plot named `plot`: `specdemo-wide` for the Jacobi grid and the trees,
-    whose words would overlap squeezed to a phone's width."""
-    return ["specdemo-wide"] if plot in WIDE_PLOTS else []
 
 
 def how_for(method: str) -> str:
@@ -239,12 +232,9 @@ def generate_tab(defaults: Defaults) -> GenerateTab:
         gr.HTML(views.legend_html())
         with gr.Row():
             with gr.Column():
-                trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False,
-                                          elem_classes=wide("trajectory"))
-                tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False,
-                                    elem_classes=wide("tree"))
-                best_plot = gr.Plot(label=PLOT_LABELS["best"], elem_id="best-plot", visible=False,
-                                    elem_classes=wide("best"))
+                trajectory_plot = gr.Plot(label=PLOT_LABELS["trajectory"], elem_id="trajectory-plot", visible=False)
+                tree_plot = gr.Plot(label=PLOT_LABELS["tree"], elem_id="tree-plot", visible=False)
+                best_plot = gr.Plot(label=PLOT_LABELS["best"], elem_id="best-plot", visible=False)
                 detail_plot = gr.Plot(label=PLOT_LABELS["detail"], elem_id="detail-plot", visible=False)
                 view_html = gr.HTML(elem_id="method-view")
             with gr.Column():
@@ -292,7 +282,7 @@ def step_through_tab() -> StepThroughTab:
         stream = gr.HTML(elem_id="step-stream")
         gr.HTML(views.legend_html())
         # titled as on Generate, not "Plot"
-        plots = {name: gr.Plot(label=PLOT_LABELS[name], visible=False, elem_classes=wide(name)) for name in PLOTS}
+        plots = {name: gr.Plot(label=PLOT_LABELS[name], visible=False) for name in PLOTS}
         html = gr.HTML()
     return StepThroughTab(step, back, forward, play, pause, pace, timer,
                           outputs={"answer": stream, **plots, "method_html": html, "explanation": explanation})

@@ -15,6 +15,7 @@ from specdemo.app.views.explain import (
 from specdemo.app.views.figures import (
     REFINED,
     jacobi_blocks,
+    needs_width,
     pass_cost_figure,
     race_figure,
     speed_figure,
@@ -52,6 +53,7 @@ __all__ = [
     "jacobi_blocks",
     "legend_html",
     "memory_cell",
+    "needs_width",
     "method_pictures",
     "pass_cost_figure",
     "pass_cost_sentence",

@@ -131,6 +131,12 @@ def swiped(figure: go.Figure) -> go.Figure:
     return figure.update_layout(dragmode=False).update_xaxes(fixedrange=True).update_yaxes(fixedrange=True)
 
 
+def needs_width(figure: go.Figure | None) -> bool:
+    """Whether `figure` keeps a computer's width on a phone, a swipe to the side: those drawn `swiped`
+    (the Jacobi grid, the trees, the beams), whose words would overlap squeezed to a phone's width."""
+    return figure is not None and figure.layout.dragmode is False
+
+
 def cell_text(token: str, columns: int, characters: int = TRAJECTORY_CHARACTERS) -> str:
     """`token` as a grid of `columns` cells shows it: cut, with an ellipsis, where it would spill into
     its neighbours (`characters` fit the grid's width; the hover shows it whole)."""
@@ -215,7 +221,7 @@ def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Fig
                          xaxis=dict(title="step (target pass)", dtick=1, **span),
                          yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.25))
     rows = max((len(e.data.beams) for e in events), default=1)
-    return compact(figure).update_layout(margin=dict(t=80), height=max(320, 150 + 24 * rows))
+    return swiped(compact(figure).update_layout(margin=dict(t=80), height=max(320, 150 + 24 * rows)))
 
 
 def speed_figure(events: list[StepEvent], baseline: list[StepEvent] | None = None, timed: bool = False) -> go.Figure:
