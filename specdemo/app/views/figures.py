@@ -179,7 +179,8 @@ BEAM_STEPS_SHOWN = 8  # a beam figure's steps: in half a 1280-pixel page, a colu
 def beam_figure(events: list[StepEvent], decode: Callable[[int], str]) -> go.Figure:
     """Beam search so far as a tree: one column per step, each candidate under the beam it extends,
     kept beams filled, finished hypotheses as squares, pruned candidates hollow and grey; once the
-    run is done, the chosen answer's path in green. Hover shows each log-probability and score."""
+    run is done, the chosen answer's path in green. A long run shows its last BEAM_STEPS_SHOWN steps,
+    each word cut to its column (`cell_text`); hover shows it whole, with its log-probability and score."""
     nodes = beam_nodes(events)
     figure = go.Figure()
     edges = {  # name: (the nodes whose edge to their parent it draws, line style)
