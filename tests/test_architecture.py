@@ -13,7 +13,7 @@ METHODS = {"ar", "speculative", "draft_tree", "static_draft_tree", "device_draft
            "prompt_lookup", "retrieval", "medusa_heads", "medusa_tree", "medusa", "lookahead", "jacobi", "cllm", "beam",
            "contrastive"}
 # a package: its `__init__` and its modules
-VIEWS = {"views", "views.html", "views.figures", "views.pictures", "views.explain"}
+VIEWS = {"views", "views.html", "views.figures", "views.trees", "views.pictures", "views.explain"}
 APP = {"ui", "ui_offload", "ui_settings", "handlers", "targets", "drawing", *VIEWS, "live", "limits", "lesson",
        "one_run", "zerogpu", "clicks", "wiring"}
 LAYERS = {"core": CORE, "methods": METHODS, "app": APP}  # each layer is a folder of specdemo/

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from specdemo.app.views.figures import beam_figure, beam_nodes
+from specdemo.app.views.trees import beam_figure, beam_nodes
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.events import StepEvent, Summary, final_summary
 from specdemo.core.sampling import SamplingConfig
@@ -190,7 +190,7 @@ def test_figure_draws_kept_pruned_and_the_chosen_path(tiny_model, prompt_ids):
 
 
 def test_a_long_runs_figure_shows_its_last_steps_so_its_labels_stay_apart(tiny_model, prompt_ids):
-    from specdemo.app.views.figures import BEAM_STEPS_SHOWN
+    from specdemo.app.views.trees import BEAM_STEPS_SHOWN
 
     events, _ = run(tiny_model, prompt_ids, 2, 24, 62)
     assert len(events) > BEAM_STEPS_SHOWN
@@ -202,7 +202,7 @@ def test_a_long_runs_figure_shows_its_last_steps_so_its_labels_stay_apart(tiny_m
 
 
 def test_a_beam_figures_words_stop_before_the_next_step_and_hover_whole(tiny_model, prompt_ids):
-    from specdemo.app.views.figures import BEAM_STEPS_SHOWN, TREE_CHARACTERS
+    from specdemo.app.views.trees import BEAM_STEPS_SHOWN, TREE_CHARACTERS
 
     events, _ = run(tiny_model, prompt_ids, 2, 24, 62)
     word = lambda token: f" word{token:05d}"  # noqa: E731  longer than a column holds

@@ -164,7 +164,8 @@ def test_a_tree_step_is_drawn_and_explained(tiny_model, prompt_ids):
     """The app's views read the step's tree like Medusa's: the accepted branch in green, the
     draft's favourite continuation after it in red, and a sentence that says what happened."""
     from specdemo.app.views.explain import explain_step
-    from specdemo.app.views.figures import COLOURS, tree_figure
+    from specdemo.app.views.figures import COLOURS
+    from specdemo.app.views.trees import tree_figure
     from specdemo.core.events import acceptance_by_position
 
     events = speculative.generate(tiny_model, prompt_ids, draft=feature_draft(tiny_model), max_new_tokens=40, gamma=3,
@@ -261,7 +262,7 @@ def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said,
     """Copied nodes are squares, retrieved ones (earlier answers) diamonds, and the sentence says how
     many of each were in the tree and among the accepted tokens."""
     from specdemo.app.views.explain import explain_step
-    from specdemo.app.views.figures import tree_figure
+    from specdemo.app.views.trees import tree_figure
 
     data = TreeStep(  # the root 5; 7 and 8 below it, 9 below 7, 4 below 9
         tree=Proposal((7, 8, 9, 4), (-1, -1, 0, 2), tuple(sources)), root_token=5,
@@ -271,8 +272,12 @@ def test_guessed_branches_are_drawn_and_explained(sources, symbols, title, said,
                      data=data)
     figure = tree_figure(step, str)
     assert list(figure.data[-1].marker.symbol) == ["circle"] * (5 - len(symbols)) + symbols
-    assert title in figure.layout.title.text and "copied from the text" in figure.layout.title.text \
-        and "from earlier answers" in figure.layout.title.text
+    # the key names each mark in the headline's words; a node's hover says where it came from
+    assert title in figure.layout.title.text and "■</span> copied" in figure.layout.title.text \
+        and "◆</span> retrieved" in figure.layout.title.text
+    meanings = [meaning for _, meaning in figure.data[-1].customdata]
+    assert meanings.count("copied from the text") == sources.count("copy")
+    assert meanings.count("from earlier answers") == sources.count("retrieved")
     text = explain_step(step, str)
     assert "for 3 tokens" in text and all(words in text for words in said) \
         and not any(words in text for words in unsaid), text

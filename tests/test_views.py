@@ -14,10 +14,9 @@ from specdemo.app.views.figures import (
     step_timeline_figure,
     trajectory_cells,
     trajectory_figure,
-    tree_figure,
-    tree_mask_figure,
 )
 from specdemo.app.views.html import legend_html, lookahead_html, stream_html
+from specdemo.app.views.trees import tree_figure, tree_mask_figure
 from specdemo.core.events import StepEvent
 from specdemo.core.steps import BeamStep, ChainStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 from specdemo.core.verify import Proposal
@@ -393,3 +392,25 @@ def test_a_plot_keeps_a_computers_width_on_a_phone_where_its_figure_would_overla
     assert classes([beam_step()]) == {"timeline": [], "detail": [WIDE]}
     jacobi = classes([jacobi_event(0, 0, [1, 2], (1,), (), [None, None])])
     assert jacobi["trajectory"] == [WIDE] and jacobi["timeline"] == []
+
+
+def test_titles_fit_a_half_page_plot_on_a_projectors_page():
+    """Every line of a title stays inside a half-page plot on a 1024-pixel page: a headline of at
+    most 60 characters, a key of at most KEY_CHARACTERS; the top margin holds all its lines."""
+    import html as html_text
+
+    from specdemo.app.views import method_pictures
+    from specdemo.app.views.figures import KEY_CHARACTERS, title_margin
+
+    jacobi = [replace(jacobi_event(0, 0, [1, 2], (1,), (1,), [None, None]), proposed=(1, 2))]
+    figures = [*method_pictures([medusa_step()], decode).values(), *method_pictures([beam_step()], decode).values(),
+               *method_pictures(jacobi, decode).values(), trajectory_figure(jacobi, decode, before=True)]
+    titles = [figure.layout.title.text for figure in figures if figure is not None and not isinstance(figure, str)]
+    assert len(titles) >= 6 and sum("<sup>" in title for title in titles) >= 4
+    for title in titles:
+        for line in title.split("<br>"):
+            shown = html_text.unescape(re.sub(r"<[^>]+>", "", line))
+            assert len(shown) <= (KEY_CHARACTERS if "<sup>" in line else 60), (shown, len(shown))
+    best = method_pictures(jacobi, decode)["best"]  # two headlines and a key
+    assert best.layout.title.text.count("<br>") == 2 and best.layout.margin.t == title_margin(best.layout.title.text)
+    assert title_margin(best.layout.title.text) > title_margin(tree_figure(medusa_step(), decode).layout.title.text)

@@ -7,16 +7,14 @@ import plotly.graph_objects as go
 from specdemo.app.views.explain import counted
 from specdemo.app.views.figures import (
     acceptance_by_position_figure,
-    beam_figure,
     contrastive_figure,
     jacobi_blocks,
     pool_figure,
     step_timeline_figure,
     trajectory_figure,
-    tree_figure,
-    tree_mask_figure,
 )
 from specdemo.app.views.html import lookahead_html
+from specdemo.app.views.trees import beam_figure, tree_figure, tree_mask_figure
 from specdemo.core.events import StepEvent, acceptance_by_position
 from specdemo.core.steps import BeamStep, ChainStep, ContrastiveStep, JacobiStep, LookaheadStep, SamplingCheck, TreeStep
 
@@ -70,13 +68,10 @@ def best_pictures(events: list[StepEvent], decode: Callable[[int], str]) -> tupl
     best = best_event(proposing)
     data, tokens = best.data, counted(len(best.committed), "token", "tokens")
     if isinstance(data, TreeStep):
-        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {tokens} (tree of "
-                           f"{data.tree.size})"), ""
+        return tree_figure(best, decode, f"{BEST}: step {best.step + 1}, {tokens}"), ""
     if isinstance(data, JacobiStep):
         block = next(b for b in jacobi_blocks(events) if best in b)
-        figure = trajectory_figure(block, decode)
-        return figure.update_layout(title=f"{BEST}: step {best.step + 1}, {tokens}, in this "
-                                    f"block<br>{figure.layout.title.text}"), ""
+        return trajectory_figure(block, decode, above=f"{BEST}: step {best.step + 1}, {tokens}"), ""
     if isinstance(data, LookaheadStep):
         return None, (f"<h4>{BEST} (step {best.step + 1}, {tokens})</h4>"
                       f"{lookahead_html(best, decode)}")
