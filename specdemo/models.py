@@ -35,7 +35,7 @@ from specdemo import placement
 from specdemo.core.errors import SpecDemoError
 from specdemo.core.grouped_attention import use_grouped_attention
 from specdemo.core.prepack import cpu_multiplies_bfloat16, prepack
-from specdemo.core.process import threads_within_quota
+from specdemo.core.process import settle_vector_math, threads_within_quota
 from specdemo.core.recorder import eos_token_ids_of
 from specdemo.core.static import CompiledPass, compile_passes, default_compile
 
@@ -208,6 +208,7 @@ def load_model(
     user asked for it.
     """
     threads_within_quota()  # a container's CPU quota, not the host's cores it sees (`core.process`)
+    settle_vector_math()  # MKL's kernels picked on one thread, before any pass (`core.process`)
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype, torch_device)
     source, model, tokenizer = read_model(spec, torch_dtype, trust_remote_code)

@@ -23,6 +23,14 @@ LONGEST_FIRST = ("test_browser_lesson.py", "test_browser_views.py", "test_browse
                  "test_medusa.py", "test_lesson_prompts.py", "test_distill.py", "test_eagle.py", "test_offload.py")
 
 
+def pytest_sessionstart(session):
+    """MKL's vector math settled on one thread, as `load_model` does (`core.process`): the tiny models here
+    are built, not loaded, and a method's answer is compared with AR's in the same process."""
+    from specdemo.core.process import settle_vector_math
+
+    settle_vector_math()
+
+
 def pytest_collection_modifyitems(items):
     """The modules in LONGEST_FIRST's order, the rest after them as collected; tests within a module keep theirs."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}

@@ -1,6 +1,7 @@
 """`core.threads`: a thread that hands torch work to another lets its OpenMP workers go, so the
 process keeps no more workers than it has CPUs while the other decodes (the module says why); and
-`core.process`: torch starts no more threads than a container's CPU quota grants."""
+`core.process`: torch starts no more threads than a container's CPU quota grants, and MKL's vector
+math picks its kernels on one thread before any pass."""
 
 import os
 import threading
@@ -122,3 +123,36 @@ def test_torch_uses_no_more_threads_than_the_quota_grants_and_at_least_one(two_t
     assert threads_within_quota(1.5) == 1 and torch.get_num_threads() == 1
     torch.set_num_threads(2)
     assert threads_within_quota(0.5) == 1  # less than one CPU: still one thread
+
+
+def test_settling_vector_math_calls_each_function_once_on_one_element_in_float32_and_float64():
+    """One element runs on the calling thread alone: no first call of MKL's races another thread's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specdemo.core.process import VECTOR_MATH, settle_vector_math
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if args and isinstance(args[0], torch.Tensor):
+                calls.append((func.overloadpacket.__name__, args[0].dtype, args[0].numel()))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        settle_vector_math()
+    settled = [call for call in calls if call[0] in VECTOR_MATH]
+    assert sorted(settled, key=str) == sorted(((name, dtype, 1) for name in VECTOR_MATH
+                                               for dtype in (torch.float32, torch.float64)), key=str)
+    assert {"cos", "sin", "exp", "sqrt", "tanh"} <= set(VECTOR_MATH)  # a rotary embedding's and activations' own
+
+
+def test_a_load_settles_vector_math_before_it_reads_the_model(monkeypatch, tmp_path):
+    from specdemo import models
+    from specdemo.core.errors import SpecDemoError
+
+    settled = []
+    monkeypatch.setattr(models, "settle_vector_math", lambda: settled.append(True))
+    with pytest.raises(SpecDemoError):
+        models.load_model(str(tmp_path / "missing.gguf"), "float32", "cpu")
+    assert settled == [True]

@@ -16,6 +16,14 @@
   two. torch sizes its threads by the cores it sees, and a pass's parallel parts wait for the
   slowest of them, so threads beyond the quota only wait for the scheduler: they are cut to the
   whole CPUs the cgroup's quota grants (at least one). Made when a model loads.
+- **MKL's vector math settled on one thread** (`settle_vector_math`): ATen hands float32 and
+  float64 unary functions (cos, sin, exp, sqrt, tanh...) to oneMKL's vector math, which picks
+  each function's kernel at its first call. With oneMKL before 2025 (torch's wheels link 2024.2),
+  a first call that runs on several threads at once may run one thread's part on a low-accuracy
+  kernel for that call (pytorch/pytorch#188792): a rotary embedding's cosines off by 1e-4, enough
+  to flip a greedy near-tie, so a process's first answer could part from its next. One call of
+  each on one element, which runs on the calling thread alone, settles every kernel first. Made
+  when a model loads.
 
 Each is idempotent: making it twice is making it once.
 """
@@ -43,6 +51,20 @@ def compiling_on_cpu() -> None:
     if hasattr(config, "recompile_limit"):  # its newer name; torch reads both
         config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_PROCESS)
     torch._inductor.config.freezing = True
+
+
+# the unary functions ATen hands to oneMKL's vector math, for float32 and float64 tensors
+VECTOR_MATH = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin",
+               "sqrt", "tan", "tanh", "trunc")
+
+
+def settle_vector_math() -> None:
+    """Each VECTOR_MATH function called once on one element (within every one's domain), float32
+    and float64, on the calling thread (the module's docstring says why)."""
+    for dtype in (torch.float32, torch.float64):
+        half = torch.full((1,), 0.5, dtype=dtype)
+        for name in VECTOR_MATH:
+            getattr(torch, name)(half)
 
 
 def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float | None:
