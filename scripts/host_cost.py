@@ -2,8 +2,9 @@
 step outside the target's pass is host work: Python, and one launch per torch operation outside a
 graph. Here every graph of the target, the draft (a static tree's levels too), the CLLM and Medusa's
 heads runs through the replaying stand-ins of tests/test_graphs.py, and for each method this
-prints the time a step outside the replays and the torch operations a step outside them (the
-prompt's pass is no step's work): all, then those that do more than make a view (on a GPU, a
+prints the time a step outside the replays, the part of it that runs torch operations (the rest is
+Python and torch's dispatch, which a GPU's host pays as well), and the torch operations a step
+outside them (the prompt's pass is no step's work): all, then those that do more than make a view (on a GPU, a
 launch each where they act on its tensors), by kind; and the operations inside the replays,
 besides views and casts (a reshape or `contiguous` counts where it copies): the kernels a step's
 graphs hold on a GPU, where each costs a few microseconds whatever it computes (AR's: one target
@@ -64,17 +65,22 @@ class Clock:
 
 
 class Operations(TorchDispatchMode):
-    """Counts torch operations by kind, outside replays (`kinds`) and inside them (`graphed`)."""
+    """Counts torch operations by kind, outside replays (`kinds`) and inside them (`graphed`), and
+    the seconds the former take to run (`seconds`; this mode's own bookkeeping is not in them)."""
 
     def __init__(self, clock: Clock):
         super().__init__()
-        self.clock, self.kinds, self.graphed = clock, Counter(), Counter()
+        self.clock, self.kinds, self.graphed, self.seconds = clock, Counter(), Counter(), 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        started = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        ran = time.perf_counter() - started
         kind = func.overloadpacket.__name__
         if kind in MAYBE_COPIES:
             kind = f"{kind} (a copy)" if out.data_ptr() != args[0].data_ptr() else "view"
+        if not self.clock.replaying:
+            self.seconds += ran
         (self.graphed if self.clock.replaying else self.kinds)[kind] += 1
         return out
 
@@ -155,8 +161,10 @@ def main() -> None:
         work = Counter({kind: count for kind, count in ops.kinds.items() if kind not in VIEWS})
         kinds = ", ".join(f"{kind} {count / counted:.1f}" for kind, count in work.most_common(8))
         kernels = sum(count for kind, count in ops.graphed.items() if kind not in VIEWS | {"to"})
-        print(f"{name}: {1000 * outside / steps:.2f} ms a step outside the replays; torch operations a step outside "
-              f"them {sum(ops.kinds.values()) / counted:.1f}, {sum(work.values()) / counted:.1f} besides views "
+        print(f"{name}: {1000 * outside / steps:.2f} ms a step outside the replays, "
+              f"{1000 * ops.seconds / counted:.2f} ms of it running torch operations; "
+              f"torch operations a step outside them {sum(ops.kinds.values()) / counted:.1f}, "
+              f"{sum(work.values()) / counted:.1f} besides views "
               f"({kinds}, ...); inside them {kernels / counted:.1f} besides views and casts", flush=True)
 
 
