@@ -4,11 +4,11 @@ graph. Here every graph of the target, the draft (a static tree's levels too), t
 heads runs through the replaying stand-ins of tests/test_graphs.py, and for each method this
 prints the time a step outside the replays, the part of it that runs torch operations (the rest is
 Python and torch's dispatch, which a GPU's host pays as well), and the torch operations a step
-outside them (the prompt's pass is no step's work): all, then those that do more than make a view (on a GPU, a
-launch each where they act on its tensors), by kind; and the operations inside the replays,
-besides views and casts (a reshape or `contiguous` counts where it copies): the kernels a step's
-graphs hold on a GPU, where each costs a few microseconds whatever it computes (AR's: one target
-pass).
+outside them (the prompt's pass is no step's work): all, then those that do more than make a view
+(on a GPU, a launch each where they act on its tensors), by kind; and the operations inside the
+replays, besides views and casts (a reshape or `contiguous` counts where it copies): the kernels a
+step's graphs hold on a GPU, where each costs a few microseconds whatever it computes (AR's: one
+target pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
         [--set speculative.static_tree=true ...]
@@ -79,9 +79,11 @@ class Operations(TorchDispatchMode):
         kind = func.overloadpacket.__name__
         if kind in MAYBE_COPIES:
             kind = f"{kind} (a copy)" if out.data_ptr() != args[0].data_ptr() else "view"
-        if not self.clock.replaying:
+        if self.clock.replaying:
+            self.graphed[kind] += 1
+        else:
+            self.kinds[kind] += 1
             self.seconds += ran
-        (self.graphed if self.clock.replaying else self.kinds)[kind] += 1
         return out
 
 
