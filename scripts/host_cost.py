@@ -11,11 +11,14 @@ step's graphs hold on a GPU, where each costs a few microseconds whatever it com
 target pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
-        [--set speculative.static_tree=true ...]
+        [--set speculative.static_tree=true ...] [--tiny]
 
 The operations do not depend on the machine. The time does, and on a CPU it also holds the eager
-products (a draft's logits, the target's argmax) that a GPU runs in microseconds, so compare it
-only between runs on one machine. Trees are sized as on a CPU (`static.fitted_size`).
+products (a draft's logits, the target's argmax) that a GPU runs in microseconds, and the Python
+after a replay runs in caches the replay evicted, so compare it only between runs on one machine.
+Trees are sized as on a CPU (`static.fitted_size`). `--tiny` runs each method as
+tests/test_conformance.py configures it, on its tiny random models, where neither holds: its time
+is Python and dispatch, the part of a step a GPU's host pays whatever the model.
 """
 
 import argparse
@@ -26,9 +29,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_conformance import configurations  # noqa: E402
 from test_graphs import ReplayedFunctionGraphs, ReplayedGraphs  # noqa: E402
 
 from specdemo.bench import parse_settings  # noqa: E402
@@ -37,11 +42,17 @@ from specdemo.core.static import BUCKETS, DRAFT_BUCKETS, CompiledPass, joined_fo
 from specdemo.methods import get_method, method_options  # noqa: E402
 from specdemo.models import load_model  # noqa: E402
 
+from conftest import make_tiny_model  # noqa: E402
+
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
 VIEWS = frozenset({"alias", "as_strided", "chunk", "detach", "detach_", "expand", "lift_fresh", "permute",
                    "resolve_conj", "resolve_neg", "select", "slice", "split", "split_with_sizes", "squeeze", "t",
                    "transpose", "unbind", "unfold", "unsqueeze", "view", "_unsafe_view"})
 MAYBE_COPIES = frozenset({"reshape", "contiguous"})  # a copy where the input's layout allows no view: counted then
+# with --tiny: each method's configuration in tests/test_conformance.py, and its prompt
+TINY = {"ar": "ar", "speculative": "speculative, feature draft, tree", "medusa": "medusa, dynamic tree",
+        "lookahead": "lookahead", "cllm": "cllm, lookahead"}
+TINY_PROMPT = torch.tensor([[5, 17, 42, 8, 63, 21]])
 PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
            "Explain how a refrigerator works, step by step, for a ten-year-old.")
 
@@ -116,10 +127,32 @@ def stand_ins(clock: Clock):
     return graphed, Functions
 
 
+def graphed_companions(options: dict, model, graphed, functions) -> dict:
+    """The graphed passes of `model` and of the companions in a method's `options`, as
+    `static.compile_passes` gives them with CUDA (a CLLM's model is `model` here)."""
+    given = {"passes": graphed(model, BUCKETS, "target")}
+    if "draft" in options:
+        given["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
+    if "cllm_model" in options:
+        given["cllm_passes"] = given["passes"]
+    if "heads" in options:
+        given["heads_passes"] = functions()
+    return given
+
+
+def timed_answer(events, clock: Clock, ops: Operations | None) -> tuple[float, int]:
+    """(seconds outside replays, steps) of one answer's `events`; the prompt's pass (eager where it
+    is wider than every bucket) is no step's work and counts in neither."""
+    first = next(events)
+    clock.inside, started = 0.0, time.perf_counter()
+    with ops or contextlib.nullcontext():
+        rest = list(events)
+    return time.perf_counter() - started - clock.inside, final_summary([first, *rest]).target_forwards - 1
+
+
 def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None,
             settings: dict | None = None):
-    """(seconds outside replays, steps) of `name` answering PROMPTS with `settings`; the prompt's
-    pass (eager where it is wider than every bucket) is no step's work and counts in neither."""
+    """(seconds outside replays, steps) of `name` answering PROMPTS with `settings`."""
     options = dict(method_options(name, target)) | (settings or {})
     if options.get("draft_passes") is None and "draft" in options:
         options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
@@ -127,17 +160,24 @@ def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens:
         options["cllm_passes"] = graphed(options["cllm_model"], BUCKETS, "target")
     if "heads" in options:
         options["heads_passes"] = functions()
-    outside, steps = 0.0, 0
-    for prompt in PROMPTS:
-        events = get_method(name).generate(target.model, target.encode_chat(prompt), max_new_tokens=tokens,
-                                           passes=passes, **options)
-        first = next(events)
-        clock.inside, started = 0.0, time.perf_counter()
-        with ops or contextlib.nullcontext():
-            rest = list(events)
-        outside += time.perf_counter() - started - clock.inside
-        steps += final_summary([first, *rest]).target_forwards - 1
-    return outside, steps
+    answers = [timed_answer(get_method(name).generate(target.model, target.encode_chat(prompt),
+                                                      max_new_tokens=tokens, passes=passes, **options), clock, ops)
+               for prompt in PROMPTS]
+    return sum(outside for outside, _ in answers), sum(steps for _, steps in answers)
+
+
+def measure_tiny(name: str, graphed, functions, clock: Clock, tokens: int, ops: Operations | None):
+    """(seconds outside replays, steps) of `name` in `tests/test_conformance.py`'s configuration
+    (TINY) on its tiny random models, whose operations cost microseconds: the time is Python and
+    torch's dispatch, what a GPU's host pays, without the embedded model's eager products and the
+    caches its replays evict. Its trees are the tests' (smaller than the embedded model's) and it
+    retrieves from no datastore."""
+    target = make_tiny_model()
+    generate, options, model = configurations(target, make_tiny_model(seed=1))[TINY[name]]
+    answer = functools.partial(generate, model, TINY_PROMPT, max_new_tokens=tokens, eos_token_ids=(), **options,
+                               **graphed_companions(options, model, graphed, functions))
+    list(answer())  # the first answer captures what its first use does (a tree's look-back passes)
+    return timed_answer(answer(), clock, ops)
 
 
 def main() -> None:
@@ -147,15 +187,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--set", action="append", default=[], metavar="METHOD.SETTING=VALUE",
                         help="a method's setting, as the bench takes it")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' tiny random models: Python and dispatch, not the embedded model's products")
     args = parser.parse_args()
     methods = args.methods.split(",")
     settings = parse_settings(args.set, methods)
-    target = load_model(dtype=args.dtype)
+    if args.tiny and args.set:
+        parser.error("--set takes the embedded model's settings; --tiny runs the tests' configurations")
     clock = Clock()
     graphed, functions = stand_ins(clock)
-    passes = graphed(target.model, BUCKETS, "target")
-    for name in methods:
-        run = functools.partial(measure, target, name, passes, graphed, functions, clock, settings=settings[name])
+    if args.tiny:
+        runs = {name: functools.partial(measure_tiny, name, graphed, functions, clock) for name in methods}
+    else:
+        target = load_model(dtype=args.dtype)
+        passes = graphed(target.model, BUCKETS, "target")
+        runs = {name: functools.partial(measure, target, name, passes, graphed, functions, clock,
+                                        settings=settings[name]) for name in methods}
+    for name, run in runs.items():
         run(16, None)  # loads the companions, captures
         outside, steps = run(args.tokens, None)
         ops = Operations(clock)

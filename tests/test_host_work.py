@@ -14,7 +14,6 @@ import torch
 from test_conformance import configurations
 
 from specdemo.core.events import final_summary
-from specdemo.core.static import BUCKETS, DRAFT_BUCKETS
 
 from conftest import load_script, make_tiny_model
 
@@ -35,13 +34,7 @@ def test_a_step_stays_within_its_operations_outside_the_graphs(host_cost, prompt
     generate, options, model = configurations(target, make_tiny_model(seed=1))[name]
     clock = host_cost.Clock()
     graphed, functions = host_cost.stand_ins(clock)  # as `static.compile_passes` with CUDA
-    given = {"passes": graphed(model, BUCKETS, "target")}
-    if "draft" in options:
-        given["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
-    if "cllm_model" in options:
-        given["cllm_passes"] = given["passes"]
-    if "heads" in options:
-        given["heads_passes"] = functions()
+    given = host_cost.graphed_companions(options, model, graphed, functions)
     walks, parameters = [], torch.nn.Module.parameters
 
     def walked(module, *args, **kwargs):  # outside the graphs: a replay's Python runs on a CPU only
@@ -59,3 +52,13 @@ def test_a_step_stays_within_its_operations_outside_the_graphs(host_cost, prompt
     assert steps > 4 and operations.graphed  # the passes replayed their graphs
     assert work / steps <= BUDGETS[name], dict(operations.kinds)
     assert not walks
+
+
+@pytest.mark.parametrize("name", ["ar", "speculative", "medusa", "lookahead", "cllm"])
+def test_the_tiny_mode_times_each_method_outside_the_graphs(host_cost, name):
+    """`host_cost.py --tiny`: each method's configuration here, its steps timed outside the replays."""
+    clock = host_cost.Clock()
+    graphed, functions = host_cost.stand_ins(clock)
+    operations = host_cost.Operations(clock)
+    outside, steps = host_cost.measure_tiny(name, graphed, functions, clock, 32, operations)
+    assert steps > 4 and outside > 0 and operations.graphed and sum(operations.kinds.values()) > 0
