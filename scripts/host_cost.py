@@ -11,14 +11,15 @@ step's graphs hold on a GPU, where each costs a few microseconds whatever it com
 target pass).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
-        [--set speculative.static_tree=true ...] [--tiny]
+        [--set speculative.static_tree=true ...] [--tiny [--cold]]
 
 The operations do not depend on the machine. The time does, and on a CPU it also holds the eager
 products (a draft's logits, the target's argmax) that a GPU runs in microseconds, and the Python
 after a replay runs in caches the replay evicted, so compare it only between runs on one machine.
 Trees are sized as on a CPU (`static.fitted_size`). `--tiny` runs each method as
 tests/test_conformance.py configures it, on its tiny random models, where neither holds: its time
-is Python and dispatch, the part of a step a GPU's host pays whatever the model.
+is Python and dispatch, the part of a step a GPU's host pays whatever the model; with `--cold`
+each replay then writes 256 MB, as the embedded model's replays evict a CPU's caches.
 """
 
 import argparse
@@ -29,6 +30,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -58,10 +60,12 @@ PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in
 
 
 class Clock:
-    """Seconds spent inside replays, and whether one runs now."""
+    """Seconds spent inside replays, and whether one runs now. `evict`: bytes each replay then
+    writes (numpy's, no torch operation), as a model's replays on a CPU evict its caches."""
 
-    def __init__(self):
+    def __init__(self, evict: int = 0):
         self.inside, self.replaying = 0.0, False
+        self.evicting = numpy.zeros(evict // 8) if evict else None
 
     def timed(self, replay):
         """`replay`, its time and operations not the host's (a capture too: once, not a step's)."""
@@ -70,6 +74,8 @@ class Clock:
             try:
                 return replay(*args)
             finally:
+                if self.evicting is not None:
+                    self.evicting += 1
                 self.inside += time.perf_counter() - started
                 self.replaying = False
         return run
@@ -189,12 +195,14 @@ def main() -> None:
                         help="a method's setting, as the bench takes it")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' tiny random models: Python and dispatch, not the embedded model's products")
+    parser.add_argument("--cold", action="store_true",
+                        help="each replay then writes 256 MB, as the embedded model's evict a CPU's caches")
     args = parser.parse_args()
     methods = args.methods.split(",")
     settings = parse_settings(args.set, methods)
     if args.tiny and args.set:
         parser.error("--set takes the embedded model's settings; --tiny runs the tests' configurations")
-    clock = Clock()
+    clock = Clock(256 << 20 if args.cold else 0)
     graphed, functions = stand_ins(clock)
     if args.tiny:
         runs = {name: functools.partial(measure_tiny, name, graphed, functions, clock) for name in methods}

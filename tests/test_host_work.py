@@ -62,3 +62,8 @@ def test_the_tiny_mode_times_each_method_outside_the_graphs(host_cost, name):
     operations = host_cost.Operations(clock)
     outside, steps = host_cost.measure_tiny(name, graphed, functions, clock, 32, operations)
     assert steps > 4 and outside > 0 and operations.graphed and sum(operations.kinds.values()) > 0
+    cold = host_cost.Clock(evict=1 << 20)  # `--cold`: writes after each replay, which count as no operation
+    graphed, functions = host_cost.stand_ins(cold)
+    evicted = host_cost.Operations(cold)
+    assert host_cost.measure_tiny(name, graphed, functions, cold, 32, evicted)[1] == steps
+    assert evicted.kinds == operations.kinds and evicted.graphed == operations.graphed
