@@ -176,8 +176,7 @@ def measure_tiny(name: str, graphed, functions, clock: Clock, tokens: int, ops: 
     """(seconds outside replays, steps) of `name` in `tests/test_conformance.py`'s configuration
     (TINY) on its tiny random models, whose operations cost microseconds: the time is Python and
     torch's dispatch, what a GPU's host pays, without the embedded model's eager products and the
-    caches its replays evict. Its trees are the tests' (smaller than the embedded model's) and it
-    retrieves from no datastore."""
+    caches its replays evict. Its trees take the tests' settings, and it retrieves from no datastore."""
     target = make_tiny_model()
     generate, options, model = configurations(target, make_tiny_model(seed=1))[TINY[name]]
     answer = functools.partial(generate, model, TINY_PROMPT, max_new_tokens=tokens, eos_token_ids=(), **options,
