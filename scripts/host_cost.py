@@ -8,7 +8,9 @@ outside them (the prompt's pass is no step's work): all, then those that do more
 (on a GPU, a launch each where they act on its tensors), by kind; and the operations inside the
 replays, besides views and casts (a reshape or `contiguous` counts where it copies): the kernels a
 step's graphs hold on a GPU, where each costs a few microseconds whatever it computes (AR's: one
-target pass).
+target pass); and the step's waits for the device (a read of a tensor's values after a replay), how
+long the host then works until it queues the next graph, and the operations it runs meanwhile: on a
+GPU the device idles that long, however fast it is (each eager operation a kernel of microseconds).
 
     PYTHONPATH=. python scripts/host_cost.py [--methods ar,speculative,medusa] [--dtype bfloat16] \
         [--set speculative.static_tree=true ...] [--tiny [--cold]]
@@ -29,9 +31,11 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -46,6 +50,8 @@ from specdemo.models import load_model  # noqa: E402
 
 from conftest import make_tiny_model  # noqa: E402
 
+# a read of a tensor's values on the host: with CUDA it waits for what the device was given
+READS = frozenset({"tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__index__", "__float__"})
 # operations that only make a view, or read a tensor on the host: no kernel a GPU runs
 VIEWS = frozenset({"alias", "as_strided", "chunk", "detach", "detach_", "expand", "lift_fresh", "permute",
                    "resolve_conj", "resolve_neg", "select", "slice", "split", "split_with_sizes", "squeeze", "t",
@@ -61,33 +67,62 @@ PROMPTS = ("Write a short story about a lighthouse keeper who finds a message in
 
 class Clock:
     """Seconds spent inside replays, and whether one runs now. `evict`: bytes each replay then
-    writes (numpy's, no torch operation), as a model's replays on a CPU evict its caches."""
+    writes (numpy's, no torch operation), as a model's replays on a CPU evict its caches. Under
+    `Waits` it also adds up the host's waits for the device: a read of a tensor's values after a
+    replay waits with CUDA until the device has run it, and the device then idles until the next
+    replay (`idle`, seconds; `waits`, how many)."""
 
     def __init__(self, evict: int = 0):
         self.inside, self.replaying = 0.0, False
         self.evicting = numpy.zeros(evict // 8) if evict else None
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from here: no time inside replays, no wait, nothing queued."""
+        self.inside, self.idle, self.waits, self.idle_since, self.queued = 0.0, 0.0, 0, None, False
+
+    def read(self) -> None:
+        """The host read a tensor's values: a wait, where a replay came since the last."""
+        if self.queued:
+            self.queued, self.waits, self.idle_since = False, self.waits + 1, time.perf_counter()
 
     def timed(self, replay):
         """`replay`, its time and operations not the host's (a capture too: once, not a step's)."""
         def run(*args):
             self.replaying, started = True, time.perf_counter()
+            if self.idle_since is not None:
+                self.idle, self.idle_since = self.idle + started - self.idle_since, None
             try:
                 return replay(*args)
             finally:
                 if self.evicting is not None:
                     self.evicting += 1
                 self.inside += time.perf_counter() - started
-                self.replaying = False
+                self.replaying, self.queued = False, True
         return run
+
+
+class Waits(TorchFunctionMode):
+    """Tells `clock` of each read of a tensor's values on the host outside replays (READS)."""
+
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock = clock
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in READS and not self.clock.replaying:
+            self.clock.read()
+        return func(*args, **(kwargs or {}))
 
 
 class Operations(TorchDispatchMode):
     """Counts torch operations by kind, outside replays (`kinds`) and inside them (`graphed`), and
-    the seconds the former take to run (`seconds`; this mode's own bookkeeping is not in them)."""
+    the seconds the former take to run (`seconds`; this mode's own bookkeeping is not in them);
+    under `Waits`, those outside run while the device idles too (`idle`)."""
 
     def __init__(self, clock: Clock):
         super().__init__()
-        self.clock, self.kinds, self.graphed, self.seconds = clock, Counter(), Counter(), 0.0
+        self.clock, self.kinds, self.graphed, self.idle, self.seconds = clock, Counter(), Counter(), Counter(), 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         started = time.perf_counter()
@@ -100,6 +135,7 @@ class Operations(TorchDispatchMode):
             self.graphed[kind] += 1
         else:
             self.kinds[kind] += 1
+            self.idle[kind] += self.clock.idle_since is not None
             self.seconds += ran
         return out
 
@@ -146,19 +182,33 @@ def graphed_companions(options: dict, model, graphed, functions) -> dict:
     return given
 
 
-def timed_answer(events, clock: Clock, ops: Operations | None) -> tuple[float, int]:
-    """(seconds outside replays, steps) of one answer's `events`; the prompt's pass (eager where it
-    is wider than every bucket) is no step's work and counts in neither."""
+class Timed(NamedTuple):
+    """What answers took outside the replays: seconds, the steps they took, and under `Waits` the
+    seconds the device idled while the host worked after a wait, and the waits."""
+
+    outside: float
+    steps: int
+    idle: float = 0.0
+    waits: int = 0
+
+
+def timed_answer(events, clock: Clock, modes: tuple = ()) -> Timed:
+    """One answer's `events`, run under `modes` (`Operations`, `Waits`); the prompt's pass (eager where it
+    is wider than every bucket) is no step's work and counts in nothing."""
     first = next(events)
-    clock.inside, started = 0.0, time.perf_counter()
-    with ops or contextlib.nullcontext():
+    clock.restart()
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
         rest = list(events)
-    return time.perf_counter() - started - clock.inside, final_summary([first, *rest]).target_forwards - 1
+    outside = time.perf_counter() - started - clock.inside
+    return Timed(outside, final_summary([first, *rest]).target_forwards - 1, clock.idle, clock.waits)
 
 
-def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, ops: Operations | None,
+def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens: int, modes: tuple = (),
             settings: dict | None = None):
-    """(seconds outside replays, steps) of `name` answering PROMPTS with `settings`."""
+    """What `name` took answering PROMPTS with `settings` (`Timed`, summed)."""
     options = dict(method_options(name, target)) | (settings or {})
     if options.get("draft_passes") is None and "draft" in options:
         options["draft_passes"] = graphed(options["draft"].model, DRAFT_BUCKETS, "draft")
@@ -167,13 +217,13 @@ def measure(target, name: str, passes, graphed, functions, clock: Clock, tokens:
     if "heads" in options:
         options["heads_passes"] = functions()
     answers = [timed_answer(get_method(name).generate(target.model, target.encode_chat(prompt),
-                                                      max_new_tokens=tokens, passes=passes, **options), clock, ops)
+                                                      max_new_tokens=tokens, passes=passes, **options), clock, modes)
                for prompt in PROMPTS]
-    return sum(outside for outside, _ in answers), sum(steps for _, steps in answers)
+    return Timed(*map(sum, zip(*answers)))
 
 
-def measure_tiny(name: str, graphed, functions, clock: Clock, tokens: int, ops: Operations | None):
-    """(seconds outside replays, steps) of `name` in `tests/test_conformance.py`'s configuration
+def measure_tiny(name: str, graphed, functions, clock: Clock, tokens: int, modes: tuple = ()):
+    """What `name` took (`Timed`) in `tests/test_conformance.py`'s configuration
     (TINY) on its tiny random models, whose operations cost microseconds: the time is Python and
     torch's dispatch, what a GPU's host pays, without the embedded model's eager products and the
     caches its replays evict. Its trees take the tests' settings, and it retrieves from no datastore."""
@@ -182,7 +232,7 @@ def measure_tiny(name: str, graphed, functions, clock: Clock, tokens: int, ops: 
     answer = functools.partial(generate, model, TINY_PROMPT, max_new_tokens=tokens, eos_token_ids=(), **options,
                                **graphed_companions(options, model, graphed, functions))
     list(answer())  # the first answer captures what its first use does (a tree's look-back passes)
-    return timed_answer(answer(), clock, ops)
+    return timed_answer(answer(), clock, modes)
 
 
 def main() -> None:
@@ -211,19 +261,24 @@ def main() -> None:
         runs = {name: functools.partial(measure, target, name, passes, graphed, functions, clock,
                                         settings=settings[name]) for name in methods}
     for name, run in runs.items():
-        run(16, None)  # loads the companions, captures
-        outside, steps = run(args.tokens, None)
+        run(16)  # loads the companions, captures
+        timed = run(args.tokens)
+        waited = run(args.tokens, (Waits(clock),))  # a run of its own: the mode slows every torch call a little
         ops = Operations(clock)
-        _, counted = run(args.tokens, ops)
+        counted = run(args.tokens, (ops, Waits(clock))).steps
         work = Counter({kind: count for kind, count in ops.kinds.items() if kind not in VIEWS})
         kinds = ", ".join(f"{kind} {count / counted:.1f}" for kind, count in work.most_common(8))
         kernels = sum(count for kind, count in ops.graphed.items() if kind not in VIEWS | {"to"})
-        print(f"{name}: {1000 * outside / steps:.2f} ms a step outside the replays, "
+        idle = sum(count for kind, count in ops.idle.items() if kind not in VIEWS)
+        print(f"{name}: {1000 * timed.outside / timed.steps:.2f} ms a step outside the replays, "
               f"{1000 * ops.seconds / counted:.2f} ms of it running torch operations; "
               f"torch operations a step outside them {sum(ops.kinds.values()) / counted:.1f}, "
               f"{sum(work.values()) / counted:.1f} besides views "
-              f"({kinds}, ...); inside them {kernels / counted:.1f} besides views and casts", flush=True)
-
+              f"({kinds}, ...); inside them {kernels / counted:.1f} besides views and casts; "
+              f"{waited.waits / waited.steps:.1f} waits a step, then the device idles "
+              f"{1000 * waited.idle / waited.steps:.2f} ms a step (of {1000 * waited.outside / waited.steps:.2f} "
+              f"outside the replays in that run) while the host runs {idle / counted:.1f} operations "
+              f"besides views", flush=True)
 
 if __name__ == "__main__":
     main()

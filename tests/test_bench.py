@@ -326,7 +326,7 @@ def test_host_cost_counts_only_the_work_outside_the_replays(embedded):
                                          ("speculative", {"static_tree": True, "gamma": 3}, len(host_cost.PROMPTS)),
                                          ("speculative", dynamic, len(host_cost.PROMPTS))):
         ops = host_cost.Operations(clock)
-        outside, steps = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, ops, settings)
+        outside, steps, *_ = host_cost.measure(embedded, name, passes, graphed, functions, clock, 6, (ops,), settings)
         assert steps >= len(host_cost.PROMPTS) and outside > 0 and sum(ops.kinds.values()) > 0
         assert 0 < ops.seconds < outside  # the operations' own time, a part of the step's outside the replays
         assert ops.kinds["silu"] == eager_layers and clock.inside > 0  # no other decoder layer ran outside a replay
