@@ -175,15 +175,16 @@ def decode(
         if verdict.proposal is not None:
             proposed = Proposed(verdict.proposal, proposed.step)
             proposal = verdict.proposal
-        # 4. Commit: only the accepted path's KV entries stay; the answer grows by the path and the token.
-        commit(cache, verified, verdict.path)
+        # 4. Commit: the answer grows by the path and the token.
         accepted = [proposal.tokens[node] for node in verdict.path]
         committed = [*accepted, verdict.token]
         kept = recorder.kept(committed)
         sequence = torch.cat([sequence, tensor_on([committed], sequence.device)], dim=-1)
         context.text.extend(committed)
-        # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows.
+        # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows. It learns
+        # first, so that on a GPU what it queues for its next pass (a draft's first) runs while the host goes on.
         learned = proposer.learn(context, sequence, proposed, verified, verdict, kept)
+        commit(cache, verified, verdict.path)  # only the accepted path's KV entries stay in the target's cache
         events.append(recorder.step(
             committed=committed,
             proposed=proposal.tokens[: proposal.candidates],

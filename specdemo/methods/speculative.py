@@ -125,7 +125,8 @@ class DraftPass:
 
 class DraftProposer(Proposer):
     """Proposes the draft's chain or tree (with a branch copied from the text); learns by rolling
-    the draft's cache back to what the target kept and, with adaptive γ, by changing γ.
+    the draft's cache back to what the target kept, queuing the draft's first pass for the next
+    proposal (on a GPU it runs while the host records this one) and, with adaptive γ, by changing γ.
 
     A feature draft needs the target's features of the positions before it drafts: the verification
     pass returns them (`features`), and the draft's cache keeps only the pairs whose feature the
@@ -140,6 +141,8 @@ class DraftProposer(Proposer):
         self.cache = cache  # the draft's own KV cache for the request
         # [1, m, H] the target's features of the positions its cache holds ([1, m, (k + 1) H] with k layers)
         self.target_features: torch.Tensor | None = None
+        # the draft's first pass after the text (`draft_tree.first_logits`), queued by `learn` for the next proposal
+        self.first: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         ready = self.target_features is not None or not self.features
@@ -150,7 +153,7 @@ class DraftProposer(Proposer):
             tree, draft_passes, root = self.grown_tree(context, sequence, room, gamma)
             return Proposed(tree, DraftPass(gamma, tree=True, draft_passes=draft_passes, root=root))
         drafted, q = propose(self.draft, self.cache, sequence, self.target_features, gamma, context.choose,
-                             context.eos, context.model.config.vocab_size)
+                             context.eos, context.model.config.vocab_size, self.first)
         return Proposed(Proposal.chain(drafted, "draft"), DraftPass(gamma, draft_passes=gamma, q=q))
 
     def grown_tree(self, context: Context, sequence: torch.Tensor, room: int, gamma: int) -> tuple[Proposal, int, int]:
@@ -163,10 +166,10 @@ class DraftProposer(Proposer):
         def size_of(guessed: int) -> int:  # beside `guessed` tokens copied and guessed (compiled: to fill its pass)
             return fitted_size(self.tree_size, guessed, context.bucket, context.device)
 
-        # on a GPU the host's work overlaps the draft's: its first pass is queued before the host sizes the tree,
+        # on a GPU the host's work overlaps the draft's: its first pass was queued as the last pass was learned,
         # and where the draft can, its tree of the largest size grown on the device (one graph for every step;
-        # every level runs) before the host guesses a branch
-        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        # every level runs) is queued before the host guesses a branch
+        first = self.first_pass(sequence)
         # the largest tree any guess leaves room for, and the children a node that fill it
         most = max(map(size_of, range(self.copy_length + min(EXTEND_LENGTH, self.copy_length) + 1)))
         # sized for γ's full depth, not the `gamma` levels a step near the answer's end keeps: on the device one graph
@@ -185,11 +188,17 @@ class DraftProposer(Proposer):
         tree = draft_tree.extend_likeliest(tree, text, extend, context.eos, self.datastore, RETRIEVED_SHARE)
         return tree, draft_passes, int(text[-1])
 
+    def first_pass(self, sequence: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft's first pass after `sequence`: the one `learn` queued, else (the prompt's) run now."""
+        if self.first is None:
+            return draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        return self.first
+
     def static_tree(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         """The static tree (`static_draft_tree`) with a branch copied from the text or retrieved, its
         tokens and values left on the device."""
         text = context.text.of(sequence)
-        first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        first = self.first_pass(sequence)
         copied, source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore,
                                         RETRIEVED_SHARE)
         copied = copied[: fitted_copy(self.static.plan.shape.size, len(copied), context.bucket)]
@@ -216,6 +225,9 @@ class DraftProposer(Proposer):
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
               verdict: Verdict, kept: list[int]) -> Learned:
         n, path = verified.cached + verified.pending, verdict.path  # n: the text's length before this pass committed
+        proposal, drafted = proposed.proposal, proposed.step
+        if drafted.log_probs is not None:  # a static tree, read with the verdict: its values, for the event (read
+            proposal = static_draft_tree.static_values(proposal, drafted.log_probs)  # before more work is queued)
         # Roll back the draft: it keeps what it saw of the committed tokens and the accepted draft
         # tokens (a feature draft: only the pairs fed the target's features).
         if self.features:
@@ -226,9 +238,8 @@ class DraftProposer(Proposer):
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
-        proposal, drafted = proposed.proposal, proposed.step
-        if drafted.log_probs is not None:  # a static tree, read with the verdict: its values, for the event
-            proposal = static_draft_tree.static_values(proposal, drafted.log_probs)
+        # the next proposal's first draft pass, queued now: on a GPU it runs while the host records this pass
+        self.first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
         if drafted.tree:
             turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
             data = TreeStep(proposal, drafted.root, path, [*path, *turned_down],
@@ -303,12 +314,14 @@ def resolve_copy_length(copy_length: int | None, draft_tree_size: int) -> int:
 
 
 def draft_logits(
-    draft: Draft | FeatureDraft, cache: Cache, sequence: torch.Tensor, features: torch.Tensor | None
+    draft: Draft | FeatureDraft, cache: Cache, sequence: torch.Tensor, features: torch.Tensor | None,
+    first: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> Generator[torch.Tensor, torch.Tensor, None]:
     """The draft's logits [1, K] for one next token after another; send each chosen token [1, 1]
     back. A token draft reads the tokens its cache has not seen; a feature draft the pairs
-    (f_t, x_{t+1}) whose feature the target computed, then its own predicted features (EAGLE)."""
-    logits, state = draft_tree.first_logits(draft, cache, sequence, features)
+    (f_t, x_{t+1}) whose feature the target computed, then its own predicted features (EAGLE).
+    `first`: the first pass's, where it ran already (`draft_tree.first_logits`)."""
+    logits, state = first or draft_tree.first_logits(draft, cache, sequence, features)
     while True:
         token = yield logits
         logits, state = draft_tree.branch_logits(draft, cache, token[0], state)
@@ -323,15 +336,17 @@ def propose(
     choose: TokenChooser,
     eos: tuple[int, ...],
     vocab_size: int,
+    first: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
     """Draft `gamma` tokens autoregressively, one draft pass each, and return them up to and
     including the first EOS (g tokens), with when sampling their distributions q [g, V] (V: the
     target's vocabulary) under the same logits processing as the target. The host reads the
     tokens once, after the last pass: on a GPU a read per token would wait for each pass in turn.
-    Tokens drafted past an EOS are dropped; the draft's cache drops them when the proposer learns."""
+    Tokens drafted past an EOS are dropped; the draft's cache drops them when the proposer learns.
+    `first`: the draft's first pass, where it ran already."""
     tokens, q = [], []
     extended = sequence
-    steps = draft_logits(draft, cache, sequence, features)
+    steps = draft_logits(draft, cache, sequence, features, first)
     token = None
     for _ in range(gamma):
         logits = steps.send(token)  # [1, K]; sending None starts it
