@@ -33,3 +33,13 @@ def test_an_eos_past_the_length_cap_is_not_the_answer_s_end():
     recorder = StepRecorder("medusa", max_new_tokens=3, eos_token_ids=[2])
     event = recorder.step(committed=[5, 6, 7, 2], proposed=[5, 6, 7], accepted=[5, 6, 7])
     assert event.committed == (5, 6, 7) and recorder.summary().finish_reason == "length"
+
+
+def test_room_after_a_pass_is_none_once_the_pass_ends_the_answer():
+    """What a proposer learns of the room left (`loop.Proposer.learn`): none after an EOS or the
+    length cap, else what the cap leaves; it changes nothing."""
+    recorder = StepRecorder("speculative", max_new_tokens=5, eos_token_ids=[2])
+    assert recorder.room_after(recorder.kept([4, 4])) == 3
+    assert recorder.room_after(recorder.kept([4, 2, 9])) == 0
+    assert recorder.room_after(recorder.kept([4, 4, 4, 4, 4, 4])) == 0
+    assert recorder.room == 5 and not recorder.done

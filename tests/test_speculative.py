@@ -1,6 +1,8 @@
 """Speculative decoding: greedy equals AR exactly, sampling keeps the target's distribution,
 caches roll back after a rejection at any position, EOS ends an accepted run."""
 
+from unittest import mock
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -55,6 +57,23 @@ def test_greedy_equals_ar(tiny_model, other_model, prompt_ids, gamma, draft_kind
     assert summary.tokens == expected and summary.finish_reason == "length"
     if draft_kind == "always_right":  # every pass commits gamma + 1 tokens
         assert summary.target_forwards == -(-40 // (gamma + 1))
+
+
+@pytest.mark.parametrize("settings", [{"draft_tree_size": 0}, {"draft_tree_size": 6},
+                                      {"draft_tree_size": 6, "static_tree": True}])
+def test_the_draft_runs_its_first_pass_only_for_a_proposal_that_drafts(tiny_model, other_model, prompt_ids,
+                                                                        settings):
+    """Learning a pass queues the next proposal's first draft pass (on a GPU it runs while the host
+    records the pass): one a pass that drafts, none after the answer's last pass or before a pass
+    that has room for the target's token alone."""
+    real = speculative.draft_tree.first_logits
+    with mock.patch.object(speculative.draft_tree, "first_logits", side_effect=real) as first:
+        events = list(speculative.generate(tiny_model, prompt_ids, draft=Draft("other", other_model), gamma=3,
+                                           max_new_tokens=23, eos_token_ids=(), **settings))
+    totals = [0, *(event.draft_forwards for event in events[:-1])]  # the draft's passes so far
+    drafted = sum(1 for before, after in zip(totals, totals[1:]) if after > before)
+    assert drafted > 2 and first.call_count == drafted
+    assert events[-1].tokens == answer(ar, tiny_model, prompt_ids, max_new_tokens=23).tokens
 
 
 def test_adaptive_gamma_and_repetition_penalty_equal_ar(tiny_model, other_model, prompt_ids):

@@ -125,9 +125,11 @@ class Proposer:
         return Verdict(path, token, read=choices[1 + proposal.candidates :])
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         """Update the state kept across passes from the verdict; `sequence` [1, n] now ends with the
-        committed tokens, of which the stop rules let `kept` into the answer."""
+        committed tokens, of which the stop rules let `kept` into the answer. `room`: how many more
+        tokens the answer may take after them, 0 where this pass ends it: a proposer queues work for
+        its next proposal only where one may come."""
         return Learned()
 
     def summary(self, events: list[StepEvent]) -> dict:
@@ -183,7 +185,7 @@ def decode(
         context.text.extend(committed)
         # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows. It learns
         # first, so that on a GPU what it queues for its next pass (a draft's first) runs while the host goes on.
-        learned = proposer.learn(context, sequence, proposed, verified, verdict, kept)
+        learned = proposer.learn(context, sequence, proposed, verified, verdict, kept, recorder.room_after(kept))
         commit(cache, verified, verdict.path)  # only the accepted path's KV entries stay in the target's cache
         events.append(recorder.step(
             committed=committed,

@@ -46,7 +46,7 @@ class Replay(Proposer):
         return Verdict([], self.answer[len(self.rows)])
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         self.rows.append(verified.logits[0])
         return Learned()
 

@@ -86,7 +86,7 @@ class JacobiIteration(Proposer):
         return Proposed(Proposal.chain(fed.tokens[fed.settled :], "guess"), fed)
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         block: Block = proposed.step
         guess, choices, accept_length = list(proposed.proposal.tokens), verdict.details["choices"], len(verdict.path)
         next_block = block.tokens[: block.settled] + choices[: len(guess)]  # each unsettled position's Jacobi update

@@ -147,7 +147,7 @@ class Lookahead(Proposer):
         return Proposed(proposal(tried.candidates, tried.sources, self.levels), tried)
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         tried, sources = proposed.step.candidates, proposed.step.sources
         # the lookahead branch: a new level (the target's argmax after the last one, read with its verdict), and an
         # n-gram down each column

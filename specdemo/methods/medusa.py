@@ -109,7 +109,8 @@ def generate(
 
 class MedusaTree(Proposer):
     """Proposes the heads' candidate tree (and a chain copied from the text) after the last
-    committed token; learns the hidden state the heads read next: the accepted node's."""
+    committed token; learns the hidden state the heads read next, the accepted node's, and queues
+    the heads on it for the next proposal (on a GPU they run while the host records this one)."""
 
     features = True  # the heads read the target's last hidden state
 
@@ -124,6 +125,8 @@ class MedusaTree(Proposer):
                                                                next(heads.parameters()).device)
         self.top_k = top_k  # a path-reading dynamic tree's children per expanded node, and nodes expanded per level
         self.hidden: torch.Tensor | None = None  # [H] the last committed token's parent position's hidden state
+        # the heads' ranked tokens and log-probabilities after `hidden`, queued by `learn` for the next proposal
+        self.ranked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def propose(self, context: Context, sequence: torch.Tensor, room: int) -> Proposed:
         if self.hidden is None:  # the prefill: its last hidden state gives the first token and the first proposals
@@ -135,12 +138,7 @@ class MedusaTree(Proposer):
         depth_limit = max(room - 1, 1)
         text = context.text.of(sequence)
         root = int(text[-1])
-        if not self.heads.reads_path and self.static is None:
-            # queued before the host guesses a branch, so on a GPU the heads run meanwhile; as many ranks as
-            # any tree may take (eager, the size asked; padded, MAX_TREE_SIZE, more than the slots of
-            # `static.BUCKETS`' widest), so one graph of the heads serves every pass
-            ranked = self.heads.ranked(self.hidden, self.dynamic_size if context.bucket is None else MAX_TREE_SIZE,
-                                       self.token(root), self.graphs)
+        ranked = self.ranked if self.ranked is not None else self.ranks(context, root)  # as `learn` queued them
         copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
@@ -162,13 +160,28 @@ class MedusaTree(Proposer):
             paths = tuple(p for p in rank_paths(self.static) if len(p) <= depth_limit)
             copied = copied[: fitted_copy(len(paths), len(copied), context.bucket)]
             if self.typical is None and not context.choose.processors:  # plain greedy: read with the choices
-                ranked, _ = self.heads.ranked(self.hidden, max(top_ranks(self.static)), self.token(root), self.graphs)
                 whole = len(paths) == self.static.size  # near the end a shallower tree, gathered at its own index
-                return Proposed(on_device(cached_tree(paths, len(copied)), ranked, copied, copy_source,
+                return Proposed(on_device(cached_tree(paths, len(copied)), ranked[0], copied, copy_source,
                                           self.gather if whole else None))
             top = self.heads.top_tokens(self.hidden, top_ranks(self.static), self.token(root), self.graphs)
         shape = cached_tree(paths, len(copied))
         return Proposed(filled(shape, [*head_tokens(shape, top), *copied], copy_source))
+
+    def ranks(self, context: Context, root: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The heads' ranked tokens and their log-probabilities after `hidden` and `root` (the last
+        committed token), queued on the device, where the next proposal reads them so (`MedusaHeads.ranked`):
+        a dynamic tree's as many as any tree may take (eager, the size asked; padded, MAX_TREE_SIZE, more
+        than the slots of `static.BUCKETS`' widest), so one graph of the heads serves every pass; a
+        static tree's under plain greedy decoding, its ranks. None for heads that read their path, or a
+        static tree's top tokens otherwise."""
+        if self.heads.reads_path:
+            return None
+        if self.static is None:
+            size = self.dynamic_size if context.bucket is None else MAX_TREE_SIZE
+            return self.heads.ranked(self.hidden, size, self.token(root), self.graphs)
+        if self.typical is None and not context.choose.processors:
+            return self.heads.ranked(self.hidden, max(top_ranks(self.static)), self.token(root), self.graphs)
+        return None
 
     def token(self, root: int) -> int | None:
         """The last committed token (`root`), the one the heads' hidden state predicted, for heads that read it."""
@@ -188,9 +201,11 @@ class MedusaTree(Proposer):
         return Verdict(path, token, {"token_probs": token_probs, "thresholds": thresholds})
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         node = verdict.path[-1] if verdict.path else -1  # the accepted node, -1 the root
         self.hidden = verified.hidden[0, verified.row(node)]
+        # the next proposal's heads, queued now: on a GPU they run while the host records this pass
+        self.ranked = self.ranks(context, verdict.token) if room else None
         proposal = proposed.proposal
         if not proposal.size:  # the prefill: an empty chain
             return Learned(data=ChainStep(gamma=0, accept_length=0, target_token=verdict.token, proposer="heads"))

@@ -223,7 +223,7 @@ class DraftProposer(Proposer):
         return Verdict(path, token, {} if drafted.tree else {"target_choices": choices})
 
     def learn(self, context: Context, sequence: torch.Tensor, proposed: Proposed, verified: TargetPass,
-              verdict: Verdict, kept: list[int]) -> Learned:
+              verdict: Verdict, kept: list[int], room: int) -> Learned:
         n, path = verified.cached + verified.pending, verdict.path  # n: the text's length before this pass committed
         proposal, drafted = proposed.proposal, proposed.step
         if drafted.log_probs is not None:  # a static tree, read with the verdict: its values, for the event (read
@@ -238,8 +238,10 @@ class DraftProposer(Proposer):
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n - 1))
         else:
             keep_prefix(self.cache, min(self.cache.get_seq_length(), n + len(path)))
-        # the next proposal's first draft pass, queued now: on a GPU it runs while the host records this pass
-        self.first = draft_tree.first_logits(self.draft, self.cache, sequence, self.target_features)
+        # the next proposal's first draft pass, queued now: on a GPU it runs while the host records this pass (a
+        # proposal drafts where it leaves room for the target's own token)
+        self.first = None if room < 2 else draft_tree.first_logits(self.draft, self.cache, sequence,
+                                                                   self.target_features)
         if drafted.tree:
             turned_down = draft_tree.best_continuation(proposal, path[-1] if path else -1)
             data = TreeStep(proposal, drafted.root, path, [*path, *turned_down],
