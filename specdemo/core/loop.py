@@ -183,8 +183,8 @@ def decode(
         kept = recorder.kept(committed)
         sequence = torch.cat([sequence, tensor_on([committed], sequence.device)], dim=-1)
         context.text.extend(committed)
-        # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows. It learns
-        # first, so that on a GPU what it queues for its next pass (a draft's first) runs while the host goes on.
+        # 5. Learn: the proposer updates the state it keeps across passes and says what its event shows, before the
+        # cache is trimmed and the step recorded: on a GPU what it queues for its next pass runs meanwhile.
         learned = proposer.learn(context, sequence, proposed, verified, verdict, kept, recorder.room_after(kept))
         commit(cache, verified, verdict.path)  # only the accepted path's KV entries stay in the target's cache
         events.append(recorder.step(

@@ -88,8 +88,8 @@ class StepRecorder:
         return committed[: ends[0] + 1] if ends else committed
 
     def room_after(self, kept: Sequence[int]) -> int:
-        """How many more tokens the answer may take once `kept` (what the stop rules let in, `kept`)
-        joins it: 0 where they end it; changes nothing."""
+        """How many more tokens the answer may take once `kept` (what `kept` let in of a pass's
+        tokens) joins it: 0 where the stop rules end the answer there; changes nothing."""
         return 0 if kept and kept[-1] in self.eos_token_ids else self.room - len(kept)
 
     def _apply_stop_rules(self, committed: list[int]) -> list[int]:

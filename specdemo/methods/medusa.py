@@ -169,11 +169,12 @@ class MedusaTree(Proposer):
 
     def ranks(self, context: Context, root: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The heads' ranked tokens and their log-probabilities after `hidden` and `root` (the last
-        committed token), queued on the device, where the next proposal reads them so (`MedusaHeads.ranked`):
-        a dynamic tree's as many as any tree may take (eager, the size asked; padded, MAX_TREE_SIZE, more
-        than the slots of `static.BUCKETS`' widest), so one graph of the heads serves every pass; a
-        static tree's under plain greedy decoding, its ranks. None for heads that read their path, or a
-        static tree's top tokens otherwise."""
+        committed token), queued on the device (`MedusaHeads.ranked`), for the proposals that read them
+        so: a dynamic tree, which takes as many as any tree may (eager, the size asked; padded,
+        MAX_TREE_SIZE, more than the slots of `static.BUCKETS`' widest), so that one graph of the heads
+        serves every pass; a static tree under plain greedy decoding, its ranks. None where a proposal
+        reads the heads otherwise: heads that read their path, a static tree's top tokens under sampling or
+        logits processors."""
         if self.heads.reads_path:
             return None
         if self.static is None:
