@@ -280,5 +280,6 @@ def main() -> None:
               f"outside the replays in that run) while the host runs {idle / counted:.1f} operations "
               f"besides views", flush=True)
 
+
 if __name__ == "__main__":
     main()

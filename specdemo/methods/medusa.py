@@ -138,7 +138,7 @@ class MedusaTree(Proposer):
         depth_limit = max(room - 1, 1)
         text = context.text.of(sequence)
         root = int(text[-1])
-        ranked = self.ranked if self.ranked is not None else self.ranks(context, root)  # as `learn` queued them
+        ranked = self.ranked  # queued as the last pass was learned
         copied, copy_source = guessed_branch(text, min(self.copy_length, room - 1), context.eos, self.datastore)
         if self.heads.reads_path:  # each node's children guessed from its own path, a level a call
             if self.static is None:
