@@ -120,6 +120,19 @@ def embedded_ar(embedded):
     return answer
 
 
+def time_one_round(patch: pytest.MonkeyPatch) -> None:
+    """One timing round a Generate click or a race, for tests of the page's layout and flow rather than of its
+    numbers. Generate times for the click's `LIMITS.timing_s` (`handlers.generate_plan`): a millisecond holds no
+    round, so it times the least, one."""
+    import dataclasses
+
+    from specdemo.app import handlers, live
+
+    for module, name in ((live, "MIN_ROUNDS"), (handlers, "RACE_MIN_ROUNDS"), (handlers, "RACE_MEASURE_S")):
+        patch.setattr(module, name, 1 if name.endswith("ROUNDS") else 0.0)
+    patch.setattr(handlers, "LIMITS", dataclasses.replace(handlers.LIMITS, timing_s=0.001))
+
+
 def serve(app):
     """`app` served on a free local port, for the API and browser tests; `app.close()` stops it."""
     with socket.socket() as sock:

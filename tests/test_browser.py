@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import serve
+from conftest import serve, time_one_round
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -52,18 +52,10 @@ def open_page(browser, url):
 
 @pytest.fixture(scope="module", autouse=True)
 def one_timing_round():
-    """One timing round a run here (the page's layout and flow are checked, not its numbers), so
-    the suite stays short; the spread's own test asks for the page's most rounds. Generate times
-    for the click's `LIMITS.timing_s` (`handlers.generate_plan`): a millisecond holds no round, so
-    it times the least, one."""
-    import dataclasses
-
-    from specdemo.app import handlers, live
-
+    """One timing round a run here (`conftest.time_one_round`), so the suite stays short; the
+    spread's own test asks for the page's most rounds."""
     with pytest.MonkeyPatch.context() as patch:
-        for module, name in ((live, "MIN_ROUNDS"), (handlers, "RACE_MIN_ROUNDS"), (handlers, "RACE_MEASURE_S")):
-            patch.setattr(module, name, 1 if name.endswith("ROUNDS") else 0.0)
-        patch.setattr(handlers, "LIMITS", dataclasses.replace(handlers.LIMITS, timing_s=0.001))
+        time_one_round(patch)
         yield
 
 
@@ -113,7 +105,7 @@ def test_method_streams_accepted_and_rejected_tokens(page, method):
     if method == "cllm":
         page.get_by_text("Method settings", exact=True).click()
         page.locator("#decoder").get_by_label("jacobi").check()
-    page.locator("#max-new-tokens input[type=number]").fill("48")
+    page.locator("#max-new-tokens input[type=number]").fill("24")  # each method rejects a draft in its first 8 tokens
     page.locator("#generate").click()
     wait_for_run(page, method)
     expect(page.locator('#stream .tok[data-origin="accepted"]').first).to_be_visible()

@@ -66,14 +66,14 @@ def test_the_lesson_guides_a_class_and_fits_a_projector(browser, served_app, mon
 
     from specdemo.app import handlers
 
-    # two rounds, the fewest a race times, so docs/lesson.md's screenshot shows each method's range; half
-    # the step's 64 tokens (the race runs every method: the suite's longest wait)
+    # two rounds, the fewest a race times, so docs/lesson.md's screenshot shows each method's range; a quarter of
+    # the step's 64 tokens (the race runs every method, twice: the suite's longest wait)
     monkeypatch.setattr(handlers, "RACE_MIN_ROUNDS", 2)
     page.get_by_role("tab", name="Lesson").click()
     page.locator("#lesson-step").get_by_label(lesson.TITLES[-1]).check()
     expect(page.locator("#race")).to_be_visible()  # the step opened the race
     page.get_by_role("tab", name="Generate").click()
-    page.locator("#max-new-tokens input[type=number]").fill("32")
+    page.locator("#max-new-tokens input[type=number]").fill("16")
     page.get_by_role("tab", name="Race").click()
     # the methods' info line reads as well as its label (Gradio's own grey is under 2:1 on white)
     colours = page.locator("#race-methods").evaluate(

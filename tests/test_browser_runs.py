@@ -121,6 +121,7 @@ def test_one_run_on_screen_when_a_lesson_step_and_generate_come_while_an_answer_
     expect(page.locator("#generate")).to_be_enabled(timeout=30_000)
     expect(page.locator("#generate")).to_have_text("Generate")
     page.screenshot(path=str(SCREENSHOTS / "one-run-stopped-for-a-step.png"))
+    page.locator("#max-new-tokens input[type=number]").fill("24")
     page.locator("#generate").click()
     expect(page.locator("#run-status")).to_be_hidden()  # a new run clears the sentence
     wait_for_run(page, "medusa")

@@ -58,7 +58,7 @@ def test_the_answer_only_view_hides_the_drafts_and_keeps_the_line_breaks(page):
     """A code answer: ticked, the stream shows the answer's text alone, its line breaks kept."""
     page.locator("#prompt textarea").fill("Write a Python function that reverses a string.")
     choose_method(page, "speculative")
-    page.locator("#max-new-tokens input[type=number]").fill("48")
+    page.locator("#max-new-tokens input[type=number]").fill("24")  # the code block and its line breaks
     page.locator("#generate").click()
     wait_for_run(page, "speculative")
     rejected = page.locator('#stream .tok[data-origin="rejected"]').first
@@ -314,7 +314,7 @@ def test_a_class_of_sixteen_is_served_and_cheap_events_skip_the_queue(page, serv
     def ask(i):
         try:
             _, numbers = Client(served_app.local_url, verbose=False).predict(
-                prompt=f"Count from {i} to {i + 40}.", method="ar", max_new_tokens=24, api_name="/generate")
+                prompt=f"Count from {i} to {i + 40}.", method="ar", max_new_tokens=12, api_name="/generate")
             outcome = ("answer", numbers["tokens"])
         except Exception as error:  # a refusal must say why
             outcome = ("refused", str(error))
