@@ -96,6 +96,12 @@ def test_the_projectors_first_screen_fits_beside_the_model_menu_and_the_precisio
     page = lesson_step_generated_on_a_projector(browser, fast_app.local_url)
     expect(page.locator("#model")).to_be_visible()
     expect(page.locator("#precision")).to_be_visible()
+    # a screen reader names each field by its label: none keeps Gradio's default, its component's kind
+    unnamed = page.evaluate("() => [...document.querySelectorAll('input, textarea')].filter(e => e.offsetParent)"
+                            ".map(e => e.labels?.[0]?.innerText.trim() || e.getAttribute('aria-label') || '')"
+                            ".filter(l => !l || /^(Dropdown|Textbox|Number|Slider|Checkbox|Radio)$/.test(l))")
+    assert not unnamed, unnamed
+    expect(page.get_by_label("Model", exact=True)).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / "lesson-generate-precision.png"))
     page.locator("#large-text input").check()
     page.wait_for_timeout(300)

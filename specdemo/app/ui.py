@@ -179,8 +179,8 @@ def header(targets: Targets, target: LoadedModel) -> Header:
     device = {"cuda": "a GPU", "cpu": "a CPU"}.get(target.device.type, target.device.type)  # words a class reads
     gr.Markdown(f"## SpecDemo: see and measure faster decoding of a language model on {device}{dtype}")
     with gr.Row(equal_height=True):
-        model = gr.Dropdown(targets.names, value=targets.start_name, show_label=False, container=False, scale=1,
-                            elem_id="model", visible=len(targets.names) > 1)
+        model = gr.Dropdown(targets.names, value=targets.start_name, label="Model", show_label=False, container=False,
+                            scale=1, elem_id="model", visible=len(targets.names) > 1)
         precision = gr.Radio(list(targets.precisions), value=targets.start_precision, elem_id="precision",
                              label="Precision", show_label=False, container=False, scale=0, min_width=280,
                              visible=len(targets.precisions) > 1)
